@@ -1,0 +1,38 @@
+# wisp: `make run` boots the bundled hello VM; `make test` runs every test.
+SHELL := /bin/bash
+CARGO ?= cargo
+GUEST_TARGET := x86_64-unknown-none
+GUEST_APPS := noop hello sleeper
+TEST_IMAGES := hostile
+IMAGES := build/images
+WISP := target/release/wisp
+
+.PHONY: all deps host guest run test bench-boot clean
+
+all: host guest
+
+# Toolchain pieces and Debian packages the build and tests need.
+deps:
+	@scripts/install-deps.sh
+
+host: deps
+	$(CARGO) build --release
+
+guest: deps
+	$(CARGO) build --profile guest --target $(GUEST_TARGET) $(addprefix -p ,$(GUEST_APPS) $(TEST_IMAGES))
+	@mkdir -p $(IMAGES)
+	@for i in $(GUEST_APPS) $(TEST_IMAGES); do cp target/$(GUEST_TARGET)/guest/$$i $(IMAGES)/$$i; done
+
+run: all
+	$(WISP) run --stats hello -- from make run
+
+test: all
+	$(CARGO) test --release
+
+bench-boot: all
+	scripts/install-bench-deps.sh
+	python3 bench/boot.py --wisp $(WISP) --out bench/results/boot.json
+
+clean:
+	$(CARGO) clean
+	rm -rf build

@@ -1,0 +1,51 @@
+//! Argument blocks of the hypercalls. The guest passes the guest-physical
+//! address of one of these in `eax`; the monitor reads it, validates every
+//! pointer and length in it against guest RAM, and writes results back.
+
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+/// Largest console write the monitor accepts in one call.
+pub const CONSOLE_WRITE_MAX: u64 = 64 * 1024;
+
+/// [`crate::Hypercall::ConsoleWrite`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct ConsoleWrite {
+    /// Guest-physical address of the bytes.
+    pub data: u64,
+    /// Number of bytes (at most [`CONSOLE_WRITE_MAX`]).
+    pub len: u64,
+    /// Out: bytes written, or a negative [`crate::errno`] value.
+    pub ret: i64,
+}
+
+/// [`crate::Hypercall::Exit`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct Exit {
+    /// Exit status of the VM (0..=255 is passed through to `wisp run`).
+    pub code: i32,
+    /// Reserved, zero.
+    pub reserved: u32,
+}
+
+/// [`crate::Hypercall::Clock`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct Clock {
+    /// Out: nanoseconds since boot on the host's monotonic clock.
+    pub monotonic_ns: u64,
+    /// Out: host `CLOCK_REALTIME`, nanoseconds since the Unix epoch.
+    pub wall_ns: u64,
+}
+
+/// [`crate::Hypercall::Idle`]: park until `timeout_ns` passes or an event
+/// arrives. No CPU is used while parked.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct Idle {
+    /// Longest time to park, in nanoseconds (`u64::MAX`: until an event).
+    pub timeout_ns: u64,
+    /// Out: bit mask of pending events (0: the timeout passed).
+    pub events: u64,
+}

@@ -1,0 +1,169 @@
+//! The boot-info page: everything the guest knows about its machine, written
+//! by the monitor at [`crate::layout::BOOT_INFO`] before the first instruction
+//! runs. The guest reads it instead of probing hardware, and it is also the
+//! per-VM "device page" that replaces any central registry: later devices
+//! (NICs, block rings) are described in [`BootInfo::devices`].
+
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
+
+/// `BootInfo::magic`: "WISPBOOT" in little endian.
+pub const BOOT_MAGIC: u64 = u64::from_le_bytes(*b"WISPBOOT");
+/// Capacity of the argument area in bytes.
+pub const ARGS_MAX: usize = 2048;
+/// Capacity of the device table.
+pub const MAX_DEVICES: usize = 8;
+
+/// Kinds of device in the device table.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// Empty slot.
+    None = 0,
+}
+
+/// One entry of the device table. The meaning of `base`, `size` and `params`
+/// depends on `kind`; an entry with `kind == 0` is unused.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct DeviceDesc {
+    /// A [`DeviceKind`] value.
+    pub kind: u32,
+    /// Kind-specific flags.
+    pub flags: u32,
+    /// Guest-physical base of the device's shared memory (rings).
+    pub base: u64,
+    /// Size of that shared memory in bytes.
+    pub size: u64,
+    /// Kind-specific parameters (addresses, MAC, ring sizes...).
+    pub params: [u64; 5],
+}
+
+/// The boot-info page. All integers little endian; the layout is `repr(C)`
+/// with no padding so monitor and guest see the same bytes.
+#[repr(C)]
+#[derive(Clone, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct BootInfo {
+    /// [`BOOT_MAGIC`].
+    pub magic: u64,
+    /// [`crate::ABI_VERSION`] of the monitor that booted this VM.
+    pub abi_version: u32,
+    /// Number of vCPUs (1).
+    pub cpu_count: u32,
+    /// Bytes of guest RAM, starting at guest-physical 0.
+    pub mem_size: u64,
+    /// First byte of the loaded image.
+    pub image_start: u64,
+    /// One past the last byte of the loaded image (page aligned).
+    pub image_end: u64,
+    /// First byte the guest may use as heap.
+    pub heap_start: u64,
+    /// One past the last byte of heap (end of RAM).
+    pub heap_end: u64,
+    /// Lowest address of the stack.
+    pub stack_bottom: u64,
+    /// Initial stack pointer.
+    pub stack_top: u64,
+    /// Frequency of the time-stamp counter the guest reads with `rdtsc`.
+    pub tsc_hz: u64,
+    /// Guest TSC value at the moment `wall_clock_ns` was sampled; the
+    /// guest's monotonic clock counts from here ("boot").
+    pub boot_tsc: u64,
+    /// Host `CLOCK_REALTIME` in ns since the Unix epoch at `boot_tsc`.
+    pub wall_clock_ns: u64,
+    /// Number of arguments in `args`.
+    pub argc: u32,
+    /// Bytes used in `args`.
+    pub args_len: u32,
+    /// Arguments, each terminated by a NUL byte; argument 0 is the image name.
+    pub args: [u8; ARGS_MAX],
+    /// Number of used entries in `devices`.
+    pub device_count: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+    /// The device table.
+    pub devices: [DeviceDesc; MAX_DEVICES],
+}
+
+impl BootInfo {
+    /// An empty boot-info page with the magic and ABI version set.
+    pub fn new() -> BootInfo {
+        let mut b = BootInfo::new_zeroed();
+        b.magic = BOOT_MAGIC;
+        b.abi_version = crate::ABI_VERSION;
+        b.cpu_count = 1;
+        b
+    }
+
+    /// Store the arguments. Fails (returning the bytes needed) if they do not
+    /// fit in [`ARGS_MAX`] bytes or one contains a NUL byte.
+    pub fn set_args<'a, I: IntoIterator<Item = &'a str>>(&mut self, args: I) -> Result<(), usize> {
+        let mut len = 0usize;
+        let mut argc = 0u32;
+        let mut fits = true;
+        for a in args {
+            let b = a.as_bytes();
+            if b.contains(&0) {
+                return Err(usize::MAX);
+            }
+            let end = len + b.len() + 1;
+            if fits && end <= ARGS_MAX {
+                self.args[len..len + b.len()].copy_from_slice(b);
+                self.args[len + b.len()] = 0;
+            } else {
+                fits = false;
+            }
+            len = end;
+            argc += 1;
+        }
+        if !fits {
+            return Err(len);
+        }
+        self.argc = argc;
+        self.args_len = len as u32;
+        Ok(())
+    }
+
+    /// Iterate over the arguments (as bytes, without the NULs).
+    pub fn args(&self) -> impl Iterator<Item = &[u8]> {
+        let len = (self.args_len as usize).min(ARGS_MAX);
+        self.args[..len].split(|&c| c == 0).take(self.argc as usize)
+    }
+}
+
+impl Default for BootInfo {
+    fn default() -> Self {
+        BootInfo::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fits_in_a_page() {
+        assert!(core::mem::size_of::<BootInfo>() <= 4096);
+        assert_eq!(core::mem::size_of::<DeviceDesc>(), 64);
+    }
+
+    #[test]
+    fn args_round_trip() {
+        let mut b = BootInfo::new();
+        b.set_args(["hello", "a b", ""]).unwrap();
+        let got: [&[u8]; 3] = {
+            let mut it = b.args();
+            [it.next().unwrap(), it.next().unwrap(), it.next().unwrap()]
+        };
+        assert_eq!(got, [&b"hello"[..], b"a b", b""]);
+        assert_eq!(b.args().count(), 3);
+        assert_eq!(b.argc, 3);
+    }
+
+    #[test]
+    fn args_too_long_or_with_nul() {
+        let mut b = BootInfo::new();
+        let big = "x".repeat(ARGS_MAX);
+        assert_eq!(b.set_args([big.as_str()]), Err(ARGS_MAX + 1));
+        assert_eq!(b.set_args(["a\0b"]), Err(usize::MAX));
+    }
+}

@@ -1,0 +1,96 @@
+//! The guest-physical memory map. Guest virtual addresses equal guest physical
+//! addresses (identity mapping built by the monitor).
+//!
+//! ```text
+//! 0x0000_0000  null page              unmapped (catches null dereferences)
+//! 0x0000_1000  boot-info page         user, read-only
+//! 0x0000_2000  GDT + TSS + I/O bitmap supervisor
+//! 0x0000_3000  IDT                    supervisor
+//! 0x0000_4000  exception stubs        supervisor, executable (CPL 0)
+//! 0x0000_5000  exception stack        supervisor
+//! 0x0000_6000  page tables            supervisor (PML4, PDPT, PDs, PT)
+//! 0x0001_0000  stack guard            unmapped (catches stack overflow)
+//! 0x0002_0000  stack                  user, read/write, no-exec; grows down from 0x10_0000
+//! 0x0010_0000  image                  user, per-segment permissions
+//! image end    heap                   user, read/write, up to the end of RAM
+//! ```
+//!
+//! The first 2 MiB are mapped with 4 KiB pages so each system page and each
+//! image segment gets its own permissions; the rest of RAM with 2 MiB pages.
+
+/// Size of a small page.
+pub const PAGE_SIZE: u64 = 0x1000;
+/// Size of a large page.
+pub const LARGE_PAGE_SIZE: u64 = 0x20_0000;
+
+/// Guest-physical address of the boot-info page.
+pub const BOOT_INFO: u64 = 0x1000;
+/// GDT (and, at [`TSS`], the TSS with its I/O-permission bitmap).
+pub const GDT: u64 = 0x2000;
+/// Task-state segment, inside the GDT page.
+pub const TSS: u64 = 0x2800;
+/// Interrupt descriptor table.
+pub const IDT: u64 = 0x3000;
+/// Exception entry stubs (monitor-written code, runs at CPL 0).
+pub const EXCEPTION_STUBS: u64 = 0x4000;
+/// Bytes per exception stub.
+pub const EXCEPTION_STUB_SIZE: u64 = 16;
+/// Exception stack page; its top is the TSS `rsp0`.
+pub const EXCEPTION_STACK: u64 = 0x5000;
+/// PML4 table.
+pub const PML4: u64 = 0x6000;
+/// Page-directory-pointer table.
+pub const PDPT: u64 = 0x7000;
+/// First page directory; [`MAX_PDS`] consecutive pages.
+pub const PD: u64 = 0x8000;
+/// Page directories reserved (each maps 1 GiB).
+pub const MAX_PDS: u64 = 4;
+/// Page table for the first 2 MiB (4 KiB pages).
+pub const PT0: u64 = 0xC000;
+/// Lowest address of the unmapped stack guard region.
+pub const STACK_GUARD: u64 = 0x1_0000;
+/// Lowest address of the stack (the stack grows down towards it).
+pub const STACK_BOTTOM: u64 = 0x2_0000;
+/// Initial stack pointer.
+pub const STACK_TOP: u64 = 0x10_0000;
+/// Lowest address an image segment may be loaded at.
+pub const IMAGE_BASE: u64 = 0x10_0000;
+
+/// Smallest guest RAM the monitor accepts.
+pub const MIN_MEM: u64 = 2 * LARGE_PAGE_SIZE;
+/// Largest guest RAM the monitor accepts (limited by the page directories
+/// reserved above and by 32-bit hypercall argument addresses).
+pub const MAX_MEM: u64 = MAX_PDS << 30;
+/// Heap the monitor guarantees above the image: a guest RAM size that leaves
+/// less than this after the image is "memory too small".
+pub const MIN_HEAP: u64 = 256 * 1024;
+
+/// Round `x` up to a multiple of `align` (a power of two).
+pub const fn align_up(x: u64, align: u64) -> u64 {
+    (x + align - 1) & !(align - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn system_pages_do_not_overlap() {
+        let pages = [BOOT_INFO, GDT, IDT, EXCEPTION_STUBS, EXCEPTION_STACK, PML4, PDPT];
+        for w in pages.windows(2) {
+            assert!(w[0] + PAGE_SIZE <= w[1]);
+        }
+        assert!(PD + MAX_PDS * PAGE_SIZE <= PT0);
+        assert!(PT0 + PAGE_SIZE <= STACK_GUARD);
+        assert!(TSS > GDT && TSS < GDT + PAGE_SIZE);
+        assert!(STACK_BOTTOM < STACK_TOP && STACK_TOP <= IMAGE_BASE);
+        assert!(EXCEPTION_STUB_SIZE * 32 <= PAGE_SIZE);
+    }
+
+    #[test]
+    fn align() {
+        assert_eq!(align_up(0, 4096), 0);
+        assert_eq!(align_up(1, 4096), 4096);
+        assert_eq!(align_up(4096, 4096), 4096);
+    }
+}

@@ -1,0 +1,93 @@
+//! Helpers for the CLI tests: run `wisp` on real KVM with a hang guard.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Run {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    /// User + system CPU time of the wisp process.
+    pub cpu: Duration,
+    pub wall: Duration,
+}
+
+pub fn images() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../build/images");
+    assert!(
+        dir.join("hello").is_file() && dir.join("hostile").is_file(),
+        "guest images missing in {}: build them with `make guest` (make test does)",
+        dir.display()
+    );
+    dir
+}
+
+pub fn image(name: &str) -> PathBuf {
+    images().join(name)
+}
+
+/// Run `wisp ARGS`, killing it (and failing) if it takes longer than `limit`.
+pub fn wisp_limit(args: &[&str], limit: Duration) -> Run {
+    let start = Instant::now();
+    let child = Command::new(env!("CARGO_BIN_EXE_wisp"))
+        .args(args)
+        .env("WISP_IMAGE_DIR", images())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn wisp");
+    let pid = child.id() as libc::pid_t;
+    let out_handle = {
+        let mut c = child;
+        let mut so = c.stdout.take().unwrap();
+        let mut se = c.stderr.take().unwrap();
+        let t1 = std::thread::spawn(move || {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut so, &mut s).ok();
+            s
+        });
+        let t2 = std::thread::spawn(move || {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut se, &mut s).ok();
+            s
+        });
+        std::mem::forget(c);
+        (t1, t2)
+    };
+    let mut status = 0;
+    // SAFETY: rusage is plain data, zero is a valid value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: pid is our child; status and ru are valid out-pointers.
+        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut ru) };
+        if r == pid {
+            break;
+        }
+        assert!(r == 0, "wait4 failed");
+        if start.elapsed() > limit {
+            // SAFETY: killing our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("wisp {:?} hung for more than {:?}", args, limit);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let wall = start.elapsed();
+    let stdout = out_handle.0.join().unwrap();
+    let stderr = out_handle.1.join().unwrap();
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    let code = if libc::WIFEXITED(status) { Some(libc::WEXITSTATUS(status)) } else { None };
+    assert!(
+        code.is_some(),
+        "wisp {:?} died from signal {} (stderr: {stderr})",
+        args,
+        libc::WTERMSIG(status)
+    );
+    Run { code, stdout, stderr, cpu: tv(ru.ru_utime) + tv(ru.ru_stime), wall }
+}
+
+pub fn wisp(args: &[&str]) -> Run {
+    wisp_limit(args, Duration::from_secs(30))
+}

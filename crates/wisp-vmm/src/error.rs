@@ -1,0 +1,57 @@
+//! Errors of the monitor's setup paths. What a *guest* does wrong is not an
+//! error of the monitor: it ends that VM with a [`crate::StopReason`].
+
+use std::io;
+
+/// Result of monitor operations.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Why the monitor could not create, load or start a VM.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `/dev/kvm` could not be opened.
+    #[error("cannot open /dev/kvm: {0} (is KVM available, and may this user use it?)")]
+    NoKvm(io::Error),
+    /// A KVM ioctl failed.
+    #[error("KVM {0} failed: {1}")]
+    Kvm(&'static str, io::Error),
+    /// A host system call failed.
+    #[error("{0} failed: {1}")]
+    Host(&'static str, io::Error),
+    /// The image file could not be read.
+    #[error("cannot read image {path}: {err}")]
+    ImageRead {
+        /// Path of the image.
+        path: String,
+        /// Underlying error.
+        err: io::Error,
+    },
+    /// The image is not a valid wisp image.
+    #[error("invalid image: {0}")]
+    BadImage(String),
+    /// The image was built for another ABI version.
+    #[error("ABI mismatch: image built for wisp ABI v{image}, this monitor speaks v{monitor}")]
+    AbiMismatch {
+        /// Version in the image note.
+        image: u32,
+        /// Version of this monitor.
+        monitor: u32,
+    },
+    /// The requested memory size cannot be used.
+    #[error("{0}")]
+    BadMemory(String),
+    /// The arguments do not fit in the boot-info page.
+    #[error("arguments too long: {0} bytes, at most {max} fit", max = wisp_abi::bootinfo::ARGS_MAX)]
+    ArgsTooLong(usize),
+    /// An argument contains a NUL byte.
+    #[error("an argument contains a NUL byte")]
+    ArgNul,
+    /// A guest-physical range lies outside guest RAM.
+    #[error("guest range {addr:#x}+{len:#x} is outside guest RAM")]
+    OutOfRange {
+        /// Start address.
+        addr: u64,
+        /// Length.
+        len: u64,
+    },
+}

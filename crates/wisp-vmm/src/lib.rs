@@ -1,0 +1,29 @@
+//! The wisp monitor ("VMM"): one unikernel VM on KVM.
+//!
+//! A VM is made in two phases, so the toolstack can pay the first one before
+//! a request arrives:
+//! - *prepare* — [`Shell::create`]: KVM VM and vCPU, CPUID, guest RAM in a
+//!   memfd registered with KVM, GDT/TSS/IDT/page-table roots, special
+//!   registers;
+//! - *execute* — [`Shell::load`] then [`Vm::run`]: copy the image's segments
+//!   in, map them, write the boot-info page, set registers, run the vCPU and
+//!   serve hypercalls.
+//!
+//! Nothing a guest does can make the monitor panic: every exit is turned
+//! into either a served hypercall or a [`StopReason`].
+
+pub mod arch;
+pub mod error;
+pub mod fault;
+pub mod image;
+pub mod memory;
+pub mod shell;
+mod signal;
+pub mod stats;
+pub mod vm;
+
+pub use error::{Error, Result};
+pub use fault::{Outcome, StopReason};
+pub use image::Image;
+pub use shell::{check_mem_size, open_kvm, Shell, DEFAULT_MEM};
+pub use vm::Vm;

@@ -1,0 +1,105 @@
+//! Guest RAM: one memfd, mapped shared into the monitor and registered with
+//! KVM as the VM's only memory slot.
+//!
+//! The memfd is what later work maps copy-on-write (image segments, prepared
+//! shells, fork, snapshots). All accesses from the monitor go through
+//! `vm-memory`, which bounds-checks every guest address: guest memory is
+//! untrusted input and the guest may change it at any time.
+
+use std::fs::File;
+
+use rustix::fs::{memfd_create, MemfdFlags};
+use vm_memory::{
+    Bytes, FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion,
+};
+use zerocopy::{FromBytes, Immutable, IntoBytes};
+
+use crate::error::{Error, Result};
+
+/// Guest RAM of one VM.
+pub struct GuestRam {
+    mem: GuestMemoryMmap,
+    file: File,
+    size: u64,
+    host_addr: u64,
+}
+
+impl GuestRam {
+    /// Create `size` bytes of zeroed guest RAM backed by a fresh memfd.
+    pub fn new(size: u64) -> Result<GuestRam> {
+        let fd = memfd_create("wisp-guest-ram", MemfdFlags::CLOEXEC)
+            .map_err(|e| Error::Host("memfd_create", e.into()))?;
+        let file = File::from(fd);
+        file.set_len(size).map_err(|e| Error::Host("memfd size", e))?;
+        let region = MmapRegion::from_file(
+            FileOffset::new(file.try_clone().map_err(|e| Error::Host("dup memfd", e))?, 0),
+            size as usize,
+        )
+        .map_err(|e| Error::Host("mmap guest RAM", std::io::Error::other(e.to_string())))?;
+        let host_addr = region.as_ptr() as u64;
+        let region = GuestRegionMmap::new(region, GuestAddress(0))
+            .ok_or_else(|| Error::Host("guest region", std::io::Error::other("overflow")))?;
+        let mem = GuestMemoryMmap::from_regions(vec![region])
+            .map_err(|e| Error::Host("guest memory", std::io::Error::other(e.to_string())))?;
+        Ok(GuestRam { mem, file, size, host_addr })
+    }
+
+    /// Bytes of guest RAM.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Host virtual address of guest-physical 0 (for KVM's memory slot).
+    pub fn host_addr(&self) -> u64 {
+        self.host_addr
+    }
+
+    /// The memfd behind guest RAM.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// True if `[addr, addr + len)` lies entirely inside guest RAM.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        addr.checked_add(len).is_some_and(|end| end <= self.size)
+    }
+
+    /// Copy `data` into guest RAM at `addr`.
+    pub fn write(&self, addr: u64, data: &[u8]) -> Result<()> {
+        if !self.contains(addr, data.len() as u64) {
+            return Err(Error::OutOfRange { addr, len: data.len() as u64 });
+        }
+        self.mem
+            .write_slice(data, GuestAddress(addr))
+            .map_err(|_| Error::OutOfRange { addr, len: data.len() as u64 })
+    }
+
+    /// Copy `buf.len()` bytes out of guest RAM at `addr`.
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+        if !self.contains(addr, buf.len() as u64) {
+            return Err(Error::OutOfRange { addr, len: buf.len() as u64 });
+        }
+        self.mem
+            .read_slice(buf, GuestAddress(addr))
+            .map_err(|_| Error::OutOfRange { addr, len: buf.len() as u64 })
+    }
+
+    /// Read a plain-data value (an ABI struct) from guest RAM.
+    pub fn read_obj<T: FromBytes + IntoBytes>(&self, addr: u64) -> Result<T> {
+        let mut v = T::new_zeroed();
+        self.read(addr, v.as_mut_bytes())?;
+        Ok(v)
+    }
+
+    /// Write a plain-data value (an ABI struct) into guest RAM.
+    pub fn write_obj<T: IntoBytes + Immutable>(&self, addr: u64, v: &T) -> Result<()> {
+        self.write(addr, v.as_bytes())
+    }
+
+    /// Read a little-endian u64.
+    pub fn read_u64(&self, addr: u64) -> Result<u64> {
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+}

@@ -1,0 +1,104 @@
+//! The *prepare* phase: a VM shell is a KVM VM with its vCPU, guest RAM and
+//! the image-independent machine state, ready to take an image.
+//!
+//! Everything here can happen before anyone asks for a VM (the toolstack's
+//! pool of ready shells); [`Shell::load`] is the *execute* phase.
+
+use std::time::Instant;
+
+use kvm_bindings::{kvm_userspace_memory_region, CpuId};
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use wisp_abi::layout::{align_up, LARGE_PAGE_SIZE, MAX_MEM, MIN_MEM};
+
+use crate::arch;
+use crate::error::{Error, Result};
+use crate::memory::GuestRam;
+use crate::stats::Stats;
+
+/// Default guest RAM.
+pub const DEFAULT_MEM: u64 = 16 << 20;
+
+/// Open `/dev/kvm`.
+pub fn open_kvm() -> Result<Kvm> {
+    Kvm::new().map_err(|e| Error::NoKvm(e.into()))
+}
+
+/// Check a requested RAM size and round it up to a whole 2 MiB page.
+pub fn check_mem_size(bytes: u64) -> Result<u64> {
+    if bytes < MIN_MEM {
+        return Err(Error::BadMemory(format!(
+            "memory too small: {} KiB asked, at least {} MiB needed",
+            bytes >> 10,
+            MIN_MEM >> 20
+        )));
+    }
+    if bytes > MAX_MEM {
+        return Err(Error::BadMemory(format!(
+            "memory too large: {} MiB asked, at most {} MiB supported",
+            bytes >> 20,
+            MAX_MEM >> 20
+        )));
+    }
+    Ok(align_up(bytes, LARGE_PAGE_SIZE))
+}
+
+/// A prepared VM: KVM VM, one vCPU, guest RAM registered, system pages and
+/// special registers written.
+pub struct Shell {
+    pub(crate) vm: VmFd,
+    pub(crate) vcpu: VcpuFd,
+    pub(crate) ram: GuestRam,
+    pub(crate) tsc_hz: u64,
+    pub(crate) stats: Stats,
+}
+
+impl Shell {
+    /// Create a shell with `mem_size` bytes of RAM (see [`check_mem_size`]).
+    pub fn create(kvm: &Kvm, mem_size: u64) -> Result<Shell> {
+        let mem_size = check_mem_size(mem_size)?;
+        let mut stats = Stats::default();
+
+        let t = Instant::now();
+        let vm = kvm.create_vm().map_err(|e| Error::Kvm("create VM", e.into()))?;
+        let vcpu = vm.create_vcpu(0).map_err(|e| Error::Kvm("create vCPU", e.into()))?;
+        let cpuid = CpuId::from_entries(&arch::cpuid_entries())
+            .map_err(|e| Error::Host("CPUID table", std::io::Error::other(format!("{e:?}"))))?;
+        vcpu.set_cpuid2(&cpuid).map_err(|e| Error::Kvm("set CPUID", e.into()))?;
+        let tsc_hz = vcpu.get_tsc_khz().map(|k| k as u64 * 1000).unwrap_or(0);
+        stats.phase("kvm_create", t);
+
+        let t = Instant::now();
+        let ram = GuestRam::new(mem_size)?;
+        let region = kvm_userspace_memory_region {
+            slot: 0,
+            flags: 0,
+            guest_phys_addr: 0,
+            memory_size: mem_size,
+            userspace_addr: ram.host_addr(),
+        };
+        // SAFETY: `region` describes exactly the live mapping owned by `ram`,
+        // which this shell keeps alive (fields drop in declaration order:
+        // `vm` and `vcpu` before `ram`), so KVM never sees a stale address.
+        unsafe { vm.set_user_memory_region(region) }.map_err(|e| Error::Kvm("set memory region", e.into()))?;
+        stats.phase("memory", t);
+
+        let t = Instant::now();
+        arch::write_system_pages(&ram)?;
+        let mut sregs = vcpu.get_sregs().map_err(|e| Error::Kvm("get sregs", e.into()))?;
+        arch::set_sregs(&mut sregs);
+        vcpu.set_sregs(&sregs).map_err(|e| Error::Kvm("set sregs", e.into()))?;
+        stats.phase("arch_setup", t);
+
+        Ok(Shell { vm, vcpu, ram, tsc_hz, stats })
+    }
+
+    /// Bytes of guest RAM.
+    pub fn mem_size(&self) -> u64 {
+        self.ram.size()
+    }
+
+    /// The KVM VM (kept for later device setup).
+    pub fn vm_fd(&self) -> &VmFd {
+        &self.vm
+    }
+}

@@ -1,0 +1,325 @@
+//! The *execute* phase: load an image into a prepared [`Shell`], then run
+//! the vCPU and serve its hypercalls until the guest exits or is stopped.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use kvm_bindings::{kvm_msr_entry, Msrs};
+use kvm_ioctls::VcpuExit;
+use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags};
+use wisp_abi::args::{self, CONSOLE_WRITE_MAX};
+use wisp_abi::layout::{BOOT_INFO, MIN_HEAP, STACK_BOTTOM, STACK_TOP};
+use wisp_abi::{BootInfo, Hypercall, FAULT_PORT};
+
+use crate::arch;
+use crate::error::{Error, Result};
+use crate::fault::{Fault, Outcome, StopReason};
+use crate::image::Image;
+use crate::shell::Shell;
+use crate::signal::{install_kick_handler, ThreadId};
+use crate::stats::Stats;
+
+const MSR_IA32_TSC: u32 = 0x10;
+
+/// A VM with its image loaded, ready to run.
+pub struct Vm {
+    shell: Shell,
+    /// Host monotonic time the guest's clock counts from.
+    boot: Instant,
+    wake: std::os::fd::OwnedFd,
+}
+
+/// What the run loop saw at one exit, copied out of the `kvm_run` page.
+enum Exit {
+    Out { port: u16, data: [u8; 4], len: usize },
+    In { port: u16 },
+    Mmio { addr: u64, write: bool },
+    Shutdown,
+    Hlt,
+    Interrupted,
+    Other(String),
+}
+
+impl Shell {
+    /// Load `image` with arguments `args` (argument 0 is the image name).
+    pub fn load(mut self, image: &Image, args: &[String]) -> Result<Vm> {
+        let t = Instant::now();
+        let mem = self.ram.size();
+        if image.end() > mem {
+            return Err(Error::BadMemory(format!(
+                "image does not fit: its segments end at {:#x} ({} KiB) but guest RAM is {} MiB (--mem)",
+                image.end(),
+                image.end() >> 10,
+                mem >> 20
+            )));
+        }
+        if image.end() + MIN_HEAP > mem {
+            return Err(Error::BadMemory(format!(
+                "memory too small: the image needs at least {} KiB of RAM (--mem), {} MiB given",
+                (image.end() + MIN_HEAP) >> 10,
+                mem >> 20
+            )));
+        }
+        for s in &image.segments {
+            self.ram.write(s.vaddr, image.file_bytes(s))?;
+        }
+        arch::map_image(&self.ram, image)?;
+        self.stats.phase("image_load", t);
+
+        let t = Instant::now();
+        let mut info = BootInfo::new();
+        info.mem_size = mem;
+        info.image_start = image.start();
+        info.image_end = image.end();
+        info.heap_start = image.end();
+        info.heap_end = mem;
+        info.stack_bottom = STACK_BOTTOM;
+        info.stack_top = STACK_TOP;
+        info.tsc_hz = self.tsc_hz;
+        let argv = std::iter::once(image.name.as_str()).chain(args.iter().map(String::as_str));
+        info.set_args(argv).map_err(|n| if n == usize::MAX { Error::ArgNul } else { Error::ArgsTooLong(n) })?;
+        let mut msrs = Msrs::from_entries(&[kvm_msr_entry { index: MSR_IA32_TSC, ..Default::default() }])
+            .map_err(|e| Error::Host("MSR list", std::io::Error::other(format!("{e:?}"))))?;
+        let boot = Instant::now();
+        info.wall_clock_ns = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        self.vcpu.get_msrs(&mut msrs).map_err(|e| Error::Kvm("read guest TSC", e.into()))?;
+        info.boot_tsc = msrs.as_slice()[0].data;
+        self.ram.write_obj(BOOT_INFO, &info)?;
+        self.vcpu
+            .set_regs(&arch::initial_regs(image.entry))
+            .map_err(|e| Error::Kvm("set registers", e.into()))?;
+        self.stats.phase("boot_info", t);
+        let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+            .map_err(|e| Error::Host("eventfd", e.into()))?;
+        Ok(Vm { shell: self, boot, wake })
+    }
+}
+
+/// Ends a runaway guest: after the deadline it sets the stop flag and kicks
+/// the vCPU thread until the run loop acknowledges.
+struct Watchdog {
+    done: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    fn start(deadline: Instant, expired: Arc<AtomicBool>) -> Watchdog {
+        install_kick_handler();
+        let target = ThreadId::current();
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        let thread = std::thread::spawn(move || {
+            while !d.load(Ordering::Acquire) {
+                let now = Instant::now();
+                if now < deadline {
+                    std::thread::park_timeout(deadline - now);
+                    continue;
+                }
+                expired.store(true, Ordering::Release);
+                // Repeat: a kick that lands just before KVM_RUN is entered is lost.
+                target.kick();
+                std::thread::park_timeout(Duration::from_millis(1));
+            }
+        });
+        Watchdog { done, thread: Some(thread) }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+impl Vm {
+    /// Run until the guest exits or is stopped. Console output goes to
+    /// `console`. `timeout` bounds the whole run.
+    pub fn run(&mut self, console: &mut dyn Write, timeout: Option<Duration>) -> Outcome {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let expired = Arc::new(AtomicBool::new(false));
+        let _watchdog = deadline.map(|d| Watchdog::start(d, expired.clone()));
+        let start = Instant::now();
+        let mut first_exit = true;
+        let outcome = loop {
+            if expired.load(Ordering::Acquire) || deadline.is_some_and(|d| Instant::now() >= d) {
+                break Outcome::Stopped(StopReason::Timeout);
+            }
+            let exit = self.enter();
+            self.shell.stats.exits += 1;
+            if first_exit {
+                self.shell.stats.phase("guest_init", start);
+                first_exit = false;
+            }
+            let r = match exit {
+                Exit::Out { port, data, len } => self.on_out(port, &data[..len], console, deadline),
+                Exit::In { port } => Err(StopReason::BadIo { port, detail: "the guest read a port" }),
+                Exit::Mmio { addr, write } => Err(StopReason::OutsideRam { addr, write }),
+                Exit::Shutdown => Err(StopReason::TripleFault),
+                Exit::Hlt => Err(StopReason::Kvm("the vCPU halted".into())),
+                Exit::Interrupted => Ok(None),
+                Exit::Other(s) => Err(StopReason::Kvm(s)),
+            };
+            match r {
+                Ok(None) => {}
+                Ok(Some(code)) => break Outcome::Exited(code),
+                Err(reason) => break Outcome::Stopped(reason),
+            }
+        };
+        let run_us = start.elapsed().as_secs_f64() * 1e6 - self.shell.stats.get("guest_init").unwrap_or(0.0);
+        self.shell.stats.add("guest_run", run_us);
+        let _ = console.flush();
+        outcome
+    }
+
+    /// Timings so far.
+    pub fn stats(&self) -> &Stats {
+        &self.shell.stats
+    }
+
+    /// Enter the guest once and copy out what the exit needs.
+    fn enter(&mut self) -> Exit {
+        match self.shell.vcpu.run() {
+            Ok(VcpuExit::IoOut(port, d)) => {
+                let mut data = [0u8; 4];
+                let len = d.len().min(4);
+                data[..len].copy_from_slice(&d[..len]);
+                Exit::Out { port, data, len: d.len() }
+            }
+            Ok(VcpuExit::IoIn(port, _)) => Exit::In { port },
+            Ok(VcpuExit::MmioRead(addr, _)) => Exit::Mmio { addr, write: false },
+            Ok(VcpuExit::MmioWrite(addr, _)) => Exit::Mmio { addr, write: true },
+            Ok(VcpuExit::Shutdown) => Exit::Shutdown,
+            Ok(VcpuExit::Hlt) => Exit::Hlt,
+            Ok(VcpuExit::Intr) => Exit::Interrupted,
+            Ok(VcpuExit::InternalError) => Exit::Other("internal error (emulation failed)".into()),
+            Ok(VcpuExit::FailEntry(r, _)) => Exit::Other(format!("VM entry failed (reason {r:#x})")),
+            Ok(other) => Exit::Other(format!("unexpected exit {other:?}")),
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => Exit::Interrupted,
+            Err(e) => Exit::Other(format!("KVM_RUN failed: {e}")),
+        }
+    }
+
+    /// Serve an `out`: a hypercall, or a fault report from the exception stubs.
+    fn on_out(
+        &mut self,
+        port: u16,
+        data: &[u8],
+        console: &mut dyn Write,
+        deadline: Option<Instant>,
+    ) -> std::result::Result<Option<i32>, StopReason> {
+        if port == FAULT_PORT {
+            return Err(self.decode_fault(data.first().copied().unwrap_or(0xff)));
+        }
+        let Some(hc) = Hypercall::from_port(port) else {
+            return Err(StopReason::UnknownHypercall { port });
+        };
+        if data.len() != 4 {
+            return Err(StopReason::BadHypercall {
+                call: name(hc),
+                detail: format!("issued with a {}-byte out; the ABI uses `out dx, eax`", data.len()),
+            });
+        }
+        self.shell.stats.hypercalls += 1;
+        let gpa = u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as u64;
+        let ram = &self.shell.ram;
+        let bad = |detail: String| StopReason::BadHypercall { call: name(hc), detail };
+        let block = |size: usize| {
+            if ram.contains(gpa, size as u64) {
+                Ok(())
+            } else {
+                Err(bad(format!("argument block at {gpa:#x} ({size} bytes) is outside guest RAM")))
+            }
+        };
+        match hc {
+            Hypercall::ConsoleWrite => {
+                block(size_of::<args::ConsoleWrite>())?;
+                let mut a: args::ConsoleWrite = ram.read_obj(gpa).map_err(|e| bad(e.to_string()))?;
+                if a.len > CONSOLE_WRITE_MAX {
+                    return Err(bad(format!("length {} exceeds the {CONSOLE_WRITE_MAX}-byte limit", a.len)));
+                }
+                if !ram.contains(a.data, a.len) {
+                    return Err(bad(format!("buffer {:#x}+{:#x} is outside guest RAM", a.data, a.len)));
+                }
+                let mut buf = vec![0u8; a.len as usize];
+                ram.read(a.data, &mut buf).map_err(|e| bad(e.to_string()))?;
+                let _ = console.write_all(&buf);
+                a.ret = a.len as i64;
+                ram.write_obj(gpa, &a).map_err(|e| bad(e.to_string()))?;
+                Ok(None)
+            }
+            Hypercall::Exit => {
+                block(size_of::<args::Exit>())?;
+                let a: args::Exit = ram.read_obj(gpa).map_err(|e| bad(e.to_string()))?;
+                Ok(Some(a.code))
+            }
+            Hypercall::Clock => {
+                block(size_of::<args::Clock>())?;
+                let a = args::Clock {
+                    monotonic_ns: self.boot.elapsed().as_nanos() as u64,
+                    wall_ns: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0),
+                };
+                ram.write_obj(gpa, &a).map_err(|e| bad(e.to_string()))?;
+                Ok(None)
+            }
+            Hypercall::Idle => {
+                block(size_of::<args::Idle>())?;
+                let mut a: args::Idle = ram.read_obj(gpa).map_err(|e| bad(e.to_string()))?;
+                let mut wait = Duration::from_nanos(a.timeout_ns);
+                if let Some(d) = deadline {
+                    wait = wait.min(d.saturating_duration_since(Instant::now()));
+                }
+                a.events = self.park(wait);
+                ram.write_obj(gpa, &a).map_err(|e| bad(e.to_string()))?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Block the vCPU thread until `wait` passes or the wake eventfd fires.
+    /// Uses no CPU meanwhile. Returns the pending event bits.
+    fn park(&self, wait: Duration) -> u64 {
+        let t = Instant::now();
+        let mut fds = [PollFd::new(&self.wake, PollFlags::IN)];
+        let ts = rustix::time::Timespec {
+            tv_sec: wait.as_secs().min(i64::MAX as u64) as i64,
+            tv_nsec: wait.subsec_nanos() as _,
+        };
+        let woke = matches!(poll(&mut fds, Some(&ts)), Ok(n) if n > 0);
+        let mut events = 0;
+        if woke {
+            let mut b = [0u8; 8];
+            if rustix::io::read(&self.wake, &mut b).is_ok() {
+                events = u64::from_le_bytes(b);
+            }
+        }
+        let _ = t;
+        events
+    }
+
+    fn decode_fault(&self, vector: u8) -> StopReason {
+        let regs = self.shell.vcpu.get_regs();
+        let sregs = self.shell.vcpu.get_sregs();
+        match (regs, sregs) {
+            (Ok(r), Ok(s)) => match Fault::decode(&self.shell.ram, vector, r.rsp, s.cr2) {
+                Some(f) => StopReason::Exception(f),
+                None => StopReason::Kvm(format!("exception {vector} with an unreadable frame")),
+            },
+            _ => StopReason::Kvm(format!("exception {vector}; registers unreadable")),
+        }
+    }
+}
+
+fn name(hc: Hypercall) -> &'static str {
+    match hc {
+        Hypercall::ConsoleWrite => "console_write",
+        Hypercall::Exit => "exit",
+        Hypercall::Clock => "clock",
+        Hypercall::Idle => "idle",
+    }
+}

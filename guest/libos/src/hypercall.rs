@@ -1,0 +1,54 @@
+//! Hypercalls: one `out dx, eax` each, with `eax` holding the guest-physical
+//! address of the argument block (see the `wisp-abi` crate).
+
+use core::arch::asm;
+
+use wisp_abi::args;
+use wisp_abi::Hypercall;
+
+/// Issue hypercall `hc` with argument block `block`. The monitor may write
+/// results back into `block` before the guest resumes.
+#[inline(always)]
+pub fn call<T>(hc: Hypercall, block: &mut T) {
+    // Identity mapping: the virtual address is the guest-physical one, and
+    // all guest RAM is below 4 GiB, so it fits in eax.
+    let gpa = block as *mut T as u64 as u32;
+    // SAFETY: `out` to a hypercall port is allowed at CPL 3 by the TSS I/O
+    // bitmap; it does not touch the stack. No `nomem`: the monitor reads and
+    // writes `block` while the instruction executes.
+    unsafe {
+        asm!("out dx, eax", in("dx") hc.port(), in("eax") gpa, options(nostack, preserves_flags));
+    }
+}
+
+/// Write bytes to the console. Returns the number written.
+pub fn console_write(data: &[u8]) -> i64 {
+    let mut a = args::ConsoleWrite { data: data.as_ptr() as u64, len: data.len() as u64, ret: 0 };
+    call(Hypercall::ConsoleWrite, &mut a);
+    a.ret
+}
+
+/// End the VM.
+pub fn exit(code: i32) -> ! {
+    let mut a = args::Exit { code, reserved: 0 };
+    call(Hypercall::Exit, &mut a);
+    // The monitor never resumes a guest after exit.
+    loop {
+        core::hint::spin_loop();
+    }
+}
+
+/// The host's clocks: (nanoseconds since boot, wall-clock ns since the epoch).
+pub fn clock() -> (u64, u64) {
+    let mut a = args::Clock::default();
+    call(Hypercall::Clock, &mut a);
+    (a.monotonic_ns, a.wall_ns)
+}
+
+/// Park the vCPU for at most `timeout_ns` or until an event; returns the
+/// pending event bits.
+pub fn idle(timeout_ns: u64) -> u64 {
+    let mut a = args::Idle { timeout_ns, events: 0 };
+    call(Hypercall::Idle, &mut a);
+    a.events
+}

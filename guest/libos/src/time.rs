@@ -1,0 +1,119 @@
+//! Clocks and sleeping. Time is read from the TSC without leaving the guest;
+//! the boot-info page gives its frequency and the wall-clock base.
+
+use core::time::Duration;
+
+pub use core::time::Duration as Span;
+
+/// Read the time-stamp counter.
+#[inline(always)]
+pub fn rdtsc() -> u64 {
+    // SAFETY: `rdtsc` is allowed at CPL 3 (CR4.TSD is clear) and has no side effects.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+/// Nanoseconds since boot (monotonic).
+pub fn monotonic_ns() -> u64 {
+    let info = crate::env::boot_info();
+    if info.tsc_hz == 0 {
+        return crate::hypercall::clock().0;
+    }
+    let ticks = rdtsc().wrapping_sub(info.boot_tsc);
+    (ticks as u128 * 1_000_000_000 / info.tsc_hz as u128) as u64
+}
+
+/// Wall-clock time: nanoseconds since the Unix epoch.
+pub fn wall_ns() -> u64 {
+    crate::env::boot_info().wall_clock_ns + monotonic_ns()
+}
+
+/// A point on the monotonic clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Instant(u64);
+
+impl Instant {
+    /// Now.
+    pub fn now() -> Instant {
+        Instant(monotonic_ns())
+    }
+
+    /// Nanoseconds since boot.
+    pub fn as_nanos(self) -> u64 {
+        self.0
+    }
+
+    /// Time since `self`.
+    pub fn elapsed(self) -> Duration {
+        Instant::now().saturating_duration_since(self)
+    }
+
+    /// `self - earlier`, or zero.
+    pub fn saturating_duration_since(self, earlier: Instant) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+
+    /// `self + d`.
+    pub fn add(self, d: Duration) -> Instant {
+        Instant(self.0.saturating_add(d.as_nanos().min(u64::MAX as u128) as u64))
+    }
+}
+
+/// Time since boot.
+pub fn uptime() -> Duration {
+    Duration::from_nanos(monotonic_ns())
+}
+
+/// Park the VM until `deadline` (no CPU is used meanwhile).
+pub fn sleep_until(deadline: Instant) {
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return;
+        }
+        crate::hypercall::idle(deadline.0 - now.0);
+    }
+}
+
+/// Park the VM for `d`.
+pub fn sleep(d: Duration) {
+    sleep_until(Instant::now().add(d));
+}
+
+/// Civil date and time (UTC) from nanoseconds since the epoch:
+/// (year, month, day, hour, minute, second).
+pub fn civil(ns: u64) -> (i64, u32, u32, u32, u32, u32) {
+    let secs = (ns / 1_000_000_000) as i64;
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    // Howard Hinnant's days-to-civil.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = if m <= 2 { y + 1 } else { y };
+    (y, m, d, (sod / 3600) as u32, (sod / 60 % 60) as u32, (sod % 60) as u32)
+}
+
+/// Parse a duration like `1s`, `500ms`, `250us`, `2m` or a bare number of
+/// seconds.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, "s"),
+    };
+    let n: u64 = num.parse().ok()?;
+    Some(match unit {
+        "ns" => Duration::from_nanos(n),
+        "us" | "µs" => Duration::from_micros(n),
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" | "min" => Duration::from_secs(n.checked_mul(60)?),
+        "h" => Duration::from_secs(n.checked_mul(3600)?),
+        _ => return None,
+    })
+}

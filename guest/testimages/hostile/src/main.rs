@@ -1,0 +1,140 @@
+//! `hostile MODE`: a test image that misbehaves on purpose, to prove the
+//! monitor stops such a guest with a clear reason and stays healthy.
+//! Also a few well-behaved modes that test the library OS itself.
+#![no_std]
+#![no_main]
+
+extern crate alloc;
+
+use core::arch::asm;
+use core::hint::black_box;
+use core::time::Duration;
+
+use alloc::vec::Vec;
+use wisp::abi::{args, Hypercall};
+
+wisp::main!(main);
+
+fn main() -> i32 {
+    let mode = wisp::env::arg(1).unwrap_or("");
+    let mem = wisp::env::mem_size();
+    wisp::println!("hostile: {}", mode);
+    // SAFETY (all asm below): deliberately invalid operations; the monitor
+    // must stop the VM. None of them returns normally.
+    match mode {
+        "spin" => loop {
+            core::hint::spin_loop();
+        },
+        "write-outside-ram" => unsafe { core::ptr::write_volatile((mem + 0x1000) as *mut u64, 1) },
+        "write-null" => unsafe { core::ptr::write_volatile(8 as *mut u64, 1) },
+        "write-page-tables" => unsafe { core::ptr::write_volatile(0x6000 as *mut u64, 0) },
+        "write-boot-info" => unsafe { core::ptr::write_volatile(0x1000 as *mut u64, 0) },
+        "write-code" => unsafe { core::ptr::write_volatile(main as *const () as *mut u8, 0xcc) },
+        "wild-write" => unsafe { core::ptr::write_volatile(0x8000_0000_0000_0000u64 as *mut u64, 1) },
+        "exec-stack" => {
+            let code = [0xc3u8; 16];
+            let f: extern "C" fn() = unsafe { core::mem::transmute(code.as_ptr()) };
+            f();
+        }
+        "hlt" => unsafe { asm!("hlt") },
+        "cli" => unsafe { asm!("cli") },
+        "write-cr3" => unsafe { asm!("xor eax, eax", "mov cr3, rax", out("rax") _) },
+        "ud2" => unsafe { asm!("ud2") },
+        "div0" => {
+            let z = black_box(0u32);
+            unsafe { asm!("div {0:e}", in(reg) z, inout("eax") 1u32 => _, inout("edx") 0u32 => _) };
+        }
+        "int3" => unsafe { asm!("int3") },
+        "port-io" => unsafe { asm!("out 0x80, al", in("al") 0u8) },
+        "port-in" => unsafe { asm!("in al, dx", in("dx") 0x500u16, out("al") _) },
+        "stack-overflow" => {
+            recurse(0);
+        }
+        "console-oob" => {
+            let mut a = args::ConsoleWrite { data: mem - 8, len: 64, ret: 0 };
+            wisp::hypercall::call(Hypercall::ConsoleWrite, &mut a);
+        }
+        "console-huge-len" => {
+            let mut a = args::ConsoleWrite { data: 0x10_0000, len: u64::MAX, ret: 0 };
+            wisp::hypercall::call(Hypercall::ConsoleWrite, &mut a);
+        }
+        "console-wrap" => {
+            let mut a = args::ConsoleWrite { data: u64::MAX - 4, len: 16, ret: 0 };
+            wisp::hypercall::call(Hypercall::ConsoleWrite, &mut a);
+        }
+        "args-oob" => unsafe {
+            asm!("out dx, eax", in("dx") Hypercall::ConsoleWrite.port(), in("eax") 0xffff_fff0u32);
+        },
+        "unknown-hypercall" => unsafe {
+            asm!("out dx, eax", in("dx") wisp::abi::HYPERCALL_PORT_BASE + 9, in("eax") 0u32);
+        },
+        "byte-hypercall" => unsafe {
+            asm!("out dx, al", in("dx") Hypercall::Exit.port(), in("al") 0u8);
+        },
+        // Well-behaved modes.
+        "exit" => return wisp::env::arg(2).and_then(|s| s.parse().ok()).unwrap_or(0),
+        "panic" => panic!("deliberate panic"),
+        "oom" => {
+            let mut v: Vec<Vec<u8>> = Vec::new();
+            loop {
+                v.push(Vec::with_capacity(1 << 20));
+            }
+        }
+        "big-console" => {
+            let line = [b'x'; 100_000];
+            wisp::console::write_bytes(&line);
+            wisp::println!();
+            return 0;
+        }
+        "timers" => return timers(),
+        "clock" => {
+            let (mono, wall) = wisp::hypercall::clock();
+            let mine = wisp::time::wall_ns();
+            wisp::println!("clock: host mono {} wall {} guest wall {}", mono, wall, mine);
+            let skew_ms = (mine as i128 - wall as i128).abs() / 1_000_000;
+            wisp::println!("clock: skew {} ms", skew_ms);
+            return 0;
+        }
+        _ => {
+            wisp::println!("unknown mode '{}'", mode);
+            return 2;
+        }
+    }
+    wisp::println!("hostile: survived '{}'?!", mode);
+    3
+}
+
+#[inline(never)]
+#[allow(unconditional_recursion)]
+fn recurse(n: u64) -> u64 {
+    let buf = black_box([n; 64]);
+    recurse(buf[7] + 1) + buf[3]
+}
+
+/// Many tasks waiting on timers: they must complete in deadline order and
+/// the executor must batch waits (fewer idle calls than timers).
+fn timers() -> i32 {
+    use alloc::rc::Rc;
+    use core::cell::RefCell;
+    const N: u64 = 50;
+    let order = Rc::new(RefCell::new(Vec::new()));
+    for i in 0..N {
+        let order = order.clone();
+        // Deadlines 10..60 ms, in a scrambled order, several sharing one.
+        let ms = 10 + (i * 37 % N) / 5 * 5;
+        wisp::exec::spawn(async move {
+            wisp::exec::sleep(Duration::from_millis(ms)).await;
+            order.borrow_mut().push(ms);
+        });
+    }
+    wisp::exec::run();
+    let order = order.borrow();
+    let sorted = order.windows(2).all(|w| w[0] <= w[1]);
+    let idles = wisp::exec::idle_count();
+    wisp::println!("timers: {} fired, in order: {}, idle calls: {}", order.len(), sorted, idles);
+    if order.len() as u64 == N && sorted && idles < N {
+        0
+    } else {
+        1
+    }
+}

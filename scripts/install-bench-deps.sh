@@ -1,0 +1,40 @@
+#!/bin/sh
+# Install the Debian packages bench/boot.py needs. Idempotent: installs only
+# what is missing and runs `apt-get update` at most once, only if needed.
+#
+#   qemu-system-x86          linux_vm peer (QEMU TCG, -M microvm)
+#   linux-image-cloud-amd64  the guest kernel (/boot/vmlinuz-*-cloud-amd64)
+#   busybox-static           the guest's initramfs (/init)
+#   crun                     container_crun peer
+#   util-linux               unshare (container_unshare peer, crun's mount namespace)
+#   gcc, libc6-dev           build bench/tools/*.c (static no-op, launcher)
+#   python3, python3-matplotlib  the harness; the plot (optional)
+set -eu
+
+PKGS="qemu-system-x86 linux-image-cloud-amd64 busybox-static crun util-linux gcc libc6-dev python3 python3-matplotlib"
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "install-bench-deps: run as root" >&2
+    exit 1
+fi
+
+missing=""
+for p in $PKGS; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing="$missing $p"
+    fi
+done
+
+if [ -z "$missing" ]; then
+    echo "install-bench-deps: all present ($PKGS)"
+    exit 0
+fi
+
+echo "install-bench-deps: installing:$missing"
+export DEBIAN_FRONTEND=noninteractive
+# shellcheck disable=SC2086
+if ! apt-get install -y --no-install-recommends $missing; then
+    apt-get update
+    # shellcheck disable=SC2086
+    apt-get install -y --no-install-recommends $missing
+fi

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what building and testing wisp needs, idempotently:
+# the Rust target for guest images and the Debian packages the tests use.
+set -euo pipefail
+
+if ! command -v cargo >/dev/null; then
+    echo "install-deps: cargo not found; install Rust with rustup first" >&2
+    exit 1
+fi
+if ! rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-none; then
+    rustup target add x86_64-unknown-none
+fi
+
+# Debian packages used by the tests (a normal Linux executable and a 32-bit
+# ELF as malformed images; a C compiler for test fixtures).
+need=()
+command -v cc >/dev/null || need+=(gcc libc6-dev)
+[ -x /bin/busybox ] || need+=(busybox-static)
+if [ ${#need[@]} -gt 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y --no-install-recommends "${need[@]}" >/dev/null 2>&1 \
+        || { apt-get update >/dev/null && apt-get install -y --no-install-recommends "${need[@]}" >/dev/null; }
+fi
+
+if [ ! -e /dev/kvm ]; then
+    echo "install-deps: warning: /dev/kvm is missing; VMs cannot run on this machine" >&2
+fi
