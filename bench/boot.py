@@ -35,6 +35,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
@@ -279,6 +280,65 @@ class WispCold(Peer):
 
     def analyse(self, ctx, runs):
         return {"breakdown": wisp_breakdown(runs)}
+
+
+class WispSyncTeardown(WispCold):
+    """The same cold boot, but the VM is destroyed inside the wisp process
+    before it exits (WISP_SYNC_TEARDOWN=1) instead of by a detached child:
+    shows what KVM teardown costs on this host."""
+    name = "wisp_sync_teardown"
+    description = "wisp run --stats noop with WISP_SYNC_TEARDOWN=1 (VM destroyed before exit)"
+
+    def prepare(self, ctx):
+        os.environ["WISP_SYNC_TEARDOWN"] = "1"
+        super().prepare(ctx)
+
+    def cleanup(self, ctx):
+        os.environ.pop("WISP_SYNC_TEARDOWN", None)
+
+
+def footprint(ctx, n=20):
+    """Image sizes, and host memory of running `sleeper` VMs: each process's
+    PSS, and MemAvailable drop per VM (includes KVM's kernel memory)."""
+    out = {"images_bytes": {}}
+    images = os.path.join(ROOT, "build", "images")
+    for name in ("noop", "hello", "sleeper"):
+        p = os.path.join(images, name)
+        if os.path.exists(p):
+            out["images_bytes"][name] = os.path.getsize(p)
+    if not os.path.exists(ctx.wisp):
+        return out
+
+    def avail_kb():
+        m = re.search(r"MemAvailable:\s*(\d+) kB", _read("/proc/meminfo"))
+        return int(m.group(1))
+
+    before = avail_kb()
+    procs = [subprocess.Popen([ctx.wisp, "run", "sleeper", "--", "30s"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) for _ in range(n)]
+    try:
+        time.sleep(1.5)
+        alive = [p for p in procs if p.poll() is None]
+        after = avail_kb()
+        pss = []
+        for p in alive:
+            m = re.search(r"^Pss:\s*(\d+) kB", _read("/proc/%d/smaps_rollup" % p.pid), re.M)
+            if m:
+                pss.append(int(m.group(1)))
+        out["sleeper"] = {
+            "vms": n,
+            "alive": len(alive),
+            "pss_kb_median": median(pss) if pss else None,
+            "mem_available_drop_kb_per_vm": round((before - after) / max(1, len(alive)), 1),
+            "note": "PSS = the monitor process's proportional share of its memory; the MemAvailable "
+                    "drop also counts KVM's kernel memory and page tables",
+        }
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+    return out
 
 
 def parse_stats(text):
@@ -580,7 +640,7 @@ class LinuxVM(Peer):
 # another Peer whose check() finds the daemon binary, prepare() starts the
 # daemon, measure() times requests itself (returning objects with .ms and
 # .status), and cleanup() stops it. Add it to PEERS and, if wanted, a ratio.
-PEERS = [WispCold(), ForkExec(), ContainerUnshare(), ContainerCrun(), LinuxVM()]
+PEERS = [WispCold(), WispSyncTeardown(), ForkExec(), ContainerUnshare(), ContainerCrun(), LinuxVM()]
 
 RATIOS = {  # JSON key -> peer compared with wisp (cold boot)
     "cold_boot_vs_forkexec": "forkexec",
@@ -794,9 +854,13 @@ def main():
         "ratios_note": "wisp median / peer median (below 1 means wisp is faster)",
     }
 
+    log("[footprint] image sizes, memory of running sleeper VMs")
+    doc["footprint"] = footprint(ctx)
     print()
     print_table(results, wisp_med)
     print_breakdown(doc["wisp_breakdown"])
+    print()
+    print("footprint: %s" % json.dumps(doc["footprint"]))
     print()
     for k, v in ratios.items():
         print("%-24s %s" % (k, fmt(v, 4) if v is not None else "n/a"))

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use wisp_vmm::{open_kvm, Image, Outcome, Shell, DEFAULT_MEM};
+use wisp_vmm::{open_kvm, Image, Outcome, Shell, Vm, DEFAULT_MEM};
 
 mod units;
 
@@ -61,10 +61,15 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Run { mem, timeout, stats, image, args } => run(&image, mem, timeout, stats, &args, t_main),
-        Cmd::Inspect { image } => inspect(&image),
+        Cmd::Inspect { image } => inspect(&image).map(|c| (c, None)),
     };
     match r {
-        Ok(code) => ExitCode::from(code),
+        // A VM ran: exit now and let a detached child destroy it (unless
+        // WISP_SYNC_TEARDOWN is set, to measure teardown inline).
+        Ok((code, Some(_vm))) if std::env::var_os("WISP_SYNC_TEARDOWN").is_none() => {
+            wisp_vmm::detach::exit_detaching_teardown(code as i32)
+        }
+        Ok((code, _)) => ExitCode::from(code),
         Err(msg) => {
             eprintln!("wisp: error: {msg}");
             ExitCode::from(EXIT_ERROR)
@@ -122,7 +127,7 @@ fn run(
     stats: bool,
     args: &[String],
     t_main: u64,
-) -> Result<u8, String> {
+) -> Result<(u8, Option<Vm>), String> {
     let img = load_image(image)?;
     let kvm = open_kvm().map_err(|e| e.to_string())?;
     let shell = Shell::create(&kvm, mem.unwrap_or(DEFAULT_MEM)).map_err(|e| e.to_string())?;
@@ -163,7 +168,7 @@ fn run(
             s.phases_json()
         );
     }
-    Ok(code)
+    Ok((code, Some(vm)))
 }
 
 fn inspect(image: &str) -> Result<u8, String> {

@@ -13,6 +13,7 @@
 //! into either a served hypercall or a [`StopReason`].
 
 pub mod arch;
+pub mod detach;
 pub mod error;
 pub mod fault;
 pub mod image;
