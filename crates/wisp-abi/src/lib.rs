@@ -76,6 +76,13 @@ impl Hypercall {
     }
 }
 
+/// Event bits returned by the idle hypercall (`args::Idle::events`).
+pub mod events {
+    /// The toolstack asks the guest to stop gracefully (`wisp stop`). The
+    /// library OS exits with status 143 unless the app handles it.
+    pub const STOP: u64 = 1 << 0;
+}
+
 /// Error codes returned in the `ret` field of argument blocks
 /// (negative values; `>= 0` means success).
 pub mod errno {

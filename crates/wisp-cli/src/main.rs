@@ -1,71 +1,173 @@
-//! `wisp`: boot and inspect wisp unikernel images.
+//! `wisp`: run and manage unikernel VMs. Talks to `wispd` over its API
+//! socket; `wisp run` and `wisp inspect IMAGE` also work without a daemon.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use wisp_vmm::{open_kvm, Image, Outcome, Shell, Vm, DEFAULT_MEM};
 
+mod direct;
+mod remote;
 mod units;
 
 /// Exit status when `--timeout` ends the VM (as timeout(1)).
-const EXIT_TIMEOUT: u8 = 124;
+pub const EXIT_TIMEOUT: u8 = 124;
 /// Exit status when wisp itself cannot do what was asked.
-const EXIT_ERROR: u8 = 125;
+pub const EXIT_ERROR: u8 = 125;
 /// Exit status when the monitor stopped a misbehaving guest.
-const EXIT_STOPPED: u8 = 139;
+pub const EXIT_STOPPED: u8 = 139;
 
 #[derive(Parser)]
-#[command(name = "wisp", version, about = "Boot unikernel VMs on KVM, light and quick as processes")]
+#[command(name = "wisp", version, about = "Boot and manage unikernel VMs, light and quick as processes")]
 struct Cli {
+    /// wispd's API socket [env: WISP_SOCKET; default /run/wisp/wispd.sock].
+    #[arg(long, global = true)]
+    socket: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
 
+#[derive(clap::Args, Clone)]
+pub struct RunArgs {
+    /// Detach: print the VM's id and return (needs wispd).
+    #[arg(short, long)]
+    pub detach: bool,
+    /// Give the VM a unique name (needs wispd).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Start this many VMs (with -d).
+    #[arg(long)]
+    pub count: Option<u32>,
+    /// Guest RAM, e.g. 16M, 1G (rounded up to 2 MiB).
+    #[arg(long, value_parser = units::parse_size)]
+    pub mem: Option<u64>,
+    /// End the VM after this long, e.g. 1s, 500ms.
+    #[arg(long, value_parser = units::parse_duration)]
+    pub timeout: Option<Duration>,
+    /// Print timings of each boot phase to stderr.
+    #[arg(long)]
+    pub stats: bool,
+    /// Path of an image, or the name of a bundled app (hello, noop, sleeper).
+    pub image: String,
+    /// Arguments passed to the guest.
+    #[arg(last = true)]
+    pub args: Vec<String>,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
-    /// Boot IMAGE in a new VM; its console goes to stdout and its exit code
-    /// becomes wisp's.
-    Run {
-        /// Guest RAM, e.g. 16M, 1G (rounded up to 2 MiB).
-        #[arg(long, value_parser = units::parse_size)]
-        mem: Option<u64>,
-        /// End the VM after this long, e.g. 1s, 500ms.
-        #[arg(long, value_parser = units::parse_duration)]
-        timeout: Option<Duration>,
-        /// Print timings of each boot phase to stderr.
-        #[arg(long)]
-        stats: bool,
-        /// Path of an image, or the name of a bundled app (hello, noop, sleeper).
-        image: String,
-        /// Arguments passed to the guest.
-        #[arg(last = true)]
-        args: Vec<String>,
+    /// Boot IMAGE in a new VM; attached, its console goes to stdout and its
+    /// exit code becomes wisp's. Uses wispd if it is running, else boots the
+    /// VM in this process.
+    Run(RunArgs),
+    /// List VMs.
+    Ps {
+        /// Include exited VMs.
+        #[arg(short, long)]
+        all: bool,
+        /// Print ids only.
+        #[arg(short, long)]
+        quiet: bool,
     },
-    /// Print an image's entry point, segments, sizes and ABI version.
+    /// Show a VM (by id or name), or, without a daemon or a matching VM, an
+    /// image's entry point, segments, sizes and ABI version.
     Inspect {
-        /// Path of an image, or the name of a bundled app.
-        image: String,
+        /// VM id, id prefix or name; or an image.
+        target: String,
+    },
+    /// Print a VM's console output.
+    Logs {
+        /// Keep printing new output until the VM ends.
+        #[arg(short, long)]
+        follow: bool,
+        /// VM id or name.
+        vm: String,
+    },
+    /// Ask VMs to stop, then kill them after a grace period.
+    Stop {
+        /// Grace period, e.g. 2s.
+        #[arg(long, value_parser = units::parse_duration, default_value = "2s")]
+        grace: Duration,
+        /// VM ids or names.
+        #[arg(required = true)]
+        vms: Vec<String>,
+    },
+    /// Stop VMs at once.
+    Kill {
+        /// VM ids or names.
+        #[arg(required = true)]
+        vms: Vec<String>,
+    },
+    /// Pause VMs.
+    Pause {
+        /// VM ids or names.
+        #[arg(required = true)]
+        vms: Vec<String>,
+    },
+    /// Resume paused VMs.
+    Resume {
+        /// VM ids or names.
+        #[arg(required = true)]
+        vms: Vec<String>,
+    },
+    /// Wait for a VM to end; exit with its status.
+    Wait {
+        /// VM id or name.
+        vm: String,
+    },
+    /// Remove VMs (exited ones, or running ones with -f).
+    Rm {
+        /// Kill running VMs first.
+        #[arg(short, long)]
+        force: bool,
+        /// Remove every VM.
+        #[arg(long, conflicts_with = "vms")]
+        all: bool,
+        /// VM ids or names.
+        #[arg(required_unless_present = "all")]
+        vms: Vec<String>,
+    },
+    /// Show or set the pool of prepared shells.
+    Pool {
+        /// Keep COUNT shells of MEM ready, as MEM=COUNT (e.g. 16M=8).
+        #[arg(long)]
+        set: Vec<String>,
     },
 }
 
-fn monotonic_ns() -> u64 {
+/// CLOCK_MONOTONIC in ns.
+pub fn monotonic_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+fn socket_path(flag: Option<PathBuf>) -> PathBuf {
+    flag.or_else(|| std::env::var_os(wisp_api::SOCKET_ENV).map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(wisp_api::DEFAULT_SOCKET))
 }
 
 fn main() -> ExitCode {
     let t_main = monotonic_ns();
     let cli = Cli::parse();
+    let socket = socket_path(cli.socket);
     let r = match cli.cmd {
-        Cmd::Run { mem, timeout, stats, image, args } => run(&image, mem, timeout, stats, &args, t_main),
-        Cmd::Inspect { image } => inspect(&image).map(|c| (c, None)),
+        Cmd::Run(a) => match wisp_api::client::Client::connect(&socket) {
+            Ok(c) => remote::run(c, &a).map(|c| (c, None)),
+            Err(e) if a.detach || a.name.is_some() || a.count.is_some() => {
+                Err(format!("cannot reach wispd at {}: {e} (start it with `wispd`)", socket.display()))
+            }
+            Err(_) => direct::run(&a.image, a.mem, a.timeout, a.stats, &a.args, t_main),
+        },
+        Cmd::Inspect { target } => match remote::inspect(&socket, &target) {
+            Some(r) => r.map(|c| (c, None)),
+            None => direct::inspect(&target).map(|c| (c, None)),
+        },
+        cmd => remote::manage(&socket, cmd).map(|c| (c, None)),
     };
     match r {
-        // A VM ran: exit now and let a detached child destroy it (unless
-        // WISP_SYNC_TEARDOWN is set, to measure teardown inline).
+        // A VM ran in this process: exit now and let a detached child
+        // destroy it (unless WISP_SYNC_TEARDOWN is set, to measure teardown).
         Ok((code, Some(_vm))) if std::env::var_os("WISP_SYNC_TEARDOWN").is_none() => {
             wisp_vmm::detach::exit_detaching_teardown(code as i32)
         }
@@ -75,116 +177,4 @@ fn main() -> ExitCode {
             ExitCode::from(EXIT_ERROR)
         }
     }
-}
-
-/// Directories searched for bundled images, in order.
-fn image_dirs() -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
-    if let Some(d) = std::env::var_os("WISP_IMAGE_DIR") {
-        dirs.push(PathBuf::from(d));
-    }
-    if let Some(exe_dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
-        dirs.push(exe_dir.join("images"));
-        // Development tree: target/<profile>/wisp -> build/images.
-        dirs.push(exe_dir.join("../../build/images"));
-    }
-    dirs
-}
-
-/// Resolve IMAGE: an existing path, or the name of a bundled app.
-fn resolve_image(image: &str) -> Result<PathBuf, String> {
-    let p = Path::new(image);
-    if image.contains('/') || p.exists() {
-        return Ok(p.to_path_buf());
-    }
-    let dirs = image_dirs();
-    if let Some(found) = dirs.iter().map(|d| d.join(image)).find(|c| c.is_file()) {
-        return Ok(found);
-    }
-    let mut bundled: Vec<String> = dirs
-        .iter()
-        .filter_map(|d| std::fs::read_dir(d).ok())
-        .flatten()
-        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
-        .collect();
-    bundled.sort();
-    bundled.dedup();
-    Err(format!(
-        "no such image: '{image}' is neither a file nor a bundled app (bundled: {})",
-        if bundled.is_empty() { "none found; run `make` first".to_string() } else { bundled.join(", ") }
-    ))
-}
-
-fn load_image(image: &str) -> Result<Image, String> {
-    let path = resolve_image(image)?;
-    Image::from_file(&path).map_err(|e| format!("{}: {e}", path.display()))
-}
-
-fn run(
-    image: &str,
-    mem: Option<u64>,
-    timeout: Option<Duration>,
-    stats: bool,
-    args: &[String],
-    t_main: u64,
-) -> Result<(u8, Option<Vm>), String> {
-    let img = load_image(image)?;
-    let kvm = open_kvm().map_err(|e| e.to_string())?;
-    let shell = Shell::create(&kvm, mem.unwrap_or(DEFAULT_MEM)).map_err(|e| e.to_string())?;
-    let mut vm = shell.load(&img, args).map_err(|e| e.to_string())?;
-    let mut stdout = std::io::stdout().lock();
-    let outcome = vm.run(&mut stdout, timeout);
-    let _ = stdout.flush();
-    drop(stdout);
-    let t_done = monotonic_ns();
-    let code = match &outcome {
-        Outcome::Exited(c) => *c as u8,
-        Outcome::Stopped(wisp_vmm::StopReason::Timeout) => EXIT_TIMEOUT,
-        Outcome::Stopped(_) => EXIT_STOPPED,
-    };
-    if let Outcome::Stopped(reason) = &outcome {
-        eprintln!("wisp: VM stopped: {reason}");
-    }
-    if stats {
-        let s = vm.stats();
-        let total_us = (t_done - t_main) as f64 / 1e3;
-        let phases: Vec<String> = s.phases.iter().map(|(n, v)| format!("{n} {:.0}", v)).collect();
-        eprintln!(
-            "wisp: {} {} in {:.2} ms from main() ({} µs; {} exits, {} hypercalls)",
-            img.name,
-            match &outcome {
-                Outcome::Exited(c) => format!("exited {c}"),
-                Outcome::Stopped(_) => "was stopped".into(),
-            },
-            total_us / 1e3,
-            phases.join(", "),
-            s.exits,
-            s.hypercalls
-        );
-        eprintln!(
-            "wisp-stats: {{\"t_main_ns\":{t_main},\"t_done_ns\":{t_done},\"exits\":{},\"hypercalls\":{},\"phases_us\":{}}}",
-            s.exits,
-            s.hypercalls,
-            s.phases_json()
-        );
-    }
-    Ok((code, Some(vm)))
-}
-
-fn inspect(image: &str) -> Result<u8, String> {
-    let img = load_image(image)?;
-    let min_mem = wisp_vmm::check_mem_size(img.end() + wisp_abi::layout::MIN_HEAP)
-        .unwrap_or(wisp_abi::layout::MIN_MEM)
-        .max(wisp_abi::layout::MIN_MEM);
-    println!("image:     {} ({} bytes)", img.name, img.bytes.len());
-    println!("abi:       wisp v{} (this monitor: v{})", img.abi_version, wisp_abi::ABI_VERSION);
-    println!("entry:     {:#x}", img.entry);
-    println!("loaded:    {:#x}..{:#x} ({} KiB)", img.start(), img.end(), (img.end() - img.start()) >> 10);
-    println!("min --mem: {} MiB", min_mem >> 20);
-    println!("segments:");
-    println!("  {:<12} {:<10} {:<10} {:<10} perms", "vaddr", "memsz", "filesz", "offset");
-    for s in &img.segments {
-        println!("  {:<#12x} {:<#10x} {:<#10x} {:<#10x} {}", s.vaddr, s.memsz, s.filesz, s.offset, s.perms());
-    }
-    Ok(0)
 }

@@ -22,6 +22,8 @@ pub enum Outcome {
 pub enum StopReason {
     /// The run's time limit passed.
     Timeout,
+    /// Killed through the toolstack.
+    Killed,
     /// The guest took a CPU exception.
     Exception(Fault),
     /// The guest touched guest-physical memory that is not RAM.
@@ -184,6 +186,7 @@ impl fmt::Display for StopReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StopReason::Timeout => write!(f, "timeout: the VM ran past its time limit"),
+            StopReason::Killed => write!(f, "killed"),
             StopReason::Exception(x) => write!(f, "guest fault: {x}"),
             StopReason::OutsideRam { addr, write } => write!(
                 f,

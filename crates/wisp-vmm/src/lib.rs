@@ -13,6 +13,7 @@
 //! into either a served hypercall or a [`StopReason`].
 
 pub mod arch;
+pub mod control;
 pub mod detach;
 pub mod error;
 pub mod fault;
@@ -23,6 +24,7 @@ mod signal;
 pub mod stats;
 pub mod vm;
 
+pub use control::Control;
 pub use error::{Error, Result};
 pub use fault::{Outcome, StopReason};
 pub use image::Image;

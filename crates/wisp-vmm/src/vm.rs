@@ -4,11 +4,13 @@
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+use crate::control::{Control, Halt};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kvm_bindings::{kvm_msr_entry, Msrs};
 use kvm_ioctls::VcpuExit;
-use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags};
+use rustix::event::{poll, PollFd, PollFlags};
 use wisp_abi::args::{self, CONSOLE_WRITE_MAX};
 use wisp_abi::layout::{BOOT_INFO, MIN_HEAP, STACK_BOTTOM, STACK_TOP};
 use wisp_abi::{BootInfo, Hypercall, FAULT_PORT};
@@ -18,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::fault::{Fault, Outcome, StopReason};
 use crate::image::Image;
 use crate::shell::Shell;
-use crate::signal::{install_kick_handler, ThreadId};
+use crate::signal::ThreadId;
 use crate::stats::Stats;
 
 const MSR_IA32_TSC: u32 = 0x10;
@@ -28,7 +30,7 @@ pub struct Vm {
     shell: Shell,
     /// Host monotonic time the guest's clock counts from.
     boot: Instant,
-    wake: std::os::fd::OwnedFd,
+    control: Arc<Control>,
 }
 
 /// What the run loop saw at one exit, copied out of the `kvm_run` page.
@@ -91,23 +93,20 @@ impl Shell {
             .set_regs(&arch::initial_regs(image.entry))
             .map_err(|e| Error::Kvm("set registers", e.into()))?;
         self.stats.phase("boot_info", t);
-        let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
-            .map_err(|e| Error::Host("eventfd", e.into()))?;
-        Ok(Vm { shell: self, boot, wake })
+        let control = Arc::new(Control::new().map_err(|e| Error::Host("eventfd", e))?);
+        Ok(Vm { shell: self, boot, control })
     }
 }
 
-/// Ends a runaway guest: after the deadline it sets the stop flag and kicks
-/// the vCPU thread until the run loop acknowledges.
+/// Ends a runaway guest: after the deadline it halts the VM and kicks the
+/// vCPU thread until the run loop acknowledges.
 struct Watchdog {
     done: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Watchdog {
-    fn start(deadline: Instant, expired: Arc<AtomicBool>) -> Watchdog {
-        install_kick_handler();
-        let target = ThreadId::current();
+    fn start(deadline: Instant, control: Arc<Control>) -> Watchdog {
         let done = Arc::new(AtomicBool::new(false));
         let d = done.clone();
         let thread = std::thread::spawn(move || {
@@ -117,9 +116,9 @@ impl Watchdog {
                     std::thread::park_timeout(deadline - now);
                     continue;
                 }
-                expired.store(true, Ordering::Release);
                 // Repeat: a kick that lands just before KVM_RUN is entered is lost.
-                target.kick();
+                control.halt(Halt::Timeout);
+                control.interrupt();
                 std::thread::park_timeout(Duration::from_millis(1));
             }
         });
@@ -142,12 +141,18 @@ impl Vm {
     /// `console`. `timeout` bounds the whole run.
     pub fn run(&mut self, console: &mut dyn Write, timeout: Option<Duration>) -> Outcome {
         let deadline = timeout.map(|t| Instant::now() + t);
-        let expired = Arc::new(AtomicBool::new(false));
-        let _watchdog = deadline.map(|d| Watchdog::start(d, expired.clone()));
+        self.control.set_vcpu_thread(Some(ThreadId::current()));
+        let _watchdog = deadline.map(|d| Watchdog::start(d, self.control.clone()));
         let start = Instant::now();
         let mut first_exit = true;
         let outcome = loop {
-            if expired.load(Ordering::Acquire) || deadline.is_some_and(|d| Instant::now() >= d) {
+            self.control.checkpoint();
+            match self.control.halted() {
+                Halt::Kill => break Outcome::Stopped(StopReason::Killed),
+                Halt::Timeout => break Outcome::Stopped(StopReason::Timeout),
+                Halt::None => {}
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 break Outcome::Stopped(StopReason::Timeout);
             }
             let exit = self.enter();
@@ -171,10 +176,16 @@ impl Vm {
                 Err(reason) => break Outcome::Stopped(reason),
             }
         };
+        self.control.set_vcpu_thread(None);
         let run_us = start.elapsed().as_secs_f64() * 1e6 - self.shell.stats.get("guest_init").unwrap_or(0.0);
         self.shell.stats.add("guest_run", run_us);
         let _ = console.flush();
         outcome
+    }
+
+    /// The control block: pause, resume, kill, events (usable from other threads).
+    pub fn control(&self) -> Arc<Control> {
+        self.control.clone()
     }
 
     /// Timings so far.
@@ -284,22 +295,20 @@ impl Vm {
     /// Block the vCPU thread until `wait` passes or the wake eventfd fires.
     /// Uses no CPU meanwhile. Returns the pending event bits.
     fn park(&self, wait: Duration) -> u64 {
-        let t = Instant::now();
-        let mut fds = [PollFd::new(&self.wake, PollFlags::IN)];
+        let pending = self.control.take_events();
+        if pending != 0 || self.control.halted() != Halt::None || self.control.is_paused() {
+            return pending;
+        }
+        let mut fds = [PollFd::new(&self.control.wake, PollFlags::IN)];
         let ts = rustix::time::Timespec {
             tv_sec: wait.as_secs().min(i64::MAX as u64) as i64,
             tv_nsec: wait.subsec_nanos() as _,
         };
-        let woke = matches!(poll(&mut fds, Some(&ts)), Ok(n) if n > 0);
-        let mut events = 0;
-        if woke {
+        if matches!(poll(&mut fds, Some(&ts)), Ok(n) if n > 0) {
             let mut b = [0u8; 8];
-            if rustix::io::read(&self.wake, &mut b).is_ok() {
-                events = u64::from_le_bytes(b);
-            }
+            let _ = rustix::io::read(&self.control.wake, &mut b);
         }
-        let _ = t;
-        events
+        self.control.take_events()
     }
 
     fn decode_fault(&self, vector: u8) -> StopReason {

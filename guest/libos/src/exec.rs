@@ -151,7 +151,7 @@ fn drive(done: impl Fn() -> bool) {
         }
         let timeout = next.map_or(u64::MAX, |d| d.saturating_sub(now));
         EXEC.with(|e| e.idles += 1);
-        crate::hypercall::idle(timeout);
+        crate::process::dispatch_events(crate::hypercall::idle(timeout));
     }
 }
 

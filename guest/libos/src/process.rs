@@ -5,6 +5,24 @@ pub fn exit(code: i32) -> ! {
     crate::hypercall::exit(code)
 }
 
+static STOP_HANDLER: crate::global::Global<Option<fn()>> = crate::global::Global::new(None);
+
+/// Run `f` when the toolstack asks the VM to stop gracefully (`wisp stop`)
+/// instead of the default, which exits with status 143 (as SIGTERM would).
+pub fn on_stop(f: fn()) {
+    STOP_HANDLER.with(|h| *h = Some(f));
+}
+
+/// Act on event bits returned by the idle hypercall.
+pub(crate) fn dispatch_events(bits: u64) {
+    if bits & wisp_abi::events::STOP != 0 {
+        match STOP_HANDLER.with(|h| *h) {
+            Some(f) => f(),
+            None => exit(143),
+        }
+    }
+}
+
 /// What an app's `main` may return.
 pub trait ExitCode {
     /// The exit code.

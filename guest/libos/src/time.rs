@@ -70,7 +70,7 @@ pub fn sleep_until(deadline: Instant) {
         if now >= deadline {
             return;
         }
-        crate::hypercall::idle(deadline.0 - now.0);
+        crate::process::dispatch_events(crate::hypercall::idle(deadline.0 - now.0));
     }
 }
 

@@ -34,6 +34,8 @@ pub fn wisp_limit(args: &[&str], limit: Duration) -> Run {
     let child = Command::new(env!("CARGO_BIN_EXE_wisp"))
         .args(args)
         .env("WISP_IMAGE_DIR", images())
+        // Direct mode: never talk to a wispd that may run on this machine.
+        .env("WISP_SOCKET", "/nonexistent/wisp-test.sock")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

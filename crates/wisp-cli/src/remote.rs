@@ -1,0 +1,236 @@
+//! Commands that talk to wispd.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use wisp_api::client::{ApiError, Client};
+use wisp_api::{CreateVm, PoolInfo, PoolTarget, VmInfo, VmState};
+
+use crate::{Cmd, RunArgs, EXIT_ERROR};
+
+fn connect(socket: &Path) -> Result<Client, String> {
+    Client::connect(socket).map_err(|e| format!("cannot reach wispd at {}: {e} (start it with `wispd`)", socket.display()))
+}
+
+fn err(e: ApiError) -> String {
+    e.to_string()
+}
+
+fn progress(len: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} [{bar:40}] {pos}/{len} {msg} {per_sec} ({elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb
+}
+
+/// The image as the daemon should see it: bundled names pass through,
+/// paths become absolute.
+fn image_ref(image: &str) -> Result<String, String> {
+    let p = Path::new(image);
+    if image.contains('/') || p.exists() {
+        return std::fs::canonicalize(p)
+            .map(|a| a.display().to_string())
+            .map_err(|e| format!("cannot read image {image}: {e}"));
+    }
+    Ok(image.to_string())
+}
+
+/// `wisp run` through the daemon.
+pub fn run(mut c: Client, a: &RunArgs) -> Result<u8, String> {
+    let req = CreateVm {
+        image: image_ref(&a.image)?,
+        args: a.args.clone(),
+        mem: a.mem,
+        name: a.name.clone(),
+        timeout_ms: a.timeout.map(|t| t.as_millis() as u64),
+    };
+    if let Some(n) = a.count {
+        if !a.detach {
+            return Err("--count needs -d (detached)".into());
+        }
+        return run_many(c, req, n);
+    }
+    let t = Instant::now();
+    let vm = c.create(&req).map_err(err)?;
+    if a.detach {
+        println!("{}", vm.id);
+        return Ok(0);
+    }
+    if a.stats {
+        eprintln!("wisp: VM {} started in {:.3} ms (execute phase {} µs)", vm.id, t.elapsed().as_secs_f64() * 1e3, vm.boot_us.unwrap_or(0));
+    }
+    let mut out = std::io::stdout().lock();
+    c.logs(&vm.id, true, &mut |d| out.write_all(d).and_then(|_| out.flush()).is_ok()).map_err(err)?;
+    let exit = c.wait(&vm.id).map_err(err)?;
+    if exit.code == 124 || exit.code >= 128 && exit.reason != "exited" {
+        eprintln!("wisp: VM stopped: {}", exit.reason);
+    }
+    Ok(exit.code as u8)
+}
+
+fn run_many(mut c: Client, req: CreateVm, n: u32) -> Result<u8, String> {
+    let pb = progress(n as u64, "VMs started");
+    let t = Instant::now();
+    let mut failed = 0u32;
+    let mut first_err = None;
+    for i in 0..n {
+        let mut r = req.clone();
+        if let Some(name) = &req.name {
+            r.name = Some(format!("{name}-{}", i + 1));
+        }
+        match c.create(&r) {
+            Ok(vm) => pb.suspend(|| println!("{}", vm.id)),
+            Err(e) => {
+                failed += 1;
+                first_err.get_or_insert_with(|| e.to_string());
+            }
+        }
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    let secs = t.elapsed().as_secs_f64();
+    eprintln!(
+        "started {} of {n} VMs in {secs:.2} s ({:.2} ms/VM){}",
+        n - failed,
+        secs * 1e3 / n.max(1) as f64,
+        first_err.map(|e| format!("; {failed} failed, first error: {e}")).unwrap_or_default()
+    );
+    Ok(if failed > 0 { EXIT_ERROR } else { 0 })
+}
+
+/// `wisp inspect` of a VM; None if there is no daemon or no such VM.
+pub fn inspect(socket: &Path, target: &str) -> Option<Result<u8, String>> {
+    let mut c = Client::connect(socket).ok()?;
+    match c.get(target) {
+        Ok(vm) => {
+            println!("{}", serde_json::to_string_pretty(&vm).unwrap_or_default());
+            Some(Ok(0))
+        }
+        Err(ApiError::Status(404, _)) => None,
+        Err(e) => Some(Err(err(e))),
+    }
+}
+
+fn state(vm: &VmInfo) -> String {
+    match (&vm.state, &vm.exit) {
+        (VmState::Exited, Some(x)) if x.reason == "exited" => format!("exited ({})", x.code),
+        (VmState::Exited, Some(x)) => format!("exited ({}): {}", x.code, x.reason),
+        (s, _) => format!("{s:?}").to_lowercase(),
+    }
+}
+
+fn ps(c: &mut Client, all: bool, quiet: bool) -> Result<u8, String> {
+    let vms: Vec<VmInfo> = c.list().map_err(err)?.into_iter().filter(|v| all || v.state != VmState::Exited).collect();
+    if quiet {
+        vms.iter().for_each(|v| println!("{}", v.id));
+        return Ok(0);
+    }
+    println!("{:<12}  {:<16}  {:<12}  {:>5}  {:>8}  {:>8}  {}", "ID", "NAME", "IMAGE", "MEM", "PID", "BOOT", "STATE");
+    for v in &vms {
+        let image = Path::new(&v.image).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+        println!(
+            "{:<12}  {:<16}  {:<12}  {:>4}M  {:>8}  {:>8}  {}",
+            v.id,
+            v.name.as_deref().unwrap_or("-"),
+            image,
+            v.mem >> 20,
+            v.pid,
+            v.boot_us.map(|u| format!("{u}µs")).unwrap_or_else(|| "-".into()),
+            state(v)
+        );
+    }
+    Ok(0)
+}
+
+/// Apply `f` to each VM; print its id on success, an error line otherwise.
+fn each(vms: &[String], mut f: impl FnMut(&str) -> Result<(), ApiError>) -> Result<u8, String> {
+    let mut code = 0;
+    for v in vms {
+        match f(v) {
+            Ok(()) => println!("{v}"),
+            Err(e) => {
+                eprintln!("wisp: error: {v}: {e}");
+                code = EXIT_ERROR;
+            }
+        }
+    }
+    Ok(code)
+}
+
+fn rm_all(c: &mut Client, force: bool) -> Result<u8, String> {
+    let vms = c.list().map_err(err)?;
+    let pb = progress(vms.len() as u64, "VMs removed");
+    let t = Instant::now();
+    let (mut removed, mut skipped, mut failed) = (0, 0, 0);
+    for v in &vms {
+        if v.state != VmState::Exited && !force {
+            skipped += 1;
+        } else if c.remove(&v.id, force).is_ok() {
+            removed += 1;
+        } else {
+            failed += 1;
+        }
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    eprintln!(
+        "removed {removed} of {} VMs in {:.2} s{}{}",
+        vms.len(),
+        t.elapsed().as_secs_f64(),
+        if skipped > 0 { format!("; {skipped} running (use -f)") } else { String::new() },
+        if failed > 0 { format!("; {failed} failed") } else { String::new() }
+    );
+    Ok(if failed > 0 { EXIT_ERROR } else { 0 })
+}
+
+/// Every other command.
+pub fn manage(socket: &Path, cmd: Cmd) -> Result<u8, String> {
+    let mut c = connect(socket)?;
+    match cmd {
+        Cmd::Ps { all, quiet } => ps(&mut c, all, quiet),
+        Cmd::Logs { follow, vm } => {
+            let mut out = std::io::stdout().lock();
+            c.logs(&vm, follow, &mut |d| out.write_all(d).and_then(|_| out.flush()).is_ok()).map_err(err)?;
+            Ok(0)
+        }
+        Cmd::Stop { grace, vms } => each(&vms, |v| c.stop(v, Some(grace.as_millis() as u64)).map(drop)),
+        Cmd::Kill { vms } => each(&vms, |v| c.kill(v).map(drop)),
+        Cmd::Pause { vms } => each(&vms, |v| c.pause(v).map(drop)),
+        Cmd::Resume { vms } => each(&vms, |v| c.resume(v).map(drop)),
+        Cmd::Wait { vm } => {
+            let x = c.wait(&vm).map_err(err)?;
+            if x.reason != "exited" {
+                eprintln!("wisp: {vm}: {}", x.reason);
+            }
+            Ok(x.code as u8)
+        }
+        Cmd::Rm { force, all: true, .. } => rm_all(&mut c, force),
+        Cmd::Rm { force, vms, .. } => each(&vms, |v| c.remove(v, force)),
+        Cmd::Pool { set } => {
+            if !set.is_empty() {
+                let mut target = Vec::new();
+                for s in &set {
+                    let (m, n) = s.split_once('=').ok_or_else(|| format!("'{s}': expected MEM=COUNT"))?;
+                    let mem = crate::units::parse_size(m)?;
+                    let count = n.parse().map_err(|_| format!("'{n}' is not a count"))?;
+                    target.push(PoolTarget { mem, count });
+                }
+                c.set_pool(&PoolInfo { target, ready: vec![] }).map_err(err)?;
+            }
+            let p = c.pool().map_err(err)?;
+            for t in &p.target {
+                let ready = p.ready.iter().find(|r| r.mem == t.mem).map_or(0, |r| r.count);
+                println!("{:>5} MiB: {ready} of {} ready", t.mem >> 20, t.count);
+            }
+            Ok(0)
+        }
+        Cmd::Run(_) | Cmd::Inspect { .. } => unreachable!("handled in main"),
+    }
+}
+

@@ -1,0 +1,311 @@
+//! wispd and the `wisp` client on real KVM: the life cycle, names, the
+//! pool, re-adoption after a daemon SIGKILL, isolation between VMs, and
+//! 4xx answers to bad requests.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use wisp_api::client::{ApiError, Client};
+use wisp_api::{CreateVm, VmState};
+
+struct Daemon {
+    child: Child,
+    dir: PathBuf,
+    socket: PathBuf,
+}
+
+fn bin(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_wisp")).with_file_name(name)
+}
+
+fn images() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../build/images")
+}
+
+impl Daemon {
+    fn start(tag: &str, pool: &str) -> Daemon {
+        let dir = std::env::temp_dir().join(format!("wispd-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("wispd.sock");
+        let mut d = Daemon { child: Self::spawn(&dir, &socket, pool), dir, socket };
+        d.wait_ready();
+        d
+    }
+
+    fn spawn(dir: &Path, socket: &Path, pool: &str) -> Child {
+        assert!(bin("wispd").exists(), "wispd not built next to wisp");
+        Command::new(bin("wispd"))
+            .arg("--socket")
+            .arg(socket)
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .arg("--images")
+            .arg(images())
+            .arg("--pool")
+            .arg(pool)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("wispd.log")).unwrap())
+            .spawn()
+            .expect("spawn wispd")
+    }
+
+    fn wait_ready(&mut self) {
+        let t = Instant::now();
+        while Client::connect(&self.socket).and_then(|mut c| c.version().map_err(std::io::Error::other)).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(10), "wispd did not come up");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&self.socket).unwrap()
+    }
+
+    fn wisp(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_wisp"))
+            .args(args)
+            .env("WISP_SOCKET", &self.socket)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    fn sigkill_and_restart(&mut self, pool: &str) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        self.child = Self::spawn(&self.dir, &self.socket, pool);
+        self.wait_ready();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(mut c) = Client::connect(&self.socket) {
+            if let Ok(vms) = c.list() {
+                for v in vms {
+                    let _ = c.remove(&v.id, true);
+                }
+            }
+        }
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn text(o: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+fn create(c: &mut Client, image: &str, args: &[&str], name: Option<&str>) -> wisp_api::VmInfo {
+    c.create(&CreateVm {
+        image: image.into(),
+        args: args.iter().map(|s| s.to_string()).collect(),
+        name: name.map(str::to_string),
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("create {image}: {e}"))
+}
+
+fn logs(c: &mut Client, id: &str) -> String {
+    let mut out = Vec::new();
+    c.logs(id, false, &mut |d| {
+        out.extend_from_slice(d);
+        true
+    })
+    .unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn wait_for_log(c: &mut Client, id: &str, needle: &str) {
+    let t = Instant::now();
+    while !logs(c, id).contains(needle) {
+        assert!(t.elapsed() < Duration::from_secs(10), "'{needle}' never appeared in {id}'s console");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn life_cycle_through_the_cli() {
+    let d = Daemon::start("cli", "16M=2");
+    // Attached run: console and exit status as without a daemon.
+    let o = d.wisp(&["run", "hello", "--", "via", "daemon"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(out.starts_with("Hello from wisp! args: [\"via\", \"daemon\"]"), "{out}");
+    let o = d.wisp(&["run", "hostile", "--", "exit", "7"]);
+    assert_eq!(o.status.code(), Some(7));
+
+    // Detached, named.
+    let o = d.wisp(&["run", "-d", "--name", "sleepy", "sleeper", "--", "1h", "50ms"]);
+    assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
+    let id = text(&o).0.trim().to_string();
+    assert_eq!(id.len(), 12, "{id}");
+    let (ps, _) = text(&d.wisp(&["ps"]));
+    assert!(ps.contains(&id) && ps.contains("sleepy") && ps.contains("running"), "{ps}");
+
+    assert_eq!(d.wisp(&["pause", "sleepy"]).status.code(), Some(0));
+    assert!(text(&d.wisp(&["ps"])).0.contains("paused"));
+    let mut c = d.client();
+    let before = logs(&mut c, &id).len();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(d.wisp(&["resume", "sleepy"]).status.code(), Some(0));
+    assert_eq!(c.get("sleepy").unwrap().state, VmState::Running);
+    assert_eq!(logs(&mut c, &id).len(), before, "a paused VM printed");
+
+    let (l, _) = text(&d.wisp(&["logs", "sleepy"]));
+    assert!(l.contains("sleeper: sleeping"), "{l}");
+    let (inspect, _) = text(&d.wisp(&["inspect", "sleepy"]));
+    assert!(inspect.contains(&format!("\"id\": \"{id}\"")), "{inspect}");
+
+    // Graceful stop: the library OS exits 143 on the stop event.
+    assert_eq!(d.wisp(&["stop", "sleepy"]).status.code(), Some(0));
+    assert_eq!(d.wisp(&["wait", &id]).status.code(), Some(143));
+    let (ps, _) = text(&d.wisp(&["ps"]));
+    assert!(!ps.contains(&id), "exited VM listed without -a: {ps}");
+    assert!(text(&d.wisp(&["ps", "-a"])).0.contains("exited (143)"));
+
+    // A guest that ignores the stop request is killed after the grace period.
+    let o = d.wisp(&["run", "-d", "hostile", "--", "spin"]);
+    let spin = text(&o).0.trim().to_string();
+    let t = Instant::now();
+    assert_eq!(d.wisp(&["stop", "--grace", "300ms", &spin]).status.code(), Some(0));
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    assert_eq!(d.wisp(&["wait", &spin]).status.code(), Some(137));
+
+    // kill, rm of a running VM needs -f, names are freed by rm.
+    let o = d.wisp(&["run", "-d", "--name", "victim", "sleeper"]);
+    let victim = text(&o).0.trim().to_string();
+    let o = d.wisp(&["rm", "victim"]);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(text(&o).1.contains("is running"), "{:?}", text(&o));
+    assert_eq!(d.wisp(&["kill", "victim"]).status.code(), Some(0));
+    assert_eq!(d.wisp(&["wait", &victim]).status.code(), Some(137));
+    assert_eq!(d.wisp(&["rm", "victim"]).status.code(), Some(0));
+    assert_eq!(d.wisp(&["run", "-d", "--name", "victim", "noop"]).status.code(), Some(0));
+
+    // Mass operations.
+    let o = d.wisp(&["run", "-d", "--count", "5", "sleeper"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert_eq!(out.lines().count(), 5, "{out}");
+    assert!(err.contains("started 5 of 5 VMs"), "{err}");
+    let o = d.wisp(&["rm", "--all", "-f"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(text(&o).1.contains("removed"), "{:?}", text(&o));
+    assert!(d.client().list().unwrap().is_empty());
+}
+
+#[test]
+fn names_and_bad_requests_get_4xx() {
+    let d = Daemon::start("api", "16M=1");
+    let mut c = d.client();
+    create(&mut c, "sleeper", &[], Some("one"));
+    let dup = c.create(&CreateVm { image: "sleeper".into(), name: Some("one".into()), ..Default::default() });
+    assert!(matches!(dup, Err(ApiError::Status(409, ref m)) if m.contains("already in use")), "{dup:?}");
+    let check = |c: &mut Client, method: &str, path: &str, body: Option<&str>, status: u16, needle: &str| {
+        let r = c.raw(method, path, body.map(str::as_bytes)).unwrap();
+        assert_eq!(r.status, status, "{method} {path}: {}", r.error_message());
+        assert!(r.error_message().contains(needle), "{method} {path}: {}", r.error_message());
+    };
+    check(&mut c, "GET", "/v1/vms/ffffffffffff", None, 404, "no such VM");
+    check(&mut c, "POST", "/v1/vms/nope/pause", None, 404, "no such VM");
+    check(&mut c, "POST", "/v1/vms", Some("{not json"), 400, "JSON");
+    check(&mut c, "POST", "/v1/vms", Some("{\"image\": 5}"), 400, "invalid type");
+    check(&mut c, "POST", "/v1/vms", Some("{\"image\":\"hello\",\"bogus\":1}"), 400, "unknown field");
+    check(&mut c, "POST", "/v1/vms", Some("{\"image\":\"hello\",\"mem\":1099511627776000}"), 400, "memory too large");
+    check(&mut c, "POST", "/v1/vms", Some("{\"image\":\"hello\",\"mem\":1024}"), 400, "memory too small");
+    check(&mut c, "POST", "/v1/vms", Some("{\"image\":\"no-such-app\"}"), 400, "no such image");
+    check(&mut c, "POST", "/v1/vms", Some("{\"image\":\"relative/path\"}"), 400, "must be absolute");
+    check(&mut c, "POST", "/v1/vms", Some("{\"image\":\"/etc/passwd\"}"), 400, "not an ELF");
+    check(&mut c, "POST", "/v1/vms", Some("{\"image\":\"hello\",\"name\":\"bad name!\"}"), 400, "invalid name");
+    check(&mut c, "DELETE", "/v1/vms", None, 405, "not allowed");
+    check(&mut c, "GET", "/v1/nothing", None, 404, "no such endpoint");
+    check(&mut c, "GET", "/v1/vms/one/logs?follow=maybe", None, 400, "expected true or false");
+    check(&mut c, "PUT", "/v1/pool", Some("{\"target\":[{\"mem\":1,\"count\":1}]}"), 400, "memory too small");
+    // The daemon is still fine.
+    assert_eq!(c.get("one").unwrap().state, VmState::Running);
+    assert_eq!(c.version().unwrap().abi, wisp_abi::ABI_VERSION);
+}
+
+#[test]
+fn pool_refills_after_a_burst_larger_than_the_pool() {
+    let d = Daemon::start("pool", "16M=2");
+    let mut c = d.client();
+    let t = Instant::now();
+    while c.pool().unwrap().ready.iter().map(|r| r.count).sum::<u32>() < 2 {
+        assert!(t.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let ids: Vec<String> = (0..6).map(|i| create(&mut c, "hello", &[&i.to_string()], None).id).collect();
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(c.wait(id).unwrap().code, 0);
+        assert!(logs(&mut c, id).contains(&format!("args: [\"{i}\"]")));
+    }
+    let t = Instant::now();
+    while c.pool().unwrap().ready.iter().map(|r| r.count).sum::<u32>() < 2 {
+        assert!(t.elapsed() < Duration::from_secs(10), "pool not refilled");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Another size on demand.
+    let vm = c.create(&CreateVm { image: "hello".into(), mem: Some(32 << 20), ..Default::default() }).unwrap();
+    assert_eq!(c.wait(&vm.id).unwrap().code, 0);
+    assert!(logs(&mut c, &vm.id).contains("32 MiB RAM"));
+}
+
+#[test]
+fn daemon_sigkill_and_restart_readopts_every_vm() {
+    let mut d = Daemon::start("readopt", "16M=2");
+    let mut c = d.client();
+    let a = create(&mut c, "sleeper", &["1h", "20ms"], Some("a"));
+    let b = create(&mut c, "sleeper", &["1h", "20ms"], None);
+    let done = create(&mut c, "hello", &["done"], None);
+    assert_eq!(c.wait(&done.id).unwrap().code, 0);
+    c.pause(&b.id).unwrap();
+    wait_for_log(&mut c, &a.id, "sleeper: sleeping");
+    drop(c);
+
+    d.sigkill_and_restart("16M=2");
+    let mut c = d.client();
+    let vms = c.list().unwrap();
+    assert_eq!(vms.len(), 3, "{vms:?}");
+    assert_eq!(c.get("a").unwrap().state, VmState::Running);
+    assert_eq!(c.get(&b.id).unwrap().state, VmState::Paused);
+    assert_eq!(c.get(&done.id).unwrap().exit.unwrap().code, 0);
+    assert!(logs(&mut c, &done.id).contains("args: [\"done\"]"));
+    assert!(logs(&mut c, &a.id).contains("sleeper: sleeping"));
+    c.resume(&b.id).unwrap();
+    c.stop("a", Some(2000)).unwrap();
+    assert_eq!(c.wait("a").unwrap().code, 143);
+    c.kill(&b.id).unwrap();
+    assert_eq!(c.wait(&b.id).unwrap().code, 137);
+}
+
+#[test]
+fn a_crashing_or_killed_vm_does_not_disturb_its_neighbours() {
+    let d = Daemon::start("isolation", "16M=2");
+    let mut c = d.client();
+    let calm = create(&mut c, "sleeper", &["1h", "10ms"], None);
+    let crash = create(&mut c, "hostile", &["ud2"], None);
+    let x = c.wait(&crash.id).unwrap();
+    assert_eq!(x.code, 139);
+    assert!(x.reason.contains("invalid opcode"), "{}", x.reason);
+    // SIGKILL another VM's VMM process from outside.
+    let victim = create(&mut c, "sleeper", &["1h"], None);
+    // SAFETY: killing a process this test created through the daemon.
+    unsafe { libc::kill(victim.pid as i32, libc::SIGKILL) };
+    let x = c.wait(&victim.id).unwrap();
+    assert_eq!((x.code, x.reason.as_str()), (137, "the VMM process died"));
+    // The neighbour still runs and answers.
+    assert_eq!(c.get(&calm.id).unwrap().state, VmState::Running);
+    c.pause(&calm.id).unwrap();
+    c.resume(&calm.id).unwrap();
+    let n = logs(&mut c, &calm.id).len();
+    assert!(n > 0);
+    c.stop(&calm.id, Some(1000)).unwrap();
+    assert_eq!(c.wait(&calm.id).unwrap().code, 143);
+}

@@ -1,0 +1,554 @@
+//! The daemon's state and operations: the VM table, spawning and adopting
+//! VMM processes, and the life-cycle calls the API maps onto.
+//!
+//! There is no central store on the boot path: a VM's whole configuration
+//! travels in its `start` request and lands in its own boot-info page. The
+//! daemon only keeps, per VM, a small `vm.json` in the VM's directory so a
+//! restarted daemon can find and re-adopt every VMM process.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{BufRead, BufReader, Read};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rustix::event::epoll;
+use rustix::process::{pidfd_open, Pid, PidfdFlags};
+use wisp_api::{CreateVm, ExitInfo, VmInfo, VmState};
+use wisp_vmm::{check_mem_size, DEFAULT_MEM};
+
+use crate::images::ImageCache;
+use crate::pool::Pool;
+use crate::proto::{self, Reply, Request, WorkerState};
+use crate::worker::write_atomic;
+
+/// Daemon configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// State directory (`vms/<id>/` per VM).
+    pub state_dir: PathBuf,
+    /// Directories searched for bundled images by name.
+    pub image_dirs: Vec<PathBuf>,
+}
+
+/// An error answered to an API client.
+#[derive(Debug)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: u16,
+    /// Message.
+    pub message: String,
+}
+
+impl ApiError {
+    fn new(status: u16, message: impl Into<String>) -> ApiError {
+        ApiError { status, message: message.into() }
+    }
+}
+
+/// Result of an API operation.
+pub type ApiResult<T> = Result<T, ApiError>;
+
+/// A VMM process (pooled or holding a VM).
+pub struct Worker {
+    /// Id (becomes the VM's id).
+    pub id: String,
+    /// Process id.
+    pub pid: u32,
+    /// Its directory.
+    pub dir: PathBuf,
+    /// Set if this daemon spawned it (to reap it).
+    pub child: Option<Child>,
+}
+
+struct Entry {
+    info: VmInfo,
+    dir: PathBuf,
+    child: Option<Child>,
+    pidfd: Option<OwnedFd>,
+}
+
+#[derive(Default)]
+struct Table {
+    by_id: HashMap<String, Entry>,
+    names: HashMap<String, String>,
+}
+
+/// The daemon.
+pub struct Daemon {
+    /// Configuration.
+    pub cfg: Config,
+    table: Mutex<Table>,
+    exited: Condvar,
+    /// Ready shells.
+    pub pool: Arc<Pool>,
+    images: ImageCache,
+    epoll: OwnedFd,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn new_id() -> String {
+    let mut b = [0u8; 6];
+    if fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).is_err() {
+        let n = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        b.copy_from_slice(&n.to_le_bytes()[..6]);
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn token(id: &str) -> u64 {
+    u64::from_str_radix(id, 16).unwrap_or(0)
+}
+
+fn valid_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 64
+        && n.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && !n.starts_with(['-', '.'])
+}
+
+impl Daemon {
+    /// Create the daemon: state directory, epoll, re-adoption of the VMs a
+    /// previous daemon left running.
+    pub fn new(cfg: Config) -> Result<Arc<Daemon>, String> {
+        fs::create_dir_all(cfg.state_dir.join("vms")).map_err(|e| format!("state dir: {e}"))?;
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| format!("epoll: {e}"))?;
+        let d = Arc::new(Daemon {
+            cfg,
+            table: Mutex::new(Table::default()),
+            exited: Condvar::new(),
+            pool: Arc::new(Pool::default()),
+            images: ImageCache::default(),
+            epoll,
+        });
+        d.adopt();
+        Ok(d)
+    }
+
+    fn vms_dir(&self) -> PathBuf {
+        self.cfg.state_dir.join("vms")
+    }
+
+    /// Spawn a VMM process with a prepared shell of `mem` bytes and wait
+    /// until it is ready.
+    pub fn spawn_worker(&self, mem: u64) -> Result<Worker, String> {
+        let id = new_id();
+        let dir = self.vms_dir().join(&id);
+        fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let log = fs::File::create(dir.join("vmm.log")).map_err(|e| e.to_string())?;
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut cmd = Command::new(exe);
+        cmd.arg("__worker").arg("--id").arg(&id).arg("--dir").arg(&dir).arg("--mem").arg(mem.to_string());
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
+        // Its own process group: signals for the daemon's group (Ctrl-C) do
+        // not reach VMs, and the VMs outlive the daemon.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let mut child = cmd.spawn().map_err(|e| format!("spawn VMM process: {e}"))?;
+        let pid = child.id();
+        let _ = fs::write(dir.join("pid"), pid.to_string());
+        let mut line = String::new();
+        let mut out = BufReader::new(child.stdout.take().expect("piped"));
+        let _ = out.read_line(&mut line);
+        if line.trim() != "ready" {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = fs::remove_dir_all(&dir);
+            let msg = line.trim().strip_prefix("error: ").unwrap_or(line.trim()).to_string();
+            return Err(if msg.is_empty() { "VMM process failed to start".into() } else { msg });
+        }
+        Ok(Worker { id, pid, dir, child: Some(child) })
+    }
+
+    /// Stop an unused pooled VMM process and remove its directory.
+    pub fn discard_worker(&self, mut w: Worker) {
+        let _ = proto::call(&w.dir.join("ctl.sock"), &Request::Shutdown, None, Some(Duration::from_secs(1)));
+        match w.child.as_mut() {
+            Some(c) => {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            None => kill_pid(w.pid),
+        }
+        let _ = fs::remove_dir_all(&w.dir);
+    }
+
+    fn resolve_image(&self, image: &str) -> ApiResult<PathBuf> {
+        if image.contains('/') {
+            let p = PathBuf::from(image);
+            if !p.is_absolute() {
+                return Err(ApiError::new(400, format!("image path '{image}' must be absolute")));
+            }
+            return Ok(p);
+        }
+        self.cfg
+            .image_dirs
+            .iter()
+            .map(|d| d.join(image))
+            .find(|p| p.is_file())
+            .ok_or_else(|| ApiError::new(400, format!("no such image: '{image}' is not a bundled app")))
+    }
+
+    /// Create and start a VM.
+    pub fn create(self: &Arc<Self>, req: CreateVm) -> ApiResult<VmInfo> {
+        let mem = check_mem_size(req.mem.unwrap_or(DEFAULT_MEM)).map_err(|e| ApiError::new(400, e.to_string()))?;
+        if let Some(n) = &req.name {
+            if !valid_name(n) {
+                return Err(ApiError::new(400, format!("invalid name '{n}': use 1-64 of [A-Za-z0-9_.-]")));
+            }
+        }
+        let path = self.resolve_image(&req.image)?;
+        let image = self.images.get(&path).map_err(|e| ApiError::new(400, e))?;
+        // Reserve the name before any work.
+        if let Some(n) = &req.name {
+            let mut t = self.table.lock().unwrap();
+            if t.names.contains_key(n) {
+                return Err(ApiError::new(409, format!("the name '{n}' is already in use")));
+            }
+            t.names.insert(n.clone(), String::new());
+        }
+        let release_name = |d: &Daemon| {
+            if let Some(n) = &req.name {
+                d.table.lock().unwrap().names.remove(n);
+            }
+        };
+        let worker = match self.pool.take(mem) {
+            Some(w) => w,
+            None => match self.spawn_worker(mem) {
+                Ok(w) => w,
+                Err(e) => {
+                    release_name(self);
+                    return Err(ApiError::new(500, format!("cannot prepare a VM: {e}")));
+                }
+            },
+        };
+        let info = VmInfo {
+            id: worker.id.clone(),
+            name: req.name.clone(),
+            image: req.image.clone(),
+            args: req.args.clone(),
+            mem,
+            state: VmState::Running,
+            pid: worker.pid,
+            created_ms: now_ms(),
+            exit: None,
+            boot_us: None,
+        };
+        if let Err(e) = write_atomic(&worker.dir.join("vm.json"), &serde_json::to_vec(&info).unwrap_or_default()) {
+            release_name(self);
+            self.discard_worker(worker);
+            return Err(ApiError::new(500, format!("cannot record the VM: {e}")));
+        }
+        let dir = worker.dir.clone();
+        self.insert(info.clone(), dir.clone(), worker.child);
+        let start = Request::Start { image_name: image.image.name.clone(), args: req.args, timeout_ms: req.timeout_ms };
+        match proto::call(&dir.join("ctl.sock"), &start, Some(&image.memfd), Some(Duration::from_secs(10))) {
+            Ok((Reply { ok: true, boot_us, .. }, _)) => {
+                let mut t = self.table.lock().unwrap();
+                if let Some(e) = t.by_id.get_mut(&info.id) {
+                    e.info.boot_us = boot_us;
+                    return Ok(e.info.clone());
+                }
+                Ok(info)
+            }
+            Ok((r, _)) => {
+                let msg = r.error.unwrap_or_else(|| "start failed".into());
+                let _ = self.remove(&info.id, true);
+                Err(ApiError::new(400, msg))
+            }
+            Err(e) => {
+                let _ = self.remove(&info.id, true);
+                Err(ApiError::new(500, format!("VMM process: {e}")))
+            }
+        }
+    }
+
+    fn insert(&self, info: VmInfo, dir: PathBuf, child: Option<Child>) {
+        let pidfd = Pid::from_raw(info.pid as i32).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
+        if let Some(fd) = &pidfd {
+            let _ = epoll::add(&self.epoll, fd.as_fd(), epoll::EventData::new_u64(token(&info.id)), epoll::EventFlags::IN);
+        }
+        let mut t = self.table.lock().unwrap();
+        if let Some(n) = &info.name {
+            t.names.insert(n.clone(), info.id.clone());
+        }
+        let gone = pidfd.is_none() && info.exit.is_none();
+        t.by_id.insert(info.id.clone(), Entry { info: info.clone(), dir, child, pidfd });
+        drop(t);
+        if gone {
+            self.on_exit(&info.id);
+        }
+    }
+
+    /// Find a VM by id, unique id prefix, or name.
+    fn lookup(&self, t: &Table, key: &str) -> ApiResult<String> {
+        if t.by_id.contains_key(key) {
+            return Ok(key.to_string());
+        }
+        if let Some(id) = t.names.get(key).filter(|id| !id.is_empty()) {
+            return Ok(id.clone());
+        }
+        let matches: Vec<&String> = t.by_id.keys().filter(|id| key.len() >= 3 && id.starts_with(key)).collect();
+        match matches.len() {
+            1 => Ok(matches[0].clone()),
+            0 => Err(ApiError::new(404, format!("no such VM: {key}"))),
+            _ => Err(ApiError::new(409, format!("'{key}' matches several VMs"))),
+        }
+    }
+
+    /// All VMs.
+    pub fn list(&self) -> Vec<VmInfo> {
+        let t = self.table.lock().unwrap();
+        let mut v: Vec<VmInfo> = t.by_id.values().map(|e| e.info.clone()).collect();
+        v.sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)));
+        v
+    }
+
+    /// One VM.
+    pub fn get(&self, key: &str) -> ApiResult<VmInfo> {
+        let t = self.table.lock().unwrap();
+        let id = self.lookup(&t, key)?;
+        Ok(t.by_id[&id].info.clone())
+    }
+
+    fn dir_of(&self, key: &str) -> ApiResult<(String, PathBuf, VmInfo)> {
+        let t = self.table.lock().unwrap();
+        let id = self.lookup(&t, key)?;
+        let e = &t.by_id[&id];
+        Ok((id, e.dir.clone(), e.info.clone()))
+    }
+
+    fn call_worker(&self, key: &str, req: &Request) -> ApiResult<(String, Reply)> {
+        let (id, dir, info) = self.dir_of(key)?;
+        if info.state == VmState::Exited {
+            return Err(ApiError::new(409, format!("VM {id} has exited")));
+        }
+        match proto::call(&dir.join("ctl.sock"), req, None, Some(Duration::from_secs(5))) {
+            Ok((r, _)) if r.ok => Ok((id, r)),
+            Ok((r, _)) => Err(ApiError::new(409, r.error.unwrap_or_default())),
+            Err(e) => Err(ApiError::new(409, format!("VM {id} is not reachable: {e}"))),
+        }
+    }
+
+    fn set_state(&self, id: &str, r: &Reply) {
+        let mut t = self.table.lock().unwrap();
+        if let Some(e) = t.by_id.get_mut(id) {
+            if e.info.state != VmState::Exited {
+                match r.state {
+                    Some(WorkerState::Paused) => e.info.state = VmState::Paused,
+                    Some(WorkerState::Running) => e.info.state = VmState::Running,
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Pause or resume.
+    pub fn pause(&self, key: &str, pause: bool) -> ApiResult<VmInfo> {
+        let (id, r) = self.call_worker(key, if pause { &Request::Pause } else { &Request::Resume })?;
+        self.set_state(&id, &r);
+        self.get(&id)
+    }
+
+    /// Ask the guest to stop; kill it after `grace`.
+    pub fn stop(&self, key: &str, grace: Duration) -> ApiResult<VmInfo> {
+        let (id, _) = self.call_worker(key, &Request::Stop { grace_ms: grace.as_millis() as u64 })?;
+        self.wait(&id, Some(grace + Duration::from_secs(5)))?;
+        self.get(&id)
+    }
+
+    /// Kill now.
+    pub fn kill(&self, key: &str) -> ApiResult<VmInfo> {
+        let (id, dir, info) = self.dir_of(key)?;
+        if info.state == VmState::Exited {
+            return Err(ApiError::new(409, format!("VM {id} has exited")));
+        }
+        if proto::call(&dir.join("ctl.sock"), &Request::Kill, None, Some(Duration::from_secs(2))).is_err() {
+            kill_pid(info.pid);
+        }
+        self.wait(&id, Some(Duration::from_secs(5)))?;
+        self.get(&id)
+    }
+
+    /// Wait until the VM has exited (or `timeout`).
+    pub fn wait(&self, key: &str, timeout: Option<Duration>) -> ApiResult<ExitInfo> {
+        let mut t = self.table.lock().unwrap();
+        let id = self.lookup(&t, key)?;
+        let deadline = timeout.map(|d| std::time::Instant::now() + d);
+        loop {
+            match t.by_id.get(&id) {
+                None => return Err(ApiError::new(404, format!("VM {id} was removed"))),
+                Some(e) if e.info.exit.is_some() => return Ok(e.info.exit.clone().unwrap_or(ExitInfo { code: 0, reason: String::new() })),
+                _ => {}
+            }
+            t = match deadline {
+                Some(d) => {
+                    let now = std::time::Instant::now();
+                    if now >= d {
+                        return Err(ApiError::new(504, format!("VM {id} did not exit in time")));
+                    }
+                    self.exited.wait_timeout(t, d - now).unwrap().0
+                }
+                None => self.exited.wait(t).unwrap(),
+            };
+        }
+    }
+
+    /// Console output: the buffer, then (if `follow`) new output until the
+    /// VM ends. `out` returns false to stop.
+    pub fn logs(&self, key: &str, follow: bool, out: &mut dyn FnMut(&[u8]) -> bool) -> ApiResult<()> {
+        let (_, dir, info) = self.dir_of(key)?;
+        if info.state != VmState::Exited {
+            if let Ok((r, mut stream)) = proto::call(&dir.join("ctl.sock"), &Request::Logs { follow }, None, None) {
+                if r.ok {
+                    let mut buf = [0u8; 16384];
+                    loop {
+                        match stream.read(&mut buf) {
+                            Ok(0) | Err(_) => return Ok(()),
+                            Ok(n) => {
+                                if !out(&buf[..n]) {
+                                    return Ok(());
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Exited (or exiting): the VMM process saved the buffer.
+        let data = fs::read(dir.join("console.log")).unwrap_or_default();
+        out(&data);
+        Ok(())
+    }
+
+    /// Remove a VM (with `force`, kill it first if it runs).
+    pub fn remove(&self, key: &str, force: bool) -> ApiResult<()> {
+        let (id, dir, info) = self.dir_of(key)?;
+        if info.state != VmState::Exited {
+            if !force {
+                return Err(ApiError::new(409, format!("VM {id} is running: stop it first or force removal")));
+            }
+            if proto::call(&dir.join("ctl.sock"), &Request::Kill, None, Some(Duration::from_secs(2))).is_err() {
+                kill_pid(info.pid);
+            }
+            if self.wait(&id, Some(Duration::from_secs(5))).is_err() {
+                kill_pid(info.pid);
+                self.wait(&id, Some(Duration::from_secs(5)))?;
+            }
+        }
+        let mut t = self.table.lock().unwrap();
+        if let Some(e) = t.by_id.remove(&id) {
+            if let Some(n) = &e.info.name {
+                t.names.remove(n);
+            }
+            if let Some(fd) = &e.pidfd {
+                let _ = epoll::delete(&self.epoll, fd.as_fd());
+            }
+        }
+        drop(t);
+        let _ = fs::remove_dir_all(&dir);
+        Ok(())
+    }
+
+    /// A VMM process ended: record how, reap it, wake waiters.
+    fn on_exit(&self, id: &str) {
+        let mut t = self.table.lock().unwrap();
+        let Some(e) = t.by_id.get_mut(id) else { return };
+        if let Some(fd) = e.pidfd.take() {
+            let _ = epoll::delete(&self.epoll, fd.as_fd());
+        }
+        if let Some(c) = e.child.as_mut() {
+            let _ = c.wait();
+        }
+        e.child = None;
+        if e.info.exit.is_none() {
+            let exit = read_exit(&e.dir).unwrap_or_else(|| {
+                let x = ExitInfo { code: 137, reason: "the VMM process died".into() };
+                let _ = write_atomic(&e.dir.join("exit.json"), &serde_json::to_vec(&x).unwrap_or_default());
+                x
+            });
+            e.info.exit = Some(exit);
+        }
+        e.info.state = VmState::Exited;
+        drop(t);
+        self.exited.notify_all();
+    }
+
+    /// The exit watcher: one thread, one epoll over every VMM process's pidfd.
+    pub fn watch_loop(self: Arc<Self>) {
+        let mut events: Vec<epoll::Event> = Vec::with_capacity(256);
+        loop {
+            events.clear();
+            if epoll::wait(&self.epoll, rustix::buffer::spare_capacity(&mut events), None).is_err() {
+                continue;
+            }
+            // Ids are 12 hex digits: the token is the id.
+            for ev in events.iter() {
+                self.on_exit(&format!("{:012x}", ev.data.u64()));
+            }
+        }
+    }
+
+    /// Find the VMs a previous daemon left: adopt running ones, record
+    /// exited ones, and stop pooled shells (the new pool replaces them).
+    fn adopt(&self) {
+        let Ok(rd) = fs::read_dir(self.vms_dir()) else { return };
+        for ent in rd.flatten() {
+            let dir = ent.path();
+            let id = ent.file_name().to_string_lossy().into_owned();
+            let pid: Option<u32> = fs::read_to_string(dir.join("pid")).ok().and_then(|s| s.trim().parse().ok());
+            let alive = pid.is_some_and(|p| is_our_worker(p, &id));
+            let info: Option<VmInfo> = fs::read(dir.join("vm.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
+            let Some(mut info) = info else {
+                // A pooled shell or a VM that never started.
+                if alive {
+                    kill_pid(pid.unwrap_or(0));
+                }
+                let _ = fs::remove_dir_all(&dir);
+                continue;
+            };
+            info.exit = read_exit(&dir);
+            if info.exit.is_some() {
+                info.state = VmState::Exited;
+            } else if alive {
+                if let Ok((r, _)) = proto::call(&dir.join("ctl.sock"), &Request::Status, None, Some(Duration::from_secs(2))) {
+                    info.state = if r.state == Some(WorkerState::Paused) { VmState::Paused } else { VmState::Running };
+                    info.boot_us = r.boot_us;
+                }
+            }
+            self.insert(info, dir, None);
+        }
+    }
+
+    /// Stop the pool's shells (daemon shutdown). Running VMs keep running.
+    pub fn shutdown(&self) {
+        for w in self.pool.drain() {
+            self.discard_worker(w);
+        }
+    }
+}
+
+fn read_exit(dir: &Path) -> Option<ExitInfo> {
+    fs::read(dir.join("exit.json")).ok().and_then(|b| serde_json::from_slice(&b).ok())
+}
+
+/// True if `pid` is a live VMM process for VM `id` (guards against pid reuse).
+fn is_our_worker(pid: u32, id: &str) -> bool {
+    fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| {
+            let args: Vec<&[u8]> = c.split(|&b| b == 0).collect();
+            args.iter().any(|a| *a == b"__worker") && args.iter().any(|a| *a == id.as_bytes())
+        })
+        .unwrap_or(false)
+}
+
+fn kill_pid(pid: u32) {
+    if let Some(p) = Pid::from_raw(pid as i32) {
+        let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+    }
+}

@@ -1,0 +1,133 @@
+//! `wispd`: the wisp daemon. Serves the REST API on a Unix socket, keeps a
+//! pool of prepared VM shells, and runs each VM in its own VMM process.
+//! `wispd __worker ...` is the VMM process itself (spawned by the daemon).
+
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+
+mod api;
+mod daemon;
+mod images;
+mod pool;
+mod proto;
+mod signals;
+mod worker;
+
+#[derive(Parser)]
+#[command(name = "wispd", version, about = "The wisp daemon")]
+struct Cli {
+    /// API socket.
+    #[arg(long, default_value = wisp_api::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// State directory (one subdirectory per VM).
+    #[arg(long, default_value = wisp_api::DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+    /// Ready shells to keep, as MEM=COUNT (e.g. 16M=8); repeatable.
+    #[arg(long = "pool", value_parser = parse_pool, default_value = "16M=4")]
+    pool: Vec<(u64, u32)>,
+    /// Directory of bundled images (default: next to the binary, then the development tree).
+    #[arg(long)]
+    images: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// The VMM process of one VM (internal).
+    #[command(name = "__worker", hide = true)]
+    Worker {
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        mem: u64,
+    },
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(split);
+    let n: u64 = n.parse().map_err(|_| format!("'{s}' is not a size"))?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        _ => return Err(format!("'{s}': unknown unit")),
+    };
+    n.checked_mul(1 << shift).ok_or_else(|| format!("'{s}' is too large"))
+}
+
+fn parse_pool(s: &str) -> Result<(u64, u32), String> {
+    let (m, c) = s.split_once('=').ok_or_else(|| format!("'{s}': expected MEM=COUNT"))?;
+    let mem = wisp_vmm::check_mem_size(parse_size(m)?).map_err(|e| e.to_string())?;
+    let count = c.parse().map_err(|_| format!("'{c}' is not a count"))?;
+    Ok((mem, count))
+}
+
+fn image_dirs(explicit: Option<PathBuf>) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    v.extend(explicit);
+    if let Some(d) = std::env::var_os("WISP_IMAGE_DIR") {
+        v.push(PathBuf::from(d));
+    }
+    if let Some(exe_dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(|p| p.to_path_buf())) {
+        v.push(exe_dir.join("images"));
+        v.push(exe_dir.join("../../build/images"));
+    }
+    v
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Some(Cmd::Worker { id, dir, mem }) = cli.cmd {
+        worker::main(&id, &dir, mem);
+    }
+    signals::block_term();
+    if let Err(e) = run(cli) {
+        eprintln!("wispd: error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    if let Some(parent) = cli.socket.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+    }
+    if std::os::unix::net::UnixStream::connect(&cli.socket).is_ok() {
+        return Err(format!("another wispd is serving {}", cli.socket.display()));
+    }
+    let _ = std::fs::remove_file(&cli.socket);
+    let listener = UnixListener::bind(&cli.socket).map_err(|e| format!("bind {}: {e}", cli.socket.display()))?;
+    let cfg = daemon::Config { state_dir: cli.state_dir.clone(), image_dirs: image_dirs(cli.images) };
+    let d = daemon::Daemon::new(cfg)?;
+    for (mem, count) in &cli.pool {
+        d.pool.set_target(*mem, *count);
+    }
+    let (p, dd) = (d.pool.clone(), d.clone());
+    std::thread::Builder::new().name("pool".into()).spawn(move || p.refill_loop(dd)).map_err(|e| e.to_string())?;
+    let dd = d.clone();
+    std::thread::Builder::new().name("watch".into()).spawn(move || dd.watch_loop()).map_err(|e| e.to_string())?;
+    let (dd, sock) = (d.clone(), cli.socket.clone());
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let sig = signals::wait_term();
+            // Pooled shells go; VMs keep running and are re-adopted by the
+            // next wispd.
+            dd.shutdown();
+            let _ = std::fs::remove_file(&sock);
+            eprintln!("wispd: signal {sig}: stopped (VMs keep running)");
+            std::process::exit(0);
+        })
+        .map_err(|e| e.to_string())?;
+    eprintln!("wispd: serving {} (state in {})", cli.socket.display(), cli.state_dir.display());
+    api::serve(Arc::clone(&d), listener);
+    Ok(())
+}

@@ -1,0 +1,161 @@
+//! The daemon ↔ VMM-process protocol: one request per connection on the
+//! VMM process's control socket (`<state>/vms/<id>/ctl.sock`), a JSON line
+//! each way, optionally a file descriptor (the image) passed with the
+//! request, and for `logs` a raw byte stream after the reply line.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use rustix::net::{
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use serde::{Deserialize, Serialize};
+use wisp_api::ExitInfo;
+
+/// Largest request line accepted.
+const MAX_LINE: usize = 64 * 1024;
+
+/// A request to a VMM process.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Load the image passed with the request and run it.
+    Start { image_name: String, args: Vec<String>, timeout_ms: Option<u64> },
+    /// Current state.
+    Status,
+    /// Pause the vCPU.
+    Pause,
+    /// Resume the vCPU.
+    Resume,
+    /// Ask the guest to stop (event), kill it after `grace_ms`.
+    Stop { grace_ms: u64 },
+    /// Stop the guest now.
+    Kill,
+    /// Console output: the buffered bytes, then (if `follow`) new bytes until the VM ends.
+    Logs { follow: bool },
+    /// Reply when the VM has exited.
+    Wait,
+    /// Try to open a file (proves the sandbox in tests).
+    ProbeOpen { path: String },
+    /// End the VMM process (its VM is killed first).
+    Shutdown,
+}
+
+/// State of the VM in a VMM process.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkerState {
+    /// A prepared shell waiting for an image.
+    Pooled,
+    /// The guest runs.
+    Running,
+    /// The guest is paused.
+    Paused,
+    /// The guest has ended.
+    Exited,
+}
+
+/// A reply.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Reply {
+    /// Whether the request succeeded.
+    pub ok: bool,
+    /// Why not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// State after the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<WorkerState>,
+    /// Exit, once the VM has ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<ExitInfo>,
+    /// Microseconds of the execute phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_us: Option<u64>,
+}
+
+impl Reply {
+    /// Success with a state.
+    pub fn ok(state: WorkerState) -> Reply {
+        Reply { ok: true, state: Some(state), ..Default::default() }
+    }
+    /// Failure.
+    pub fn err(msg: impl Into<String>) -> Reply {
+        Reply { ok: false, error: Some(msg.into()), ..Default::default() }
+    }
+}
+
+/// Send one line (and optionally a descriptor) on `sock`.
+pub fn send_line<T: Serialize>(sock: &UnixStream, v: &T, fd: Option<&OwnedFd>) -> io::Result<()> {
+    let mut line = serde_json::to_vec(v).map_err(io::Error::other)?;
+    line.push(b'\n');
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut anc = SendAncillaryBuffer::new(&mut space);
+    let fds;
+    if let Some(fd) = fd {
+        fds = [fd.as_fd()];
+        anc.push(SendAncillaryMessage::ScmRights(&fds));
+    }
+    let n = sendmsg(sock, &[io::IoSlice::new(&line)], &mut anc, SendFlags::NOSIGNAL)?;
+    if n < line.len() {
+        (&*sock).write_all(&line[n..])?;
+    }
+    Ok(())
+}
+
+/// Receive one line (and a descriptor, if one came with it) from `sock`.
+/// Reads byte-exactly up to the newline so a stream after it is untouched.
+pub fn recv_line(sock: &UnixStream) -> io::Result<(Vec<u8>, Option<OwnedFd>)> {
+    let mut line = Vec::new();
+    let mut fd = None;
+    let mut byte = [0u8; 1];
+    loop {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut anc = RecvAncillaryBuffer::new(&mut space);
+        let r = recvmsg(sock, &mut [io::IoSliceMut::new(&mut byte)], &mut anc, RecvFlags::CMSG_CLOEXEC)?;
+        for msg in anc.drain() {
+            if let RecvAncillaryMessage::ScmRights(fds) = msg {
+                for f in fds {
+                    fd.get_or_insert(f);
+                }
+            }
+        }
+        if r.bytes == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed"));
+        }
+        if byte[0] == b'\n' {
+            return Ok((line, fd));
+        }
+        line.push(byte[0]);
+        if line.len() > MAX_LINE {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "request line too long"));
+        }
+    }
+}
+
+/// Client side: send `req` to the VMM process at `sock_path`, read the reply
+/// line. Returns the reply and the connection (for `logs`, which streams
+/// after the reply).
+pub fn call(
+    sock_path: &Path,
+    req: &Request,
+    fd: Option<&OwnedFd>,
+    timeout: Option<Duration>,
+) -> io::Result<(Reply, BufReader<UnixStream>)> {
+    let sock = UnixStream::connect(sock_path)?;
+    sock.set_read_timeout(timeout)?;
+    send_line(&sock, req, fd)?;
+    let mut r = BufReader::new(sock);
+    let mut line = String::new();
+    r.by_ref().take(MAX_LINE as u64).read_line(&mut line)?;
+    if line.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "VMM process closed the connection"));
+    }
+    let reply = serde_json::from_str(&line).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    Ok((reply, r))
+}
