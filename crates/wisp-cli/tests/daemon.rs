@@ -309,3 +309,40 @@ fn a_crashing_or_killed_vm_does_not_disturb_its_neighbours() {
     c.stop(&calm.id, Some(1000)).unwrap();
     assert_eq!(c.wait(&calm.id).unwrap().code, 143);
 }
+
+#[test]
+fn vmm_processes_are_sandboxed() {
+    use std::io::{BufRead, BufReader, Write};
+    let d = Daemon::start("jail", "16M=1");
+    let mut c = d.client();
+    let a = create(&mut c, "sleeper", &["1h"], None);
+    let b = create(&mut c, "sleeper", &["1h"], None);
+    let status = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |s: &str, k: &str| -> String {
+        s.lines().find(|l| l.starts_with(&format!("{k}:"))).unwrap_or_default().split_whitespace().nth(1).unwrap_or("").to_string()
+    };
+    let (sa, sb) = (status(a.pid), status(b.pid));
+    assert_eq!(field(&sa, "Seccomp"), "2", "seccomp filter not active:\n{sa}");
+    assert_eq!(field(&sa, "NoNewPrivs"), "1");
+    assert_eq!(field(&sa, "CapEff"), "0000000000000000");
+    let (ua, ub) = (field(&sa, "Uid"), field(&sb, "Uid"));
+    assert_ne!(ua, "0");
+    assert_ne!(ua, ub, "two VMs share a user id");
+    // Own network namespace.
+    let ns = |pid: u32| std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
+    assert_ne!(ns(a.pid), std::fs::read_link("/proc/self/ns/net").unwrap());
+    // Ask the VMM process itself to open files: the seccomp filter refuses.
+    let sock = d.dir.join("state/vms").join(&a.id).join("ctl.sock");
+    for path in ["/etc/hostname", "/dev/kvm", "/"] {
+        let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        writeln!(s, "{{\"op\":\"probe_open\",\"path\":\"{path}\"}}").unwrap();
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).unwrap();
+        assert!(line.contains("\"ok\":false") && line.contains("Operation not permitted"), "{path}: {line}");
+    }
+    // The VM still works afterwards.
+    c.pause(&a.id).unwrap();
+    c.resume(&a.id).unwrap();
+    c.stop(&a.id, Some(1000)).unwrap();
+    assert_eq!(c.wait(&a.id).unwrap().code, 143);
+}

@@ -41,6 +41,12 @@ struct PauseState {
 }
 
 impl Control {
+    /// Install the process-wide kick handler now (e.g. before a sandbox
+    /// forbids `rt_sigaction`). Idempotent.
+    pub fn prepare_process() {
+        install_kick_handler();
+    }
+
     pub(crate) fn new() -> std::io::Result<Control> {
         install_kick_handler();
         Ok(Control {

@@ -87,7 +87,20 @@ pub struct Daemon {
     pub pool: Arc<Pool>,
     images: ImageCache,
     epoll: OwnedFd,
+    uids: Mutex<Uids>,
 }
+
+/// User ids of VMM processes: one of its own per VM.
+#[derive(Default)]
+struct Uids {
+    used: std::collections::HashSet<u32>,
+    next: u32,
+}
+
+/// First user id given to VMM processes.
+pub const UID_BASE: u32 = 1_000_000;
+/// Number of user ids in the range.
+pub const UID_COUNT: u32 = 1_000_000;
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
@@ -126,6 +139,7 @@ impl Daemon {
             pool: Arc::new(Pool::default()),
             images: ImageCache::default(),
             epoll,
+            uids: Mutex::new(Uids::default()),
         });
         d.adopt();
         Ok(d)
@@ -141,10 +155,15 @@ impl Daemon {
         let id = new_id();
         let dir = self.vms_dir().join(&id);
         fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let uid = self.alloc_uid()?;
+        let owner = (Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(uid)));
+        rustix::fs::chown(&dir, owner.0, owner.1).map_err(|e| format!("chown {}: {e}", dir.display()))?;
+        rustix::fs::chmod(&dir, rustix::fs::Mode::from_raw_mode(0o700)).map_err(|e| format!("chmod: {e}"))?;
         let log = fs::File::create(dir.join("vmm.log")).map_err(|e| e.to_string())?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut cmd = Command::new(exe);
         cmd.arg("__worker").arg("--id").arg(&id).arg("--dir").arg(&dir).arg("--mem").arg(mem.to_string());
+        cmd.arg("--uid").arg(uid.to_string());
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
         // Its own process group: signals for the daemon's group (Ctrl-C) do
         // not reach VMs, and the VMs outlive the daemon.
@@ -159,10 +178,41 @@ impl Daemon {
             let _ = child.kill();
             let _ = child.wait();
             let _ = fs::remove_dir_all(&dir);
+            self.free_uid(uid);
             let msg = line.trim().strip_prefix("error: ").unwrap_or(line.trim()).to_string();
             return Err(if msg.is_empty() { "VMM process failed to start".into() } else { msg });
         }
         Ok(Worker { id, pid, dir, child: Some(child) })
+    }
+
+    fn alloc_uid(&self) -> Result<u32, String> {
+        let mut u = self.uids.lock().unwrap();
+        for _ in 0..UID_COUNT {
+            let uid = UID_BASE + u.next % UID_COUNT;
+            u.next = u.next.wrapping_add(1);
+            if u.used.insert(uid) {
+                return Ok(uid);
+            }
+        }
+        Err("no free user id for a VMM process".into())
+    }
+
+    fn free_uid(&self, uid: u32) {
+        self.uids.lock().unwrap().used.remove(&uid);
+    }
+
+    fn dir_uid(dir: &Path) -> Option<u32> {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(dir).ok().map(|m| m.uid()).filter(|u| (UID_BASE..UID_BASE + UID_COUNT).contains(u))
+    }
+
+    /// Remove a VM directory and give its user id back.
+    fn remove_dir(&self, dir: &Path) {
+        let uid = Self::dir_uid(dir);
+        let _ = fs::remove_dir_all(dir);
+        if let Some(u) = uid {
+            self.free_uid(u);
+        }
     }
 
     /// Stop an unused pooled VMM process and remove its directory.
@@ -175,7 +225,7 @@ impl Daemon {
             }
             None => kill_pid(w.pid),
         }
-        let _ = fs::remove_dir_all(&w.dir);
+        self.remove_dir(&w.dir);
     }
 
     fn resolve_image(&self, image: &str) -> ApiResult<PathBuf> {
@@ -451,7 +501,7 @@ impl Daemon {
             }
         }
         drop(t);
-        let _ = fs::remove_dir_all(&dir);
+        self.remove_dir(&dir);
         Ok(())
     }
 
@@ -512,6 +562,9 @@ impl Daemon {
                 let _ = fs::remove_dir_all(&dir);
                 continue;
             };
+            if let Some(u) = Self::dir_uid(&dir) {
+                self.uids.lock().unwrap().used.insert(u);
+            }
             info.exit = read_exit(&dir);
             if info.exit.is_some() {
                 info.state = VmState::Exited;

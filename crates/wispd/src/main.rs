@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 mod api;
 mod daemon;
 mod images;
+mod jail;
 mod pool;
 mod proto;
 mod signals;
@@ -46,6 +47,8 @@ enum Cmd {
         dir: PathBuf,
         #[arg(long)]
         mem: u64,
+        #[arg(long)]
+        uid: u32,
     },
 }
 
@@ -86,8 +89,8 @@ fn image_dirs(explicit: Option<PathBuf>) -> Vec<PathBuf> {
 
 fn main() {
     let cli = Cli::parse();
-    if let Some(Cmd::Worker { id, dir, mem }) = cli.cmd {
-        worker::main(&id, &dir, mem);
+    if let Some(Cmd::Worker { id, dir, mem, uid }) = cli.cmd {
+        worker::main(&id, &dir, mem, uid);
     }
     signals::block_term();
     if let Err(e) = run(cli) {

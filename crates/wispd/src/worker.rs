@@ -14,7 +14,7 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use wisp_api::ExitInfo;
 use wisp_vmm::{open_kvm, Control, Image, Outcome, Shell, StopReason};
 
+use crate::jail::{self, JailFiles};
 use crate::proto::{recv_line, send_line, Reply, Request, WorkerState};
 
 /// Bytes of console output kept per VM.
@@ -53,7 +54,7 @@ struct State {
 }
 
 struct Shared {
-    dir: PathBuf,
+    files: Mutex<Option<JailFiles>>,
     state: Mutex<State>,
     cv: Condvar,
     console: Mutex<Console>,
@@ -86,8 +87,8 @@ impl Write for Sink {
 }
 
 /// Entry point of `wispd __worker`. Never returns.
-pub fn main(id: &str, dir: &Path, mem: u64) -> ! {
-    match run(id, dir, mem) {
+pub fn main(id: &str, dir: &Path, mem: u64, uid: u32) -> ! {
+    match run(id, dir, mem, uid) {
         Ok(()) => std::process::exit(0),
         Err(e) => {
             eprintln!("wisp-vmm {id}: {e}");
@@ -97,7 +98,7 @@ pub fn main(id: &str, dir: &Path, mem: u64) -> ! {
     }
 }
 
-fn run(_id: &str, dir: &Path, mem: u64) -> Result<(), String> {
+fn run(_id: &str, dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
     // Show up as `wisp-vmm` in ps/top, apart from the daemon.
     let _ = rustix::thread::set_name(c"wisp-vmm");
     let kvm = open_kvm().map_err(|e| e.to_string())?;
@@ -106,8 +107,11 @@ fn run(_id: &str, dir: &Path, mem: u64) -> Result<(), String> {
     let sock_path = dir.join("ctl.sock");
     let _ = std::fs::remove_file(&sock_path);
     let listener = UnixListener::bind(&sock_path).map_err(|e| format!("bind {}: {e}", sock_path.display()))?;
+    let files = JailFiles::open(dir).map_err(|e| format!("open files in {}: {e}", dir.display()))?;
+    wisp_vmm::Control::prepare_process();
+    jail::enter(uid, mem)?;
     let shared = Arc::new(Shared {
-        dir: dir.to_path_buf(),
+        files: Mutex::new(Some(files)),
         state: Mutex::new(State {
             phase: WorkerState::Pooled,
             exit: None,
@@ -177,12 +181,17 @@ fn vcpu_main(shell: Shell, rx: mpsc::Receiver<StartCmd>, shared: Arc<Shared>) {
 }
 
 fn finish(shared: &Arc<Shared>, exit: ExitInfo) -> ! {
-    {
-        let c = shared.console.lock().unwrap();
-        let (a, b) = c.ring.as_slices();
-        let _ = write_atomic(&shared.dir.join("console.log"), &[a, b].concat());
+    if let Some(mut f) = shared.files.lock().unwrap().take() {
+        {
+            let c = shared.console.lock().unwrap();
+            let (a, b) = c.ring.as_slices();
+            let _ = f.console_tmp.write_all(a).and_then(|_| f.console_tmp.write_all(b));
+        }
+        let _ = f.commit("console.log");
+        let _ = f.exit_tmp.write_all(&serde_json::to_vec(&exit).unwrap_or_default());
+        let _ = f.exit_tmp.sync_data();
+        let _ = f.commit("exit.json");
     }
-    let _ = write_atomic(&shared.dir.join("exit.json"), &serde_json::to_vec(&exit).unwrap_or_default());
     let mut st = shared.state.lock().unwrap();
     st.phase = WorkerState::Exited;
     st.exit = Some(exit);
