@@ -346,3 +346,19 @@ fn vmm_processes_are_sandboxed() {
     c.stop(&a.id, Some(1000)).unwrap();
     assert_eq!(c.wait(&a.id).unwrap().code, 143);
 }
+
+#[test]
+fn images_are_shared_copy_on_write_from_the_cache() {
+    let d = Daemon::start("cow", "16M=2");
+    let mut c = d.client();
+    let a = create(&mut c, "sleeper", &["1h"], None);
+    let b = create(&mut c, "sleeper", &["1h"], None);
+    // Each VMM process maps the image cache's memfd (one inode for both).
+    let inode = |pid: u32| -> String {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+        let line = maps.lines().find(|l| l.contains("memfd:wisp-image")).unwrap_or_else(|| panic!("no image mapping:\n{maps}"));
+        line.split_whitespace().nth(4).unwrap().to_string()
+    };
+    assert_eq!(inode(a.pid), inode(b.pid));
+    wait_for_log(&mut c, &a.id, "sleeper: sleeping");
+}

@@ -4,6 +4,7 @@
 //! uses against the file's length and the guest memory map before anything
 //! is loaded; a malformed file gives an [`Error::BadImage`] naming the problem.
 
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -68,6 +69,10 @@ pub struct Image {
     pub segments: Vec<Segment>,
     /// ABI version from the image note.
     pub abi_version: u32,
+    /// A descriptor of the file (e.g. the image cache's sealed memfd): if
+    /// set, whole pages of segments are mapped copy-on-write from it
+    /// instead of copied.
+    pub file: Option<Arc<OwnedFd>>,
 }
 
 fn u16_at(b: &[u8], off: usize) -> u16 {
@@ -210,7 +215,25 @@ impl Image {
         if note.abi_version != ABI_VERSION {
             return Err(Error::AbiMismatch { image: note.abi_version, monitor: ABI_VERSION });
         }
-        Ok(Image { name: name.to_string(), bytes, entry, segments, abi_version: note.abi_version })
+        Ok(Image { name: name.to_string(), bytes, entry, segments, abi_version: note.abi_version, file: None })
+    }
+
+    /// Parse an image held in a file descriptor (read by position, so a
+    /// descriptor shared with other processes is not disturbed) and keep the
+    /// descriptor for copy-on-write mapping.
+    pub fn from_fd(name: &str, fd: OwnedFd) -> Result<Image> {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::from(fd);
+        let err = |err| Error::ImageRead { path: name.to_string(), err };
+        let len = f.metadata().map_err(err)?.len();
+        if len > MAX_IMAGE_FILE {
+            return bad(format!("{name} is {len} bytes, larger than the {} MiB limit", MAX_IMAGE_FILE >> 20));
+        }
+        let mut bytes = vec![0u8; len as usize];
+        f.read_exact_at(&mut bytes, 0).map_err(err)?;
+        let mut img = Image::parse(name, bytes.into())?;
+        img.file = Some(Arc::new(OwnedFd::from(f)));
+        Ok(img)
     }
 
     /// Lowest address used by the image.

@@ -7,6 +7,7 @@
 //! untrusted input and the guest may change it at any time.
 
 use std::fs::File;
+use std::os::fd::BorrowedFd;
 
 use rustix::fs::{memfd_create, MemfdFlags};
 use vm_memory::{
@@ -94,6 +95,33 @@ impl GuestRam {
     /// Write a plain-data value (an ABI struct) into guest RAM.
     pub fn write_obj<T: IntoBytes + Immutable>(&self, addr: u64, v: &T) -> Result<()> {
         self.write(addr, v.as_bytes())
+    }
+
+    /// Map `len` bytes of `fd` at file offset `offset` copy-on-write at
+    /// guest-physical `gpa`, replacing that part of RAM: the pages are shared
+    /// with every other VM mapping the same file until one writes to them.
+    /// `gpa`, `len` and `offset` must be page aligned.
+    pub fn map_file_cow(&self, gpa: u64, len: u64, fd: BorrowedFd<'_>, offset: u64) -> Result<()> {
+        let page = wisp_abi::layout::PAGE_SIZE;
+        if gpa % page != 0 || len % page != 0 || offset % page != 0 || !self.contains(gpa, len) {
+            return Err(Error::OutOfRange { addr: gpa, len });
+        }
+        // SAFETY: the target range lies inside the RAM mapping this struct
+        // owns (checked above) and is page aligned; MAP_FIXED replaces those
+        // pages in place, so no other mapping is touched and the RAM mapping
+        // keeps its size. No Rust reference into guest RAM is held across
+        // this call (all accesses copy through vm-memory).
+        let r = unsafe {
+            rustix::mm::mmap(
+                (self.host_addr + gpa) as *mut std::ffi::c_void,
+                len as usize,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::FIXED,
+                fd,
+                offset,
+            )
+        };
+        r.map(drop).map_err(|e| Error::Host("mmap image copy-on-write", e.into()))
     }
 
     /// Read a little-endian u64.

@@ -65,7 +65,7 @@ impl Shell {
             )));
         }
         for s in &image.segments {
-            self.ram.write(s.vaddr, image.file_bytes(s))?;
+            load_segment(&self.ram, image, s)?;
         }
         arch::map_image(&self.ram, image)?;
         self.stats.phase("image_load", t);
@@ -95,6 +95,25 @@ impl Shell {
         self.stats.phase("boot_info", t);
         let control = Arc::new(Control::new().map_err(|e| Error::Host("eventfd", e))?);
         Ok(Vm { shell: self, boot, control })
+    }
+}
+
+/// Put one segment's file bytes into guest RAM: whole pages copy-on-write
+/// from the image's descriptor when it has one and the layout allows,
+/// partial pages (and everything else) copied.
+fn load_segment(ram: &crate::memory::GuestRam, image: &Image, s: &crate::image::Segment) -> Result<()> {
+    use std::os::fd::AsFd;
+    use wisp_abi::layout::{align_up, PAGE_SIZE};
+    let data = image.file_bytes(s);
+    let (start, end) = (s.vaddr, s.vaddr + s.filesz);
+    let (first, last) = (align_up(start, PAGE_SIZE), end & !(PAGE_SIZE - 1));
+    match &image.file {
+        Some(fd) if s.vaddr % PAGE_SIZE == s.offset % PAGE_SIZE && last > first => {
+            ram.write(start, &data[..(first - start) as usize])?;
+            ram.map_file_cow(first, last - first, fd.as_fd(), s.offset + (first - start))?;
+            ram.write(last, &data[(last - start) as usize..])
+        }
+        _ => ram.write(start, data),
     }
 }
 

@@ -108,16 +108,17 @@ pub fn send_line<T: Serialize>(sock: &UnixStream, v: &T, fd: Option<&OwnedFd>) -
     Ok(())
 }
 
-/// Receive one line (and a descriptor, if one came with it) from `sock`.
-/// Reads byte-exactly up to the newline so a stream after it is untouched.
+/// Receive the request line (and a descriptor, if one came with it) from
+/// `sock`. A connection carries exactly one request line, so whole reads
+/// are safe: nothing after the newline belongs to anyone else.
 pub fn recv_line(sock: &UnixStream) -> io::Result<(Vec<u8>, Option<OwnedFd>)> {
     let mut line = Vec::new();
     let mut fd = None;
-    let mut byte = [0u8; 1];
+    let mut buf = [0u8; 4096];
     loop {
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
         let mut anc = RecvAncillaryBuffer::new(&mut space);
-        let r = recvmsg(sock, &mut [io::IoSliceMut::new(&mut byte)], &mut anc, RecvFlags::CMSG_CLOEXEC)?;
+        let r = recvmsg(sock, &mut [io::IoSliceMut::new(&mut buf)], &mut anc, RecvFlags::CMSG_CLOEXEC)?;
         for msg in anc.drain() {
             if let RecvAncillaryMessage::ScmRights(fds) = msg {
                 for f in fds {
@@ -128,10 +129,12 @@ pub fn recv_line(sock: &UnixStream) -> io::Result<(Vec<u8>, Option<OwnedFd>)> {
         if r.bytes == 0 {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed"));
         }
-        if byte[0] == b'\n' {
+        let got = &buf[..r.bytes];
+        if let Some(nl) = got.iter().position(|&b| b == b'\n') {
+            line.extend_from_slice(&got[..nl]);
             return Ok((line, fd));
         }
-        line.push(byte[0]);
+        line.extend_from_slice(got);
         if line.len() > MAX_LINE {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "request line too long"));
         }

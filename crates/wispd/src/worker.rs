@@ -12,7 +12,6 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::unix::fs::FileExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::mpsc;
@@ -189,7 +188,6 @@ fn finish(shared: &Arc<Shared>, exit: ExitInfo) -> ! {
         }
         let _ = f.commit("console.log");
         let _ = f.exit_tmp.write_all(&serde_json::to_vec(&exit).unwrap_or_default());
-        let _ = f.exit_tmp.sync_data();
         let _ = f.commit("exit.json");
     }
     let mut st = shared.state.lock().unwrap();
@@ -206,12 +204,13 @@ fn finish(shared: &Arc<Shared>, exit: ExitInfo) -> ! {
     std::process::exit(0)
 }
 
-/// Write a file atomically (temporary file, then rename).
+/// Write a file atomically (temporary file, then rename). Not fsynced:
+/// state must survive a crash of the daemon or a VMM process, not of the
+/// host (the state directory lives in /run).
 pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
     let mut f = File::create(&tmp)?;
     f.write_all(data)?;
-    f.sync_data().ok();
     std::fs::rename(&tmp, path)
 }
 
@@ -233,16 +232,9 @@ fn serve(shared: &Arc<Shared>, conn: UnixStream, tx: &Mutex<Option<mpsc::Sender<
             let Some(fd) = fd else {
                 return send_line(&conn, &Reply::err("start needs the image descriptor"), None);
             };
-            // The descriptor shares its file offset with the daemon's copy:
-            // read by position, never by offset.
-            let f = File::from(fd);
-            let len = f.metadata()?.len();
-            if len > wisp_vmm::image::MAX_IMAGE_FILE {
-                return send_line(&conn, &Reply::err("image too large"), None);
-            }
-            let mut bytes = vec![0u8; len as usize];
-            f.read_exact_at(&mut bytes, 0)?;
-            let image = match Image::parse(&image_name, bytes.into()) {
+            // Parsed again here (the daemon is not trusted blindly); its
+            // pages are mapped copy-on-write from the shared memfd.
+            let image = match Image::from_fd(&image_name, fd) {
                 Ok(i) => i,
                 Err(e) => return send_line(&conn, &Reply::err(e.to_string()), None),
             };

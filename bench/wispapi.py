@@ -1,0 +1,108 @@
+"""Minimal wispd API client for benchmarks: HTTP/1.1 over the Unix socket,
+standard library only, so the client adds as little as possible to what is
+measured."""
+
+import json
+import socket
+import time
+
+
+class Api:
+    def __init__(self, path):
+        self.path = path
+        self.sock = None
+        self.buf = b""
+
+    def _conn(self):
+        if self.sock is None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.connect(self.path)
+            self.buf = b""
+        return self.sock
+
+    def close(self):
+        if self.sock:
+            self.sock.close()
+        self.sock = None
+
+    def _read_more(self):
+        d = self.sock.recv(65536)
+        if not d:
+            raise ConnectionError("wispd closed the connection")
+        self.buf += d
+
+    def _line(self):
+        while b"\r\n" not in self.buf:
+            self._read_more()
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def _exact(self, n):
+        while len(self.buf) < n:
+            self._read_more()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def _send(self, method, path, body=None):
+        s = self._conn()
+        data = b"" if body is None else json.dumps(body).encode()
+        head = "%s %s HTTP/1.1\r\nHost: wisp\r\nContent-Length: %d\r\n" % (method, path, len(data))
+        if body is not None:
+            head += "Content-Type: application/json\r\n"
+        s.sendall(head.encode() + b"\r\n" + data)
+
+    def _head(self):
+        status = int(self._line().split()[1])
+        headers = {}
+        while True:
+            line = self._line()
+            if not line:
+                break
+            k, v = line.decode().split(":", 1)
+            headers[k.strip().lower()] = v.strip()
+        return status, headers
+
+    def call(self, method, path, body=None):
+        """Request with a JSON answer: (status, decoded body or None)."""
+        self._send(method, path, body)
+        status, h = self._head()
+        data = b""
+        if h.get("transfer-encoding") == "chunked":
+            for chunk in self._chunks():
+                data += chunk
+        else:
+            data = self._exact(int(h.get("content-length", "0")))
+        if h.get("connection", "").lower() == "close":
+            self.close()
+        return status, (json.loads(data) if data else None)
+
+    def _chunks(self):
+        while True:
+            n = int(self._line().split(b";")[0], 16)
+            if n == 0:
+                self._line()
+                return
+            yield self._exact(n)
+            self._exact(2)
+
+    def stream(self, path):
+        """GET a chunked stream; yields chunks."""
+        self._send("GET", path)
+        status, h = self._head()
+        if status != 200:
+            raise RuntimeError("GET %s: %d" % (path, status))
+        yield from self._chunks()
+
+    def first_line(self, vm_id):
+        """Follow a VM's console until its first complete line; returns it."""
+        got = b""
+        for chunk in self.stream("/v1/vms/%s/logs?follow=true" % vm_id):
+            got += chunk
+            if b"\n" in got:
+                break
+        self.close()  # abandon the rest of the stream
+        return got.split(b"\n", 1)[0]
+
+
+def now_ns():
+    return time.monotonic_ns()
