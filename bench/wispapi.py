@@ -106,3 +106,22 @@ class Api:
 
 def now_ns():
     return time.monotonic_ns()
+
+
+def boot_to_first_line(api, body):
+    """POST /v1/vms?attach=true and read until the first console line.
+    Returns (ns from just before the request to the first line, vm id)."""
+    t0 = now_ns()
+    api._send("POST", "/v1/vms?attach=true", body)
+    status, h = api._head()
+    if status != 201:
+        raise RuntimeError("create: %d" % status)
+    got = b""
+    t1 = None
+    for chunk in api._chunks():  # read to the end: keeps the connection usable
+        got += chunk
+        if t1 is None and b"\n" in got:
+            t1 = now_ns()
+    if t1 is None:
+        raise RuntimeError("the VM printed no line")
+    return t1 - t0, h.get("x-wisp-vm-id")

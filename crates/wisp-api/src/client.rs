@@ -80,6 +80,21 @@ impl Client {
         self.call("POST", &format!("{API_PREFIX}/vms"), Some(serde_json::to_vec(req).unwrap_or_default()))
     }
 
+    /// `POST /v1/vms?attach=true`: create a VM and deliver its console
+    /// output as it comes, until the VM ends. Returns the VM's id.
+    pub fn create_attached(&mut self, req: &CreateVm, on_data: &mut dyn FnMut(&[u8]) -> bool) -> Result<String> {
+        let body = serde_json::to_vec(req).unwrap_or_default();
+        let status = self.http.stream("POST", &format!("{API_PREFIX}/vms?attach=true"), Some(&body), on_data)?;
+        if !(200..300).contains(&status) {
+            let msg = self.http.take_error().map(|r| r.error_message()).unwrap_or_default();
+            return Err(ApiError::Status(status, msg));
+        }
+        self.http
+            .last_header("x-wisp-vm-id")
+            .map(str::to_string)
+            .ok_or_else(|| ApiError::Io(io::Error::new(io::ErrorKind::InvalidData, "no X-Wisp-Vm-Id header")))
+    }
+
     /// `GET /v1/vms`.
     pub fn list(&mut self) -> Result<Vec<VmInfo>> {
         self.call("GET", &format!("{API_PREFIX}/vms"), None)

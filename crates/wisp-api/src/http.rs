@@ -389,7 +389,16 @@ pub fn write_error<W: Write>(w: &mut W, status: u16, message: &str, keep_alive: 
 /// Start a `Transfer-Encoding: chunked` response; follow with [`write_chunk`]s and one [`end_chunked`],
 /// after which the connection may be reused.
 pub fn start_chunked<W: Write>(w: &mut W, status: u16, content_type: &str) -> io::Result<()> {
+    start_chunked_with(w, status, content_type, &[])
+}
+
+/// [`start_chunked`] with extra response headers (names and values must be
+/// plain header tokens/text).
+pub fn start_chunked_with<W: Write>(w: &mut W, status: u16, content_type: &str, extra: &[(&str, &str)]) -> io::Result<()> {
     let mut out = response_head(status, content_type);
+    for (k, v) in extra {
+        out.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
+    }
     out.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
     w.write_all(&out)?;
     w.flush()
@@ -589,6 +598,7 @@ pub struct Client {
     conn: Option<BufReader<UnixStream>>,
     reused: bool,
     last_error: Option<Response>,
+    last_headers: Vec<(String, String)>,
 }
 
 impl Client {
@@ -601,7 +611,7 @@ impl Client {
 
     /// Wrap a connected stream (no reconnection once it closes).
     pub fn from_stream(stream: UnixStream) -> Client {
-        Client { path: None, conn: Some(BufReader::new(stream)), reused: false, last_error: None }
+        Client { path: None, conn: Some(BufReader::new(stream)), reused: false, last_error: None, last_headers: Vec::new() }
     }
 
     /// Send a request (with a JSON content type when `body` is given) and read the whole response. Heads
@@ -631,6 +641,7 @@ impl Client {
     ) -> io::Result<u16> {
         self.last_error = None;
         let head = self.send(method, path_and_query, body)?;
+        self.last_headers = head.headers.clone();
         if (200..300).contains(&head.status) {
             self.finish(method, &head, u64::MAX, on_data)?;
         } else {
@@ -639,6 +650,11 @@ impl Client {
             self.last_error = Some(Response { status: head.status, headers: head.headers, body: out });
         }
         Ok(head.status)
+    }
+
+    /// Headers of the last response to [`Client::stream`] (names lower-cased).
+    pub fn last_header(&self, name: &str) -> Option<&str> {
+        self.last_headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
     }
 
     /// The non-2xx response of the last [`Client::stream`] call, if any.

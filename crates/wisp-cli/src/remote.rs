@@ -56,18 +56,29 @@ pub fn run(mut c: Client, a: &RunArgs) -> Result<u8, String> {
         }
         return run_many(c, req, n);
     }
-    let t = Instant::now();
-    let vm = c.create(&req).map_err(err)?;
     if a.detach {
+        let vm = c.create(&req).map_err(err)?;
         println!("{}", vm.id);
         return Ok(0);
     }
-    if a.stats {
-        eprintln!("wisp: VM {} started in {:.3} ms (execute phase {} µs)", vm.id, t.elapsed().as_secs_f64() * 1e3, vm.boot_us.unwrap_or(0));
-    }
+    let t = Instant::now();
+    let mut first: Option<f64> = None;
     let mut out = std::io::stdout().lock();
-    c.logs(&vm.id, true, &mut |d| out.write_all(d).and_then(|_| out.flush()).is_ok()).map_err(err)?;
-    let exit = c.wait(&vm.id).map_err(err)?;
+    let id = c
+        .create_attached(&req, &mut |d| {
+            first.get_or_insert_with(|| t.elapsed().as_secs_f64() * 1e3);
+            out.write_all(d).and_then(|_| out.flush()).is_ok()
+        })
+        .map_err(err)?;
+    let exit = c.wait(&id).map_err(err)?;
+    if a.stats {
+        let vm = c.get(&id).map_err(err)?;
+        eprintln!(
+            "wisp: VM {id}: first output {:.3} ms after the request (execute phase {} µs)",
+            first.unwrap_or(f64::NAN),
+            vm.boot_us.unwrap_or(0)
+        );
+    }
     if exit.code == 124 || exit.code >= 128 && exit.reason != "exited" {
         eprintln!("wisp: VM stopped: {}", exit.reason);
     }

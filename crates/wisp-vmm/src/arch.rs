@@ -141,6 +141,31 @@ pub fn map_image(ram: &GuestRam, image: &Image) -> Result<()> {
     Ok(())
 }
 
+/// Code run once by [`crate::Shell::warm_up`]: `mov dx, WARMUP_PORT;
+/// out dx, al; jmp $`, at [`IMAGE_BASE`].
+pub const WARMUP_CODE: [u8; 7] = [0x66, 0xba, 0x0f, 0x05, 0xee, 0xeb, 0xfe];
+/// Port the warm-up code reports on (the last of the hypercall window,
+/// never a hypercall).
+pub const WARMUP_PORT: u16 = 0x50f;
+
+/// Page tables for the warm-up run: the system pages and one user,
+/// read-only, executable page at [`IMAGE_BASE`]. `map_image` replaces them.
+pub fn map_warmup(ram: &GuestRam) -> Result<()> {
+    let mut pt0 = vec![0u64; 512];
+    for (i, e) in pt0.iter_mut().enumerate() {
+        let a = i as u64 * PAGE_SIZE;
+        *e = match a {
+            EXCEPTION_STUBS => a | P,
+            GDT..=PT0 => a | P | RW | NX,
+            IMAGE_BASE => a | P | US,
+            _ => 0,
+        };
+    }
+    ram.write(PT0, &u64s(&pt0))?;
+    ram.write(PD, &u64s(&[PT0 | P | RW | US]))?;
+    ram.write(IMAGE_BASE, &WARMUP_CODE)
+}
+
 /// Special registers for long mode at CPL 3 with this module's tables.
 pub fn set_sregs(s: &mut kvm_sregs) {
     s.cr0 = 0x8001_0033; // PG | WP | NE | ET | MP | PE

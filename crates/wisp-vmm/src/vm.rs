@@ -92,6 +92,12 @@ impl Shell {
         self.vcpu
             .set_regs(&arch::initial_regs(image.entry))
             .map_err(|e| Error::Kvm("set registers", e.into()))?;
+        if self.warmed {
+            // Reloading CR3 flushes the warm-up's translations.
+            let mut sregs = self.vcpu.get_sregs().map_err(|e| Error::Kvm("get sregs", e.into()))?;
+            arch::set_sregs(&mut sregs);
+            self.vcpu.set_sregs(&sregs).map_err(|e| Error::Kvm("set sregs", e.into()))?;
+        }
         self.stats.phase("boot_info", t);
         let control = Arc::new(Control::new().map_err(|e| Error::Host("eventfd", e))?);
         Ok(Vm { shell: self, boot, control })

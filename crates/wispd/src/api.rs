@@ -84,6 +84,26 @@ fn route(d: &Arc<Daemon>, req: &Request, w: &mut UnixStream, keep: bool) -> Resu
     match (m, parts.as_slice()) {
         ("GET", ["version"]) => json(w, 200, &Version { version: env!("CARGO_PKG_VERSION").into(), abi: wisp_abi::ABI_VERSION }),
         ("GET", ["vms"]) => json(w, 200, &d.list()),
+        ("POST", ["vms"]) if flag(req, "attach")? => {
+            // Create and stream the console in one response; the VM's id is
+            // in the X-Wisp-Vm-Id header.
+            let body: CreateVm = req.json()?;
+            let (vm, mut stream) = d.create_attached(body)?;
+            http::start_chunked_with(w, 201, "application/octet-stream", &[("X-Wisp-Vm-Id", &vm.id)]).map_err(io_err)?;
+            let mut buf = [0u8; 16384];
+            loop {
+                match std::io::Read::read(&mut stream, &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if http::write_chunk(w, &buf[..n]).is_err() {
+                            return Ok(false);
+                        }
+                    }
+                }
+            }
+            http::end_chunked(w).map_err(io_err)?;
+            Ok(keep)
+        }
         ("POST", ["vms"]) => {
             let body: CreateVm = req.json()?;
             json(w, 201, &d.create(body)?)

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::fs;
 use std::io::{BufRead, BufReader, Read};
+use std::os::unix::net::UnixStream;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -246,6 +247,17 @@ impl Daemon {
 
     /// Create and start a VM.
     pub fn create(self: &Arc<Self>, req: CreateVm) -> ApiResult<VmInfo> {
+        self.create_inner(req, false).map(|(info, _)| info)
+    }
+
+    /// Create and start a VM and return its console stream (until it ends)
+    /// along with it: one round trip from request to first output.
+    pub fn create_attached(self: &Arc<Self>, req: CreateVm) -> ApiResult<(VmInfo, BufReader<UnixStream>)> {
+        let (info, stream) = self.create_inner(req, true)?;
+        Ok((info, stream.expect("attached start returns its stream")))
+    }
+
+    fn create_inner(self: &Arc<Self>, req: CreateVm, attach: bool) -> ApiResult<(VmInfo, Option<BufReader<UnixStream>>)> {
         let mem = check_mem_size(req.mem.unwrap_or(DEFAULT_MEM)).map_err(|e| ApiError::new(400, e.to_string()))?;
         if let Some(n) = &req.name {
             if !valid_name(n) {
@@ -289,22 +301,28 @@ impl Daemon {
             exit: None,
             boot_us: None,
         };
-        if let Err(e) = write_atomic(&worker.dir.join("vm.json"), &serde_json::to_vec(&info).unwrap_or_default()) {
-            release_name(self);
-            self.discard_worker(worker);
-            return Err(ApiError::new(500, format!("cannot record the VM: {e}")));
-        }
         let dir = worker.dir.clone();
         self.insert(info.clone(), dir.clone(), worker.child);
-        let start = Request::Start { image_name: image.image.name.clone(), args: req.args, timeout_ms: req.timeout_ms };
-        match proto::call(&dir.join("ctl.sock"), &start, Some(&image.memfd), Some(Duration::from_secs(10))) {
-            Ok((Reply { ok: true, boot_us, .. }, _)) => {
+        let start =
+            Request::Start { image_name: image.image.name.clone(), args: req.args, timeout_ms: req.timeout_ms, attach };
+        // Record the VM while its VMM process loads the image.
+        let sent = proto::send(&dir.join("ctl.sock"), &start, Some(&image.memfd), Some(Duration::from_secs(10)));
+        if let Err(e) = write_atomic(&dir.join("vm.json"), &serde_json::to_vec(&info).unwrap_or_default()) {
+            let _ = self.remove(&info.id, true);
+            return Err(ApiError::new(500, format!("cannot record the VM: {e}")));
+        }
+        match sent.and_then(proto::read_reply) {
+            Ok((Reply { ok: true, boot_us, .. }, stream)) => {
+                let stream = attach.then(|| {
+                    let _ = stream.get_ref().set_read_timeout(None);
+                    stream
+                });
                 let mut t = self.table.lock().unwrap();
                 if let Some(e) = t.by_id.get_mut(&info.id) {
                     e.info.boot_us = boot_us;
-                    return Ok(e.info.clone());
+                    return Ok((e.info.clone(), stream));
                 }
-                Ok(info)
+                Ok((info, stream))
             }
             Ok((r, _)) => {
                 let msg = r.error.unwrap_or_else(|| "start failed".into());

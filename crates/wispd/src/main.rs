@@ -134,3 +134,4 @@ fn run(cli: Cli) -> Result<(), String> {
     api::serve(Arc::clone(&d), listener);
     Ok(())
 }
+

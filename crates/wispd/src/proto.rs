@@ -24,8 +24,15 @@ const MAX_LINE: usize = 64 * 1024;
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
-    /// Load the image passed with the request and run it.
-    Start { image_name: String, args: Vec<String>, timeout_ms: Option<u64> },
+    /// Load the image passed with the request and run it; with `attach`,
+    /// stream the console after the reply (as `logs` with `follow`).
+    Start {
+        image_name: String,
+        args: Vec<String>,
+        timeout_ms: Option<u64>,
+        #[serde(default)]
+        attach: bool,
+    },
     /// Current state.
     Status,
     /// Pause the vCPU.
@@ -150,9 +157,19 @@ pub fn call(
     fd: Option<&OwnedFd>,
     timeout: Option<Duration>,
 ) -> io::Result<(Reply, BufReader<UnixStream>)> {
+    read_reply(send(sock_path, req, fd, timeout)?)
+}
+
+/// First half of [`call`]: connect and send (work can overlap the reply).
+pub fn send(sock_path: &Path, req: &Request, fd: Option<&OwnedFd>, timeout: Option<Duration>) -> io::Result<UnixStream> {
     let sock = UnixStream::connect(sock_path)?;
     sock.set_read_timeout(timeout)?;
     send_line(&sock, req, fd)?;
+    Ok(sock)
+}
+
+/// Second half of [`call`]: read the reply line.
+pub fn read_reply(sock: UnixStream) -> io::Result<(Reply, BufReader<UnixStream>)> {
     let mut r = BufReader::new(sock);
     let mut line = String::new();
     r.by_ref().take(MAX_LINE as u64).read_line(&mut line)?;

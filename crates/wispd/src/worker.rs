@@ -49,7 +49,6 @@ struct State {
     boot_us: Option<u64>,
     control: Option<Arc<Control>>,
     conns: usize,
-    shutdown: bool,
 }
 
 struct Shared {
@@ -60,28 +59,64 @@ struct Shared {
     console_cv: Condvar,
 }
 
-struct StartCmd {
-    image: Image,
-    args: Vec<String>,
-    timeout: Option<Duration>,
-    reply: mpsc::Sender<Result<u64, String>>,
+/// The guest's console: into the ring buffer, and for an attached start
+/// straight to the attached connection from the vCPU thread (no thread
+/// wake-up between the guest's output and the socket). If the reader is slow
+/// (the socket would block) a streaming thread takes the connection over from
+/// the ring, so the guest never waits for a client.
+struct Sink {
+    shared: Arc<Shared>,
+    direct: Option<UnixStream>,
 }
-
-struct Sink(Arc<Shared>);
 
 impl Write for Sink {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        let mut c = self.0.console.lock().unwrap();
-        c.total += data.len() as u64;
-        let keep = data.len().min(CONSOLE_RING);
-        let over = (c.ring.len() + keep).saturating_sub(CONSOLE_RING);
-        c.ring.drain(..over);
-        c.ring.extend(&data[data.len() - keep..]);
-        self.0.console_cv.notify_all();
+        let total = {
+            let mut c = self.shared.console.lock().unwrap();
+            c.total += data.len() as u64;
+            let keep = data.len().min(CONSOLE_RING);
+            let over = (c.ring.len() + keep).saturating_sub(CONSOLE_RING);
+            c.ring.drain(..over);
+            c.ring.extend(&data[data.len() - keep..]);
+            self.shared.console_cv.notify_all();
+            c.total
+        };
+        if let Some(conn) = &self.direct {
+            let sent = rustix::net::send(conn, data, rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL);
+            match sent {
+                Ok(n) if n == data.len() => {}
+                Ok(n) => self.hand_over(total - (data.len() - n) as u64),
+                Err(rustix::io::Errno::AGAIN) => self.hand_over(total - data.len() as u64),
+                Err(_) => self.drop_direct(), // the reader went away
+            }
+        }
         Ok(data.len())
     }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+impl Sink {
+    /// Give the attached connection to a streaming thread, from byte `pos`.
+    fn hand_over(&mut self, pos: u64) {
+        if let Some(conn) = self.direct.take() {
+            spawn_conn(&self.shared, move |s| stream_logs_from(s, conn, true, Some(pos)));
+        }
+    }
+
+    fn drop_direct(&mut self) {
+        if self.direct.take().is_some() {
+            let mut st = self.shared.state.lock().unwrap();
+            st.conns -= 1;
+            self.shared.cv.notify_all();
+        }
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        self.drop_direct();
     }
 }
 
@@ -101,7 +136,8 @@ fn run(_id: &str, dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
     // Show up as `wisp-vmm` in ps/top, apart from the daemon.
     let _ = rustix::thread::set_name(c"wisp-vmm");
     let kvm = open_kvm().map_err(|e| e.to_string())?;
-    let shell = Shell::create(&kvm, mem).map_err(|e| e.to_string())?;
+    let mut shell = Shell::create(&kvm, mem).map_err(|e| e.to_string())?;
+    shell.warm_up().map_err(|e| e.to_string())?;
     drop(kvm);
     let sock_path = dir.join("ctl.sock");
     let _ = std::fs::remove_file(&sock_path);
@@ -117,66 +153,139 @@ fn run(_id: &str, dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
             boot_us: None,
             control: None,
             conns: 0,
-            shutdown: false,
         }),
         cv: Condvar::new(),
         console: Mutex::new(Console { ring: VecDeque::new(), total: 0 }),
         console_cv: Condvar::new(),
     });
-    let (tx, rx) = mpsc::channel::<StartCmd>();
+    // The server thread takes the control socket once the VM runs; until
+    // then this thread answers requests itself, and a `start` makes it the
+    // vCPU thread with no thread creation or hand-off on the boot path.
+    let (ltx, lrx) = mpsc::channel::<UnixListener>();
     let s = shared.clone();
     std::thread::Builder::new()
-        .name("vcpu0".into())
-        .spawn(move || vcpu_main(shell, rx, s))
+        .name("ctl".into())
+        .spawn(move || {
+            if let Ok(listener) = lrx.recv() {
+                serve_loop(&s, listener);
+            }
+        })
         .map_err(|e| e.to_string())?;
-    let tx = Arc::new(Mutex::new(Some(tx)));
-    // Tell the daemon the shell is ready.
     println!("ready");
     let _ = io::stdout().flush();
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
-        shared.state.lock().unwrap().conns += 1;
-        let s = shared.clone();
-        let tx = tx.clone();
-        let spawned = std::thread::Builder::new().spawn(move || {
-            let _ = serve(&s, conn, &tx);
-            let mut st = s.state.lock().unwrap();
-            st.conns -= 1;
-            s.cv.notify_all();
-        });
-        if spawned.is_err() {
-            shared.state.lock().unwrap().conns -= 1;
+        let Some((cmd, conn)) = serve_pooled(&shared, conn) else { continue };
+        let t = Instant::now();
+        let mut vm = match shell.load(&cmd.image, &cmd.args) {
+            Ok(vm) => vm,
+            Err(e) => {
+                let _ = send_line(&conn, &Reply::err(e.to_string()), None);
+                finish(&shared, ExitInfo { code: 125, reason: e.to_string() });
+            }
+        };
+        let boot_us = t.elapsed().as_micros() as u64;
+        {
+            let mut st = shared.state.lock().unwrap();
+            st.phase = WorkerState::Running;
+            st.boot_us = Some(boot_us);
+            st.control = Some(vm.control());
+            if cmd.attach {
+                st.conns += 1;
+            }
         }
+        let _ = send_line(&conn, &Reply { boot_us: Some(boot_us), ..Reply::ok(WorkerState::Running) }, None);
+        let _ = ltx.send(listener);
+        let mut sink = Sink { shared: shared.clone(), direct: cmd.attach.then_some(conn) };
+        let outcome = vm.run(&mut sink, cmd.timeout);
+        drop(sink);
+        drop(vm);
+        finish(&shared, exit_info(&outcome));
     }
     Ok(())
 }
 
-/// The vCPU thread: wait for the image, run it, persist the outcome, exit
-/// the process once no connection needs it.
-fn vcpu_main(shell: Shell, rx: mpsc::Receiver<StartCmd>, shared: Arc<Shared>) {
-    let Ok(cmd) = rx.recv() else {
-        // Shut down while pooled.
-        std::process::exit(0)
-    };
-    let t = Instant::now();
-    let mut vm = match shell.load(&cmd.image, &cmd.args) {
-        Ok(vm) => vm,
+/// Run `f` on a thread of its own, counted as an open connection.
+fn spawn_conn(shared: &Arc<Shared>, f: impl FnOnce(&Arc<Shared>) -> io::Result<()> + Send + 'static) {
+    let s = shared.clone();
+    let spawned = std::thread::Builder::new().spawn(move || {
+        let _ = f(&s);
+        let mut st = s.state.lock().unwrap();
+        st.conns -= 1;
+        s.cv.notify_all();
+    });
+    if spawned.is_err() {
+        let mut st = shared.state.lock().unwrap();
+        st.conns -= 1;
+        shared.cv.notify_all();
+    }
+}
+
+/// The control socket once the VM runs: a thread per connection.
+fn serve_loop(shared: &Arc<Shared>, listener: UnixListener) {
+    for conn in listener.incoming() {
+        let Ok(conn) = conn else { continue };
+        shared.state.lock().unwrap().conns += 1;
+        spawn_conn(shared, move |s| serve(s, conn));
+    }
+}
+
+/// A start request, parsed.
+struct StartCmd {
+    image: Image,
+    args: Vec<String>,
+    timeout: Option<Duration>,
+    attach: bool,
+}
+
+/// Serve one request while the shell waits in the pool. Returns the start
+/// command (and its connection, for the reply) when one arrives.
+fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(StartCmd, UnixStream)> {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+    let (line, fd) = recv_line(&conn).ok()?;
+    let req: Request = match serde_json::from_slice(&line) {
+        Ok(r) => r,
         Err(e) => {
-            let _ = cmd.reply.send(Err(e.to_string()));
-            finish(&shared, ExitInfo { code: 125, reason: e.to_string() });
+            let _ = send_line(&conn, &Reply::err(format!("bad request: {e}")), None);
+            return None;
         }
     };
-    let boot_us = t.elapsed().as_micros() as u64;
-    {
-        let mut st = shared.state.lock().unwrap();
-        st.phase = WorkerState::Running;
-        st.boot_us = Some(boot_us);
-        st.control = Some(vm.control());
+    let reply = match req {
+        Request::Start { image_name, args, timeout_ms, attach } => {
+            let Some(fd) = fd else {
+                let _ = send_line(&conn, &Reply::err("start needs the image descriptor"), None);
+                return None;
+            };
+            // Parsed again here (the daemon is not trusted blindly); its
+            // pages are mapped copy-on-write from the shared memfd.
+            match Image::from_fd(&image_name, fd) {
+                Ok(image) => {
+                    let cmd = StartCmd { image, args, timeout: timeout_ms.map(Duration::from_millis), attach };
+                    return Some((cmd, conn));
+                }
+                Err(e) => Reply::err(e.to_string()),
+            }
+        }
+        Request::Status => status(&shared.state.lock().unwrap()),
+        Request::Logs { .. } => Reply::ok(WorkerState::Pooled),
+        Request::ProbeOpen { path } => probe_open(&path),
+        Request::Shutdown => {
+            let _ = send_line(&conn, &Reply::ok(WorkerState::Pooled), None);
+            std::process::exit(0)
+        }
+        Request::Pause | Request::Resume | Request::Stop { .. } | Request::Kill | Request::Wait => {
+            Reply::err("the VM has not been started")
+        }
+    };
+    let _ = send_line(&conn, &reply, None);
+    None
+}
+
+fn probe_open(path: &str) -> Reply {
+    match File::open(path) {
+        Ok(_) => Reply::ok(WorkerState::Running),
+        Err(e) => Reply::err(format!("open {path}: {e}")),
     }
-    let _ = cmd.reply.send(Ok(boot_us));
-    let outcome = vm.run(&mut Sink(shared.clone()), cmd.timeout);
-    drop(vm);
-    finish(&shared, exit_info(&outcome));
 }
 
 fn finish(shared: &Arc<Shared>, exit: ExitInfo) -> ! {
@@ -218,9 +327,10 @@ fn status(st: &State) -> Reply {
     Reply { ok: true, state: Some(st.phase), exit: st.exit.clone(), boot_us: st.boot_us, error: None }
 }
 
-fn serve(shared: &Arc<Shared>, conn: UnixStream, tx: &Mutex<Option<mpsc::Sender<StartCmd>>>) -> io::Result<()> {
+/// Serve one request once the VM has been started.
+fn serve(shared: &Arc<Shared>, conn: UnixStream) -> io::Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let (line, fd) = recv_line(&conn)?;
+    let (line, _fd) = recv_line(&conn)?;
     conn.set_read_timeout(None)?;
     let req: Request = match serde_json::from_slice(&line) {
         Ok(r) => r,
@@ -228,29 +338,7 @@ fn serve(shared: &Arc<Shared>, conn: UnixStream, tx: &Mutex<Option<mpsc::Sender<
     };
     let control = || shared.state.lock().unwrap().control.clone();
     let reply = match req {
-        Request::Start { image_name, args, timeout_ms } => {
-            let Some(fd) = fd else {
-                return send_line(&conn, &Reply::err("start needs the image descriptor"), None);
-            };
-            // Parsed again here (the daemon is not trusted blindly); its
-            // pages are mapped copy-on-write from the shared memfd.
-            let image = match Image::from_fd(&image_name, fd) {
-                Ok(i) => i,
-                Err(e) => return send_line(&conn, &Reply::err(e.to_string()), None),
-            };
-            let (rtx, rrx) = mpsc::channel();
-            let cmd = StartCmd { image, args, timeout: timeout_ms.map(Duration::from_millis), reply: rtx };
-            let sent = tx.lock().unwrap().take().map(|t| t.send(cmd).is_ok()).unwrap_or(false);
-            if !sent {
-                Reply::err("this VM has already been started")
-            } else {
-                match rrx.recv() {
-                    Ok(Ok(us)) => Reply { boot_us: Some(us), ..Reply::ok(WorkerState::Running) },
-                    Ok(Err(e)) => Reply::err(e),
-                    Err(_) => Reply::err("the vCPU thread ended"),
-                }
-            }
-        }
+        Request::Start { .. } => Reply::err("this VM has already been started"),
         Request::Status => status(&shared.state.lock().unwrap()),
         Request::Pause | Request::Resume => {
             let Some(c) = control() else {
@@ -288,7 +376,7 @@ fn serve(shared: &Arc<Shared>, conn: UnixStream, tx: &Mutex<Option<mpsc::Sender<
             }
             status(&shared.state.lock().unwrap())
         }
-        Request::Kill => {
+        Request::Kill | Request::Shutdown => {
             if let Some(c) = control() {
                 c.kill();
             }
@@ -305,32 +393,20 @@ fn serve(shared: &Arc<Shared>, conn: UnixStream, tx: &Mutex<Option<mpsc::Sender<
             send_line(&conn, &Reply::ok(shared.state.lock().unwrap().phase), None)?;
             return stream_logs(shared, conn, follow);
         }
-        Request::ProbeOpen { path } => match File::open(&path) {
-            Ok(_) => Reply::ok(shared.state.lock().unwrap().phase),
-            Err(e) => Reply::err(format!("open {path}: {e}")),
-        },
-        Request::Shutdown => {
-            let pooled = {
-                let mut st = shared.state.lock().unwrap();
-                st.shutdown = true;
-                st.phase == WorkerState::Pooled
-            };
-            if pooled {
-                // Dropping the start channel ends the vCPU thread and the process.
-                tx.lock().unwrap().take();
-            } else if let Some(c) = control() {
-                c.kill();
-            }
-            Reply::ok(shared.state.lock().unwrap().phase)
-        }
+        Request::ProbeOpen { path } => probe_open(&path),
     };
     send_line(&conn, &reply, None)
 }
 
-fn stream_logs(shared: &Arc<Shared>, mut conn: UnixStream, follow: bool) -> io::Result<()> {
+fn stream_logs(shared: &Arc<Shared>, conn: UnixStream, follow: bool) -> io::Result<()> {
+    stream_logs_from(shared, conn, follow, None)
+}
+
+/// Stream console output from byte `from` (default: the oldest buffered).
+fn stream_logs_from(shared: &Arc<Shared>, mut conn: UnixStream, follow: bool, from: Option<u64>) -> io::Result<()> {
     let mut pos = {
         let c = shared.console.lock().unwrap();
-        c.total - c.ring.len() as u64
+        from.unwrap_or(c.total - c.ring.len() as u64)
     };
     loop {
         let chunk = {
