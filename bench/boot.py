@@ -297,6 +297,70 @@ class WispSyncTeardown(WispCold):
         os.environ.pop("WISP_SYNC_TEARDOWN", None)
 
 
+class ApiRun:
+    """One API measurement (same interface as Run)."""
+
+    def __init__(self, ns, status=0):
+        self.ns, self.status = ns, status
+
+    @property
+    def ms(self):
+        return self.ns / 1e6
+
+    def read(self, which="err"):
+        return ""
+
+
+class WispWarm(Peer):
+    """The toolstack's warm path: a running wispd with a pool of prepared
+    shells; each run is POST /v1/vms?attach=true for `hello` until its first
+    console line arrives at the client. Before each run the pool is allowed
+    to refill, so every request takes a prepared shell (the execute phase
+    only)."""
+    name = "wisp_warm"
+    description = "wispd API request -> guest's first console line (hello), shell from the pool"
+    pool = 8
+    prepared = True
+
+    def wispd(self, ctx):
+        return os.path.join(os.path.dirname(os.path.abspath(ctx.wisp)), "wispd")
+
+    def check(self, ctx):
+        if not os.path.exists(self.wispd(ctx)):
+            raise Skip("wispd not found next to %s" % ctx.wisp)
+
+    def command_str(self, ctx):
+        return "POST /v1/vms?attach=true {\"image\": \"hello\"} (first line)"
+
+    def measure(self, ctx, runs, warmup, outdir):
+        sys.path.insert(0, BENCH)
+        import wispapi
+        pool = "16M=%d" % (self.pool if self.prepared else 0)
+        d = wispapi.Daemon(self.wispd(ctx), os.path.join(ROOT, "build", "images"), pool=pool)
+        try:
+            api, ctl = d.api(), d.api()
+            out = []
+            for i in range(warmup + runs):
+                if self.prepared:
+                    d.wait_pool(ctl, self.pool)
+                time.sleep(0.01)  # let the previous VM's teardown finish
+                ns, vm = wispapi.boot_to_first_line(api, {"image": "hello"})
+                ctl.call("DELETE", "/v1/vms/%s?force=true" % vm)
+                if i >= warmup:
+                    out.append(ApiRun(ns))
+            return out
+        finally:
+            d.stop()
+
+
+class WispApiCold(WispWarm):
+    """The same request with an empty pool: prepare (VMM process, KVM VM,
+    first entry) and execute on the request path."""
+    name = "wisp_api_cold"
+    description = "wispd API request -> first console line (hello), no prepared shell (prepare + execute)"
+    prepared = False
+
+
 def footprint(ctx, n=20):
     """Image sizes, and host memory of running `sleeper` VMs: each process's
     PSS, and MemAvailable drop per VM (includes KVM's kernel memory)."""
@@ -314,8 +378,9 @@ def footprint(ctx, n=20):
         return int(m.group(1))
 
     before = avail_kb()
+    env = dict(os.environ, WISP_SOCKET="/nonexistent/wispd.sock")  # one VM per `wisp run` process
     procs = [subprocess.Popen([ctx.wisp, "run", "sleeper", "--", "30s"], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) for _ in range(n)]
+                              stderr=subprocess.DEVNULL, env=env) for _ in range(n)]
     try:
         time.sleep(1.5)
         alive = [p for p in procs if p.poll() is None]
@@ -640,9 +705,11 @@ class LinuxVM(Peer):
 # another Peer whose check() finds the daemon binary, prepare() starts the
 # daemon, measure() times requests itself (returning objects with .ms and
 # .status), and cleanup() stops it. Add it to PEERS and, if wanted, a ratio.
-PEERS = [WispCold(), WispSyncTeardown(), ForkExec(), ContainerUnshare(), ContainerCrun(), LinuxVM()]
+PEERS = [WispCold(), WispSyncTeardown(), WispWarm(), WispApiCold(), ForkExec(), ContainerUnshare(), ContainerCrun(), LinuxVM()]
 
-RATIOS = {  # JSON key -> peer compared with wisp (cold boot)
+RATIOS = {  # JSON key -> (wisp peer, peer it is compared with)
+    "warm_boot_vs_forkexec": ("wisp_warm", "forkexec"),
+    "api_cold_boot_vs_forkexec": ("wisp_api_cold", "forkexec"),
     "cold_boot_vs_forkexec": "forkexec",
     "cold_boot_vs_container": "container_unshare",
     "cold_boot_vs_crun": "container_crun",
@@ -835,8 +902,10 @@ def main():
     wisp_med = results.get("wisp", {}).get("median")
     ratios = {}
     for key, other in RATIOS.items():
+        mine, other = other if isinstance(other, tuple) else ("wisp", other)
+        mm = results.get(mine, {}).get("median")
         om = results.get(other, {}).get("median")
-        ratios[key] = round(wisp_med / om, 6) if wisp_med and om else None
+        ratios[key] = round(mm / om, 6) if mm and om else None
 
     doc = {
         "benchmark": "boot",

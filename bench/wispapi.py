@@ -125,3 +125,53 @@ def boot_to_first_line(api, body):
     if t1 is None:
         raise RuntimeError("the VM printed no line")
     return t1 - t0, h.get("x-wisp-vm-id")
+
+
+class Daemon:
+    """A private wispd for one benchmark run (own socket and state dir)."""
+
+    def __init__(self, wispd, images, pool="16M=8", root=None):
+        import os
+        import subprocess
+        import tempfile
+        self.root = root or tempfile.mkdtemp(prefix="wisp-bench-", dir="/run" if os.access("/run", os.W_OK) else None)
+        self.socket = os.path.join(self.root, "wispd.sock")
+        self.log = open(os.path.join(self.root, "wispd.log"), "w")
+        self.proc = subprocess.Popen(
+            [wispd, "--socket", self.socket, "--state-dir", os.path.join(self.root, "state"),
+             "--images", images, "--pool", pool],
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
+        deadline = time.time() + 20
+        while True:
+            try:
+                Api(self.socket).call("GET", "/v1/version")
+                break
+            except OSError:
+                if time.time() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("wispd did not start; see %s" % self.log.name)
+                time.sleep(0.02)
+
+    def api(self):
+        return Api(self.socket)
+
+    def ready(self, api, mem=16 << 20):
+        _, p = api.call("GET", "/v1/pool")
+        return sum(r["count"] for r in p["ready"] if r["mem"] == mem)
+
+    def wait_pool(self, api, n, timeout=120):
+        deadline = time.time() + timeout
+        while self.ready(api) < n:
+            if time.time() > deadline:
+                raise RuntimeError("pool did not fill")
+            time.sleep(0.005)
+
+    def stop(self, remove_vms=True):
+        import shutil
+        if remove_vms:
+            a = self.api()
+            _, vms = a.call("GET", "/v1/vms")
+            for v in vms or []:
+                a.call("DELETE", "/v1/vms/%s?force=true" % v["id"])
+        self.proc.terminate()
+        self.proc.wait()
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -4,7 +4,7 @@
 //! out of `KVM_RUN` or out of the idle hypercall.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,8 @@ pub struct Control {
     paused: Mutex<PauseState>,
     cv: Condvar,
     vcpu: Mutex<Option<ThreadId>>,
+    /// The vCPU thread is parked in the idle hypercall (not in the guest).
+    parked: AtomicBool,
     pub(crate) wake: OwnedFd,
 }
 
@@ -55,6 +57,7 @@ impl Control {
             paused: Mutex::new(PauseState::default()),
             cv: Condvar::new(),
             vcpu: Mutex::new(None),
+            parked: AtomicBool::new(false),
             wake: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
         })
     }
@@ -95,6 +98,11 @@ impl Control {
         let mut st = self.paused.lock().unwrap();
         st.want = true;
         drop(st);
+        // A vCPU parked in the idle hypercall is already out of the guest; it
+        // holds at its next checkpoint, without being woken now.
+        if self.parked.load(Ordering::SeqCst) {
+            return true;
+        }
         self.interrupt();
         let deadline = Instant::now() + timeout;
         let mut st = self.paused.lock().unwrap();
@@ -124,6 +132,17 @@ impl Control {
         let mut st = self.paused.lock().unwrap();
         st.want = false;
         self.cv.notify_all();
+    }
+
+    /// Mark the vCPU thread as entering (true) or leaving (false) the idle
+    /// park. Returns false if it must not park (a pause or halt is pending).
+    pub(crate) fn set_parked(&self, v: bool) -> bool {
+        self.parked.store(v, Ordering::SeqCst);
+        if v && (self.is_paused() || self.halted() != Halt::None) {
+            self.parked.store(false, Ordering::SeqCst);
+            return false;
+        }
+        true
     }
 
     /// True while a pause is requested.

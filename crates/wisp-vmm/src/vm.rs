@@ -321,7 +321,7 @@ impl Vm {
     /// Uses no CPU meanwhile. Returns the pending event bits.
     fn park(&self, wait: Duration) -> u64 {
         let pending = self.control.take_events();
-        if pending != 0 || self.control.halted() != Halt::None || self.control.is_paused() {
+        if pending != 0 || !self.control.set_parked(true) {
             return pending;
         }
         let mut fds = [PollFd::new(&self.control.wake, PollFlags::IN)];
@@ -329,7 +329,9 @@ impl Vm {
             tv_sec: wait.as_secs().min(i64::MAX as u64) as i64,
             tv_nsec: wait.subsec_nanos() as _,
         };
-        if matches!(poll(&mut fds, Some(&ts)), Ok(n) if n > 0) {
+        let woke = matches!(poll(&mut fds, Some(&ts)), Ok(n) if n > 0);
+        self.control.set_parked(false);
+        if woke {
             let mut b = [0u8; 8];
             let _ = rustix::io::read(&self.control.wake, &mut b);
         }

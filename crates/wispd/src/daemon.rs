@@ -166,6 +166,8 @@ impl Daemon {
         cmd.arg("__worker").arg("--id").arg(&id).arg("--dir").arg(&dir).arg("--mem").arg(mem.to_string());
         cmd.arg("--uid").arg(uid.to_string());
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
+        // One malloc arena: a VMM process has two threads and little heap.
+        cmd.env("MALLOC_ARENA_MAX", "1");
         // Its own process group: signals for the daemon's group (Ctrl-C) do
         // not reach VMs, and the VMs outlive the daemon.
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);

@@ -93,9 +93,21 @@ fn main() {
         worker::main(&id, &dir, mem, uid);
     }
     signals::block_term();
+    raise_nofile();
     if let Err(e) = run(cli) {
         eprintln!("wispd: error: {e}");
         std::process::exit(1);
+    }
+}
+
+/// One descriptor per VM (its pidfd) and per API connection: raise the
+/// open-files limit as far as allowed.
+fn raise_nofile() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let cur = getrlimit(Resource::Nofile);
+    let want = 1 << 20;
+    if setrlimit(Resource::Nofile, Rlimit { current: Some(want), maximum: Some(want) }).is_err() {
+        let _ = setrlimit(Resource::Nofile, Rlimit { current: cur.maximum, maximum: cur.maximum });
     }
 }
 

@@ -165,6 +165,7 @@ fn run(_id: &str, dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
     let s = shared.clone();
     std::thread::Builder::new()
         .name("ctl".into())
+        .stack_size(256 << 10)
         .spawn(move || {
             if let Ok(listener) = lrx.recv() {
                 serve_loop(&s, listener);
@@ -208,7 +209,7 @@ fn run(_id: &str, dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
 /// Run `f` on a thread of its own, counted as an open connection.
 fn spawn_conn(shared: &Arc<Shared>, f: impl FnOnce(&Arc<Shared>) -> io::Result<()> + Send + 'static) {
     let s = shared.clone();
-    let spawned = std::thread::Builder::new().spawn(move || {
+    let spawned = std::thread::Builder::new().stack_size(256 << 10).spawn(move || {
         let _ = f(&s);
         let mut st = s.state.lock().unwrap();
         st.conns -= 1;
@@ -221,12 +222,28 @@ fn spawn_conn(shared: &Arc<Shared>, f: impl FnOnce(&Arc<Shared>) -> io::Result<(
     }
 }
 
-/// The control socket once the VM runs: a thread per connection.
+/// The control socket once the VM runs. Quick requests (status, pause,
+/// resume, kill, stop, a logs snapshot) are answered on this thread; those
+/// that block until the VM ends (wait, logs --follow) get a thread each.
 fn serve_loop(shared: &Arc<Shared>, listener: UnixListener) {
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
-        shared.state.lock().unwrap().conns += 1;
-        spawn_conn(shared, move |s| serve(s, conn));
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+        let Ok((line, _fd)) = recv_line(&conn) else { continue };
+        let req: Request = match serde_json::from_slice(&line) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = send_line(&conn, &Reply::err(format!("bad request: {e}")), None);
+                continue;
+            }
+        };
+        let _ = conn.set_read_timeout(None);
+        if matches!(req, Request::Wait | Request::Logs { follow: true }) {
+            shared.state.lock().unwrap().conns += 1;
+            spawn_conn(shared, move |s| serve(s, conn, req));
+        } else {
+            let _ = serve(shared, conn, req);
+        }
     }
 }
 
@@ -328,14 +345,7 @@ fn status(st: &State) -> Reply {
 }
 
 /// Serve one request once the VM has been started.
-fn serve(shared: &Arc<Shared>, conn: UnixStream) -> io::Result<()> {
-    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let (line, _fd) = recv_line(&conn)?;
-    conn.set_read_timeout(None)?;
-    let req: Request = match serde_json::from_slice(&line) {
-        Ok(r) => r,
-        Err(e) => return send_line(&conn, &Reply::err(format!("bad request: {e}")), None),
-    };
+fn serve(shared: &Arc<Shared>, conn: UnixStream, req: Request) -> io::Result<()> {
     let control = || shared.state.lock().unwrap().control.clone();
     let reply = match req {
         Request::Start { .. } => Reply::err("this VM has already been started"),

@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Density benchmark (LightVM Figures 9-10, Denali's 10,000 VMs).
+
+Starts `sleeper` VMs one after another through a private wispd up to N
+(default 10,000), and records:
+- the boot time of the n-th VM: API request (POST /v1/vms) -> guest running,
+  and, every 100th VM, request -> first console line (attach);
+- host memory per VM: drop of MemAvailable / VMs, at 1,000 and at N;
+- host CPU while they all idle (from /proc/stat over 10 s);
+- pause and resume latency (API round trip) on a sample of VMs.
+Writes bench/results/density.json and density.png.
+
+    python3 bench/density.py --wisp target/release/wisp [--n 10000]
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import random
+import socket
+import statistics as S
+import sys
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+sys.path.insert(0, BENCH)
+import wispapi  # noqa: E402
+
+
+def meminfo(key):
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+def cpu_times():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]
+    return sum(v), idle
+
+
+def idle_cpu_percent(seconds):
+    t0, i0 = cpu_times()
+    time.sleep(seconds)
+    t1, i1 = cpu_times()
+    return 100.0 * (1 - (i1 - i0) / max(1, t1 - t0))
+
+
+def pct(vals, p):
+    v = sorted(vals)
+    return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--wisp", default="target/release/wisp")
+    ap.add_argument("--n", type=int, default=10000)
+    ap.add_argument("--pool", type=int, default=16)
+    ap.add_argument("--out", default=os.path.join(BENCH, "results", "density.json"))
+    args = ap.parse_args()
+    wispd = os.path.join(os.path.dirname(os.path.abspath(args.wisp)), "wispd")
+    # Each VM is a VMM process with two threads: make room for them.
+    need = 3 * args.n + 10000
+    with open("/proc/sys/kernel/pid_max") as f:
+        if int(f.read()) < need:
+            with open("/proc/sys/kernel/pid_max", "w") as w:
+                w.write(str(need))
+
+    idle_before = idle_cpu_percent(5)
+    avail0 = meminfo("MemAvailable")
+    d = wispapi.Daemon(wispd, os.path.join(ROOT, "build", "images"), pool="16M=%d" % args.pool)
+    api = d.api()
+    attach = d.api()
+    d.wait_pool(api, args.pool)
+    pool_avail = meminfo("MemAvailable")
+    boots = []          # (n, us) request -> running
+    first_lines = []    # (n, us) request -> first console line
+    mem = {}
+    ids = []
+    t_start = time.time()
+    try:
+        for n in range(1, args.n + 1):
+            if n % 100 == 0:
+                # request -> first console line, on a VM that prints at once and exits
+                ns, vm = wispapi.boot_to_first_line(attach, {"image": "hello"})
+                first_lines.append((n, ns / 1e3))
+                api.call("DELETE", "/v1/vms/%s?force=true" % vm)
+            # Measure the execute phase at N: give the pool time to refill
+            # (the prepare phase is not what this curve is about).
+            d.wait_pool(api, args.pool)
+            t0 = wispapi.now_ns()
+            status, vm = api.call("POST", "/v1/vms", {"image": "sleeper", "args": ["24h", "60s"]})
+            t1 = wispapi.now_ns()
+            if status != 201:
+                print("VM %d: %s %s" % (n, status, vm), file=sys.stderr)
+                break
+            ids.append(vm["id"])
+            boots.append((n, (t1 - t0) / 1e3))
+            if n in (1000, args.n):
+                time.sleep(2)
+                mem[n] = round((pool_avail - meminfo("MemAvailable")) / n, 1)
+            if n % 500 == 0:
+                print("%6d VMs, last boot %.0f us, %.1f s" % (n, boots[-1][1], time.time() - t_start), flush=True)
+        reached = len(ids)
+        time.sleep(5)
+        idle = idle_cpu_percent(10)
+        sample = random.Random(1).sample(ids, min(200, len(ids)))
+        pause, resume = [], []
+        for vid in sample:
+            t0 = wispapi.now_ns()
+            s1, _ = api.call("POST", "/v1/vms/%s/pause" % vid)
+            t1 = wispapi.now_ns()
+            s2, _ = api.call("POST", "/v1/vms/%s/resume" % vid)
+            t2 = wispapi.now_ns()
+            if s1 == 200 and s2 == 200:
+                pause.append((t1 - t0) / 1e3)
+                resume.append((t2 - t1) / 1e3)
+    finally:
+        t_rm = time.time()
+        d.stop()
+        rm_s = time.time() - t_rm
+    first = [us for n, us in boots[:100]]
+    last = [us for n, us in boots[-100:]]
+    doc = {
+        "benchmark": "density",
+        "machine": {"hostname": socket.gethostname(), "nproc": os.cpu_count(), "kernel": platform.release(),
+                    "mem_total_kb": meminfo("MemTotal"), "kvm_note": "PVM-backed KVM" if os.path.exists("/sys/module/kvm_pvm") else None},
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "n_target": args.n,
+        "n_reached": reached,
+        "pool": args.pool,
+        "boot_us": {"what": "POST /v1/vms (sleeper) -> guest running, per VM in start order",
+                    "first_100_median": S.median(first), "last_100_median": S.median(last),
+                    "median": S.median([b for _, b in boots]), "p99": pct([b for _, b in boots], 99),
+                    "series": [round(b, 1) for _, b in boots]},
+        "first_line_us": {"what": "POST /v1/vms?attach=true (hello) -> first console line, every 100th VM",
+                          "series": [[n, round(us, 1)] for n, us in first_lines]},
+        "mem_per_vm_kb": {str(k): v for k, v in mem.items()},
+        "idle_cpu_percent": round(idle, 2),
+        "idle_cpu_percent_before": round(idle_before, 2),
+        "pause_us": {"median": S.median(pause), "p99": pct(pause, 99)} if pause else None,
+        "resume_us": {"median": S.median(resume), "p99": pct(resume, 99)} if resume else None,
+        "remove_all_s": round(rm_s, 2),
+        "ratios": {"last_vs_first_boot": round(S.median(last) / S.median(first), 4)},
+    }
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    summary = {k: v for k, v in doc.items() if k not in ("boot_us", "first_line_us")}
+    summary["boot_us"] = {k: v for k, v in doc["boot_us"].items() if k != "series"}
+    print(json.dumps(summary, indent=1))
+    plot(doc, os.path.splitext(args.out)[0] + ".png")
+
+
+def plot(doc, png):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        import subprocess
+        if os.path.exists("/usr/bin/python3") and os.path.realpath(sys.executable) != "/usr/bin/python3":
+            subprocess.run(["/usr/bin/python3", "-c",
+                            "import sys,json; sys.path.insert(0,%r); import density; density.plot(json.load(open(%r)), %r)"
+                            % (BENCH, os.path.splitext(png)[0] + ".json", png)])
+        return
+    s = doc["boot_us"]["series"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.plot(range(1, len(s) + 1), [v / 1000 for v in s], ",", alpha=0.4, label="request -> running (each VM)")
+    w = 100
+    roll = [S.median(s[max(0, i - w):i + 1]) / 1000 for i in range(len(s))]
+    ax.plot(range(1, len(s) + 1), roll, "-", color="C1", label="rolling median (100)")
+    fl = doc["first_line_us"]["series"]
+    if fl:
+        ax.plot([n for n, _ in fl], [us / 1000 for _, us in fl], "o", ms=3, color="C2", label="request -> first line (hello)")
+    ax.set_xlabel("VMs already running")
+    ax.set_ylabel("boot time, ms")
+    ax.set_ylim(0, max(roll) * 3 if roll else 5)
+    ax.set_title("wisp: boot time of the n-th VM (%d VMs, %s)" % (doc["n_reached"], doc["machine"].get("kvm_note") or "KVM"))
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
