@@ -238,11 +238,16 @@ fn serve_loop(shared: &Arc<Shared>, listener: UnixListener) {
             }
         };
         let _ = conn.set_read_timeout(None);
+        // Counted while served, so the process does not exit (the VM may end
+        // meanwhile, e.g. on a stop request) before the reply is sent.
+        shared.state.lock().unwrap().conns += 1;
         if matches!(req, Request::Wait | Request::Logs { follow: true }) {
-            shared.state.lock().unwrap().conns += 1;
             spawn_conn(shared, move |s| serve(s, conn, req));
         } else {
             let _ = serve(shared, conn, req);
+            let mut st = shared.state.lock().unwrap();
+            st.conns -= 1;
+            shared.cv.notify_all();
         }
     }
 }
