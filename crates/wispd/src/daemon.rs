@@ -70,6 +70,8 @@ struct Entry {
     dir: PathBuf,
     child: Option<Child>,
     pidfd: Option<OwnedFd>,
+    /// An open control connection to the VMM process, reused by quick requests.
+    ctl: Option<UnixStream>,
 }
 
 #[derive(Default)]
@@ -348,7 +350,7 @@ impl Daemon {
             t.names.insert(n.clone(), info.id.clone());
         }
         let gone = pidfd.is_none() && info.exit.is_none();
-        t.by_id.insert(info.id.clone(), Entry { info: info.clone(), dir, child, pidfd });
+        t.by_id.insert(info.id.clone(), Entry { info: info.clone(), dir, child, pidfd, ctl: None });
         drop(t);
         if gone {
             self.on_exit(&info.id);
@@ -398,11 +400,45 @@ impl Daemon {
         if info.state == VmState::Exited {
             return Err(ApiError::new(409, format!("VM {id} has exited")));
         }
-        match proto::call(&dir.join("ctl.sock"), req, None, Some(Duration::from_secs(5))) {
-            Ok((r, _)) if r.ok => Ok((id, r)),
-            Ok((r, _)) => Err(ApiError::new(409, r.error.unwrap_or_default())),
+        match self.call_session(&id, &dir, req) {
+            Ok(r) if r.ok => Ok((id, r)),
+            Ok(r) => Err(ApiError::new(409, r.error.unwrap_or_default())),
             Err(e) => Err(ApiError::new(409, format!("VM {id} is not reachable: {e}"))),
         }
+    }
+
+    /// A quick request on the VM's open control connection (opened on
+    /// first use, reopened once if it went stale).
+    fn call_session(&self, id: &str, dir: &Path, req: &Request) -> std::io::Result<Reply> {
+        let cached = self.table.lock().unwrap().by_id.get_mut(id).and_then(|e| e.ctl.take());
+        let fresh = || -> std::io::Result<UnixStream> {
+            let c = UnixStream::connect(dir.join("ctl.sock"))?;
+            c.set_read_timeout(Some(Duration::from_secs(5)))?;
+            Ok(c)
+        };
+        let once = |c: &UnixStream| -> std::io::Result<Reply> {
+            proto::send_line(c, req, None)?;
+            let mut line = String::new();
+            BufReader::new(c).read_line(&mut line)?;
+            if line.is_empty() {
+                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "VMM process closed the connection"));
+            }
+            serde_json::from_str(&line).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+        };
+        let (conn, reply) = match cached.map(|c| once(&c).map(|r| (c, r))) {
+            Some(Ok(ok)) => ok,
+            _ => {
+                let c = fresh()?;
+                let r = once(&c)?;
+                (c, r)
+            }
+        };
+        if let Some(e) = self.table.lock().unwrap().by_id.get_mut(id) {
+            if e.ctl.is_none() && e.info.state != VmState::Exited {
+                e.ctl = Some(conn);
+            }
+        }
+        Ok(reply)
     }
 
     fn set_state(&self, id: &str, r: &Reply) {
@@ -536,6 +572,7 @@ impl Daemon {
             let _ = c.wait();
         }
         e.child = None;
+        e.ctl = None;
         if e.info.exit.is_none() {
             let exit = read_exit(&e.dir).unwrap_or_else(|| {
                 let x = ExitInfo { code: 137, reason: "the VMM process died".into() };

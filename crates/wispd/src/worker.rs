@@ -223,33 +223,61 @@ fn spawn_conn(shared: &Arc<Shared>, f: impl FnOnce(&Arc<Shared>) -> io::Result<(
 }
 
 /// The control socket once the VM runs. Quick requests (status, pause,
-/// resume, kill, stop, a logs snapshot) are answered on this thread; those
-/// that block until the VM ends (wait, logs --follow) get a thread each.
+/// resume, kill, stop) are answered on this thread, and their connection
+/// stays open for more (the daemon keeps one per VM, so a pause is one
+/// round trip on an open socket); requests that stream or block until the VM
+/// ends (logs, wait) get a thread of their own and use up their connection.
 fn serve_loop(shared: &Arc<Shared>, listener: UnixListener) {
-    for conn in listener.incoming() {
-        let Ok(conn) = conn else { continue };
-        let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
-        let Ok((line, _fd)) = recv_line(&conn) else { continue };
-        let req: Request = match serde_json::from_slice(&line) {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = send_line(&conn, &Reply::err(format!("bad request: {e}")), None);
+    use rustix::event::{poll, PollFd, PollFlags};
+    let mut sessions: Vec<UnixStream> = Vec::new();
+    loop {
+        let (accept, ready) = {
+            let mut fds = Vec::with_capacity(sessions.len() + 1);
+            fds.push(PollFd::new(&listener, PollFlags::IN));
+            fds.extend(sessions.iter().map(|c| PollFd::new(c, PollFlags::IN)));
+            if poll(&mut fds, None).is_err() {
                 continue;
             }
+            let ready: Vec<usize> = (1..fds.len()).filter(|&i| !fds[i].revents().is_empty()).map(|i| i - 1).collect();
+            (!fds[0].revents().is_empty(), ready)
         };
-        let _ = conn.set_read_timeout(None);
-        // Counted while served, so the process does not exit (the VM may end
-        // meanwhile, e.g. on a stop request) before the reply is sent.
-        shared.state.lock().unwrap().conns += 1;
-        if matches!(req, Request::Wait | Request::Logs { follow: true }) {
-            spawn_conn(shared, move |s| serve(s, conn, req));
-        } else {
-            let _ = serve(shared, conn, req);
-            let mut st = shared.state.lock().unwrap();
-            st.conns -= 1;
-            shared.cv.notify_all();
+        for i in ready.into_iter().rev() {
+            let conn = sessions.swap_remove(i);
+            sessions.extend(serve_one(shared, conn));
+        }
+        if accept {
+            if let Ok((conn, _)) = listener.accept() {
+                sessions.extend(serve_one(shared, conn));
+            }
         }
     }
+}
+
+/// Read and answer one request; give the connection back if it can carry more.
+fn serve_one(shared: &Arc<Shared>, conn: UnixStream) -> Option<UnixStream> {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+    let (line, _fd) = recv_line(&conn).ok()?;
+    let req: Request = match serde_json::from_slice(&line) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = send_line(&conn, &Reply::err(format!("bad request: {e}")), None);
+            return None;
+        }
+    };
+    let _ = conn.set_read_timeout(None);
+    let reply_conn = conn.try_clone().ok()?;
+    // Counted while served, so the process does not exit (the VM may end
+    // meanwhile, e.g. on a stop request) before the reply is sent.
+    shared.state.lock().unwrap().conns += 1;
+    if matches!(req, Request::Wait | Request::Logs { .. }) {
+        spawn_conn(shared, move |s| serve(s, reply_conn, req));
+        return None;
+    }
+    let r = serve(shared, reply_conn, req);
+    let mut st = shared.state.lock().unwrap();
+    st.conns -= 1;
+    shared.cv.notify_all();
+    r.ok().map(|_| conn)
 }
 
 /// A start request, parsed.
