@@ -64,6 +64,15 @@ struct Shared {
 /// wake-up between the guest's output and the socket). If the reader is slow
 /// (the socket would block) a streaming thread takes the connection over from
 /// the ring, so the guest never waits for a client.
+impl Shared {
+    /// A connection being served has finished.
+    fn release_conn(&self) {
+        let mut st = self.state.lock().unwrap();
+        st.conns -= 1;
+        self.cv.notify_all();
+    }
+}
+
 struct Sink {
     shared: Arc<Shared>,
     direct: Option<UnixStream>,
@@ -107,9 +116,7 @@ impl Sink {
 
     fn drop_direct(&mut self) {
         if self.direct.take().is_some() {
-            let mut st = self.shared.state.lock().unwrap();
-            st.conns -= 1;
-            self.shared.cv.notify_all();
+            self.shared.release_conn();
         }
     }
 }
@@ -211,14 +218,10 @@ fn spawn_conn(shared: &Arc<Shared>, f: impl FnOnce(&Arc<Shared>) -> io::Result<(
     let s = shared.clone();
     let spawned = std::thread::Builder::new().stack_size(256 << 10).spawn(move || {
         let _ = f(&s);
-        let mut st = s.state.lock().unwrap();
-        st.conns -= 1;
-        s.cv.notify_all();
+        s.release_conn();
     });
     if spawned.is_err() {
-        let mut st = shared.state.lock().unwrap();
-        st.conns -= 1;
-        shared.cv.notify_all();
+        shared.release_conn();
     }
 }
 
@@ -253,18 +256,24 @@ fn serve_loop(shared: &Arc<Shared>, listener: UnixListener) {
     }
 }
 
+/// Read one request line (10 s at most) and decode it; a malformed one is
+/// answered with an error and ends the connection.
+fn read_request(conn: &UnixStream) -> Option<(Request, Option<std::os::fd::OwnedFd>)> {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+    let (line, fd) = recv_line(conn).ok()?;
+    let _ = conn.set_read_timeout(None);
+    match serde_json::from_slice(&line) {
+        Ok(r) => Some((r, fd)),
+        Err(e) => {
+            let _ = send_line(conn, &Reply::err(format!("bad request: {e}")), None);
+            None
+        }
+    }
+}
+
 /// Read and answer one request; give the connection back if it can carry more.
 fn serve_one(shared: &Arc<Shared>, conn: UnixStream) -> Option<UnixStream> {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
-    let (line, _fd) = recv_line(&conn).ok()?;
-    let req: Request = match serde_json::from_slice(&line) {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = send_line(&conn, &Reply::err(format!("bad request: {e}")), None);
-            return None;
-        }
-    };
-    let _ = conn.set_read_timeout(None);
+    let (req, _fd) = read_request(&conn)?;
     let reply_conn = conn.try_clone().ok()?;
     // Counted while served, so the process does not exit (the VM may end
     // meanwhile, e.g. on a stop request) before the reply is sent.
@@ -274,9 +283,7 @@ fn serve_one(shared: &Arc<Shared>, conn: UnixStream) -> Option<UnixStream> {
         return None;
     }
     let r = serve(shared, reply_conn, req);
-    let mut st = shared.state.lock().unwrap();
-    st.conns -= 1;
-    shared.cv.notify_all();
+    shared.release_conn();
     r.ok().map(|_| conn)
 }
 
@@ -291,15 +298,7 @@ struct StartCmd {
 /// Serve one request while the shell waits in the pool. Returns the start
 /// command (and its connection, for the reply) when one arrives.
 fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(StartCmd, UnixStream)> {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
-    let (line, fd) = recv_line(&conn).ok()?;
-    let req: Request = match serde_json::from_slice(&line) {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = send_line(&conn, &Reply::err(format!("bad request: {e}")), None);
-            return None;
-        }
-    };
+    let (req, fd) = read_request(&conn)?;
     let reply = match req {
         Request::Start { image_name, args, timeout_ms, attach } => {
             let Some(fd) = fd else {

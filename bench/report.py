@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Write docs/benchmarks.md from bench/results/{boot,density}.json."""
+
+import json
+import os
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+
+
+def load(name):
+    with open(os.path.join(BENCH, "results", name)) as f:
+        return json.load(f)
+
+
+def ratio(v):
+    return "n/a" if v is None else ("%.4f" % v if v < 0.01 else "%.2f" % v)
+
+
+def boot_section(b):
+    P, r = b["peers"], b["ratios"]
+    bd = b["wisp_breakdown"]["components_us"]
+    rows = [("wisp", "wisp cold: `wisp run noop` (new process, new KVM VM)"),
+            ("wisp_sync_teardown", "wisp cold, VM destroyed before exit (`WISP_SYNC_TEARDOWN=1`)"),
+            ("wisp_warm", "wisp warm: `POST /v1/vms?attach=true` (hello) → first line, shell from the pool"),
+            ("wisp_api_cold", "wisp via the API with an empty pool (prepare + execute) → first line"),
+            ("forkexec", "fork+exec of a static no-op C program"),
+            ("container_unshare", "container: `unshare -fpnmiu --mount-proc`"),
+            ("container_crun", "container: `crun run`"),
+            ("linux_vm", "Linux VM: QEMU TCG microvm, Debian cloud kernel, busybox initramfs")]
+    out = ["## Boot (`make bench-boot`, `bench/results/boot.json`, `boot.png`)", "",
+           "Whole-process time from just before `fork()` to just after `waitpid()`, the same C",
+           "launcher (`bench/tools/spawntime.c`) for every process peer, %d runs (%d for the Linux" % (b["runs"], b["runs_slow"]),
+           "VM); the warm rows are API requests to a running `wispd` (request until the guest's",
+           "first console line reaches the client). Run of %s:" % b["date"][:16], "",
+           "| peer | median | min | p99 |", "|---|---|---|---|"]
+    for k, label in rows:
+        p = P.get(k, {})
+        if "median" not in p:
+            out.append("| %s | skipped | | |" % label)
+            continue
+        m = ("**%.2f ms**" if k.startswith("wisp") else "%.2f ms") % p["median"]
+        out.append("| %s | %s | %.2f | %.2f |" % (label, m, p["min"], p["p99"]))
+    out += ["", "`ratios` (wisp ÷ peer, below 1 = wisp faster): " +
+            ", ".join("`%s` %s" % (k, ratio(v)) for k, v in r.items()) + ".", "",
+            "Where the cold path's time goes (medians, µs):", "", "| part | µs |", "|---|---|"]
+    parts = [("process_start", "process start (fork, exec, dynamic loader, Rust runtime)"),
+             ("phase.kvm_create", "KVM VM + vCPU + CPUID"),
+             ("phase.memory", "guest RAM (memfd, mmap, memory slot)"),
+             ("phase.arch_setup", "GDT/TSS/IDT/page tables, sregs"),
+             ("phase.image_load", "image load (segments, leaf page tables)"),
+             ("phase.boot_info", "boot-info page, registers"),
+             ("phase.guest_init", "guest init (first `KVM_RUN` until the `exit` hypercall)"),
+             ("process_teardown", "process teardown (VM destroy handed to a detached child)")]
+    out += ["| %s | %.0f |" % (label, bd[k]["median"]) for k, label in parts if k in bd]
+    fp = b.get("footprint", {})
+    img = fp.get("images_bytes", {})
+    out += ["| exits to the monitor | %.0f |" % b["wisp_breakdown"]["exits"]["median"], "",
+            "Footprint: `hello` image %s bytes (target ≤ 200 KB), `noop` %s, `sleeper` %s; a running"
+            % (img.get("hello"), img.get("noop"), img.get("sleeper")),
+            "`sleeper` under `wisp run`: %s KB PSS for its monitor process (target ≤ 2 MB)."
+            % fp.get("sleeper", {}).get("pss_kb_median"), ""]
+    return out
+
+
+def density_section(d):
+    bu = d["boot_us"]
+    out = ["## Density (`make bench-density [N=10000]`, `bench/results/density.json`, `density.png`)", "",
+           "`sleeper` VMs (one wake-up a minute) started one after another through a private `wispd`",
+           "(pool of %d), up to N = %d (reached: %d). Before each start the pool is allowed to refill,"
+           % (d["pool"], d["n_target"], d["n_reached"]),
+           "so the curve shows the execute phase against the number of VMs already running. Run of %s:"
+           % d["date"][:16], "",
+           "| metric | value | target |", "|---|---|---|",
+           "| boot time, first 100 VMs (request → running), median | %.2f ms | |" % (bu["first_100_median"] / 1e3),
+           "| boot time, last 100 VMs, median | %.2f ms | |" % (bu["last_100_median"] / 1e3),
+           "| `ratios.last_vs_first_boot` | %.2f | ≤ 1.2 |" % d["ratios"]["last_vs_first_boot"]]
+    for n, kb in sorted(d["mem_per_vm_kb"].items(), key=lambda x: int(x[0])):
+        out.append("| host memory per VM (MemAvailable drop ÷ VMs) at %s | %.0f KB | ≤ 1 MB |" % (n, kb))
+    out += ["| CPU used by wisp (wispd, VMM processes, their KVM kernel tasks) while all idle | %.2f %% | ≤ 5 %% |"
+            % d["idle_cpu_percent_wisp"],
+            "| whole-host CPU while all idle | %.1f %% (%.1f %% before the run) | |"
+            % (d["idle_cpu_percent"], d["idle_cpu_percent_before"]),
+            "| pause, API round trip, median / p99 | %.0f / %.0f µs | ≤ 100 µs |" % (d["pause_us"]["median"], d["pause_us"]["p99"]),
+            "| resume, median / p99 | %.0f / %.0f µs | ≤ 100 µs |" % (d["resume_us"]["median"], d["resume_us"]["p99"]),
+            "| removing all %d VMs | %.0f s | |" % (d["n_reached"], d["remove_all_s"]), ""]
+    return out
+
+
+def main():
+    head = open(os.path.join(BENCH, "report-notes.md")).read()
+    b, d = load("boot.json"), load("density.json")
+    parts = head.split("<!-- density -->")
+    text = parts[0].replace("<!-- boot -->", "\n".join(boot_section(b))) + "\n".join(density_section(d)) + parts[1]
+    with open(os.path.join(ROOT, "docs", "benchmarks.md"), "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":
+    main()
