@@ -18,6 +18,8 @@ struct PoolInner {
     target: HashMap<u64, u32>,
     ready: HashMap<u64, VecDeque<Worker>>,
     stopping: bool,
+    /// Shells being prepared right now (not yet in `ready`).
+    in_flight: usize,
 }
 
 impl Pool {
@@ -52,11 +54,17 @@ impl Pool {
         w
     }
 
-    /// Remove every ready shell (for shutdown).
+    /// Stop refilling and remove every ready shell (for shutdown). Waits for
+    /// a shell being prepared, which the refill thread then discards itself,
+    /// so none is left behind.
     pub fn drain(&self) -> Vec<Worker> {
         let mut p = self.inner.lock().unwrap();
         p.stopping = true;
         self.cv.notify_all();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while p.in_flight > 0 && std::time::Instant::now() < deadline {
+            p = self.cv.wait_timeout(p, std::time::Duration::from_millis(50)).unwrap().0;
+        }
         p.ready.drain().flat_map(|(_, q)| q).collect()
     }
 
@@ -75,22 +83,35 @@ impl Pool {
                         .find(|(m, t)| p.ready.get(m).map_or(0, VecDeque::len) < **t as usize)
                         .map(|(m, _)| *m);
                     match need {
-                        Some(m) => break m,
+                        Some(m) => {
+                            p.in_flight += 1;
+                            break m;
+                        }
                         None => p = self.cv.wait(p).unwrap(),
                     }
                 }
             };
-            match daemon.spawn_worker(need) {
+            let spawned = daemon.spawn_worker(need);
+            let done = |pool: &Pool| {
+                let mut p = pool.inner.lock().unwrap();
+                p.in_flight -= 1;
+                pool.cv.notify_all();
+            };
+            match spawned {
                 Ok(w) => {
                     let mut p = self.inner.lock().unwrap();
                     if p.stopping {
                         drop(p);
                         daemon.discard_worker(w);
+                        done(&self);
                         return;
                     }
                     p.ready.entry(need).or_default().push_back(w);
+                    p.in_flight -= 1;
+                    self.cv.notify_all();
                 }
                 Err(e) => {
+                    done(&self);
                     eprintln!("wispd: pool: cannot prepare a {} MiB shell: {e}", need >> 20);
                     std::thread::sleep(std::time::Duration::from_secs(1));
                 }
