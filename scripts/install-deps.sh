@@ -15,7 +15,8 @@ fi
 # ELF as malformed images; a C compiler for test fixtures).
 need=()
 command -v cc >/dev/null || need+=(gcc libc6-dev)
-[ -x /bin/busybox ] || need+=(busybox-static)
+[ -x /bin/busybox ] || need+=(busybox-static)   # also ping and nc for the network tests
+command -v ip >/dev/null || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get install -y --no-install-recommends "${need[@]}" >/dev/null 2>&1 \

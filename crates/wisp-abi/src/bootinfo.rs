@@ -19,6 +19,8 @@ pub const MAX_DEVICES: usize = 8;
 pub enum DeviceKind {
     /// Empty slot.
     None = 0,
+    /// A virtual NIC (see [`crate::net`]).
+    Net = 1,
 }
 
 /// One entry of the device table. The meaning of `base`, `size` and `params`

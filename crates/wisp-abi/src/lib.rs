@@ -28,6 +28,7 @@
 pub mod args;
 pub mod bootinfo;
 pub mod layout;
+pub mod net;
 
 pub use bootinfo::{BootInfo, DeviceDesc, DeviceKind};
 
@@ -56,6 +57,9 @@ pub enum Hypercall {
     /// Park the vCPU until a timeout passes or an event arrives.
     /// Args: [`args::Idle`].
     Idle = 3,
+    /// Tell the monitor the NIC's TX ring has frames (only needed while
+    /// `NetHeader::monitor_idle` is 1). Args: [`net::NetNotify`].
+    NetNotify = 4,
 }
 
 impl Hypercall {
@@ -66,6 +70,7 @@ impl Hypercall {
             1 => Some(Hypercall::Exit),
             2 => Some(Hypercall::Clock),
             3 => Some(Hypercall::Idle),
+            4 => Some(Hypercall::NetNotify),
             _ => None,
         }
     }
@@ -81,6 +86,8 @@ pub mod events {
     /// The toolstack asks the guest to stop gracefully (`wisp stop`). The
     /// library OS exits with status 143 unless the app handles it.
     pub const STOP: u64 = 1 << 0;
+    /// A NIC's RX ring has new frames (or its TX ring has room again).
+    pub const NET: u64 = 1 << 1;
 }
 
 /// Error codes returned in the `ret` field of argument blocks
@@ -133,7 +140,7 @@ mod tests {
 
     #[test]
     fn hypercall_ports_round_trip() {
-        for hc in [Hypercall::ConsoleWrite, Hypercall::Exit, Hypercall::Clock, Hypercall::Idle] {
+        for hc in [Hypercall::ConsoleWrite, Hypercall::Exit, Hypercall::Clock, Hypercall::Idle, Hypercall::NetNotify] {
             assert_eq!(Hypercall::from_port(hc.port()), Some(hc));
             assert!(hc.port() < HYPERCALL_PORT_BASE + HYPERCALL_PORT_COUNT);
         }

@@ -3,11 +3,10 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use wisp_vmm::{open_kvm, Image, Outcome, Shell, Vm, DEFAULT_MEM};
+use wisp_vmm::{open_kvm, Image, NetConfig, Outcome, Shell, Vm, DEFAULT_MEM};
 
-use crate::{monotonic_ns, EXIT_STOPPED, EXIT_TIMEOUT};
+use crate::{monotonic_ns, RunArgs, EXIT_STOPPED, EXIT_TIMEOUT};
 
 /// Directories searched for bundled images, in order.
 pub fn image_dirs() -> Vec<PathBuf> {
@@ -52,18 +51,21 @@ pub fn load_image(image: &str) -> Result<Image, String> {
     Image::from_file(&path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-pub fn run(
-    image: &str,
-    mem: Option<u64>,
-    timeout: Option<Duration>,
-    stats: bool,
-    args: &[String],
-    t_main: u64,
-) -> Result<(u8, Option<Vm>), String> {
+pub fn run(a: &RunArgs, t_main: u64) -> Result<(u8, Option<Vm>), String> {
+    let (image, mem, timeout, stats, args) = (&a.image, a.mem, a.timeout, a.stats, &a.args);
     let img = load_image(image)?;
+    let net = match (&a.tap, a.ip) {
+        (Some(tap), Some(ip)) => Some(NetConfig {
+            tap: wisp_vmm::tap::open_tap(tap).map_err(|e| format!("tap {tap}: {e}"))?,
+            mac: a.mac.unwrap_or([0x52, 0x54, 0x00, ip.0[1], ip.0[2], ip.0[3]]),
+            ip,
+            gateway: a.gw,
+        }),
+        _ => None,
+    };
     let kvm = open_kvm().map_err(|e| e.to_string())?;
     let shell = Shell::create(&kvm, mem.unwrap_or(DEFAULT_MEM)).map_err(|e| e.to_string())?;
-    let mut vm = shell.load(&img, args).map_err(|e| e.to_string())?;
+    let mut vm = shell.load_with(&img, args, net).map_err(|e| e.to_string())?;
     let mut stdout = std::io::stdout().lock();
     let outcome = vm.run(&mut stdout, timeout);
     let _ = stdout.flush();

@@ -48,6 +48,18 @@ pub struct RunArgs {
     /// Print timings of each boot phase to stderr.
     #[arg(long)]
     pub stats: bool,
+    /// Connect a NIC to this tap device (without wispd; needs --ip).
+    #[arg(long, requires = "ip")]
+    pub tap: Option<String>,
+    /// The NIC's IPv4 address and prefix, e.g. 10.77.0.2/24.
+    #[arg(long, value_parser = units::parse_ipv4_cidr, requires = "tap")]
+    pub ip: Option<([u8; 4], u8)>,
+    /// The NIC's IPv4 gateway.
+    #[arg(long, value_parser = units::parse_ipv4, requires = "tap")]
+    pub gw: Option<[u8; 4]>,
+    /// The NIC's MAC address (default: derived from the IP address).
+    #[arg(long, value_parser = units::parse_mac, requires = "tap")]
+    pub mac: Option<[u8; 6]>,
     /// Path of an image, or the name of a bundled app (hello, noop, sleeper).
     pub image: String,
     /// Arguments passed to the guest.
@@ -153,11 +165,12 @@ fn main() -> ExitCode {
     let socket = socket_path(cli.socket);
     let r = match cli.cmd {
         Cmd::Run(a) => match wisp_api::client::Client::connect(&socket) {
+            Ok(_) if a.tap.is_some() => Err("--tap boots the VM in this process: not with wispd (unset WISP_SOCKET or use --socket to a path without a daemon)".into()),
             Ok(c) => remote::run(c, &a).map(|c| (c, None)),
             Err(e) if a.detach || a.name.is_some() || a.count.is_some() => {
                 Err(format!("cannot reach wispd at {}: {e} (start it with `wispd`)", socket.display()))
             }
-            Err(_) => direct::run(&a.image, a.mem, a.timeout, a.stats, &a.args, t_main),
+            Err(_) => direct::run(&a, t_main),
         },
         Cmd::Inspect { target } => match remote::inspect(&socket, &target) {
             Some(r) => r.map(|c| (c, None)),

@@ -39,6 +39,35 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|_| format!("'{s}' is out of range"))
 }
 
+/// Parse an IPv4 address, e.g. `10.77.0.1`.
+pub fn parse_ipv4(s: &str) -> Result<[u8; 4], String> {
+    s.parse::<std::net::Ipv4Addr>().map(|a| a.octets()).map_err(|_| format!("'{s}' is not an IPv4 address"))
+}
+
+/// Parse an IPv4 address with a prefix length, e.g. `10.77.0.2/24`.
+pub fn parse_ipv4_cidr(s: &str) -> Result<([u8; 4], u8), String> {
+    let (a, p) = s.split_once('/').ok_or_else(|| format!("'{s}': expected ADDRESS/PREFIX, e.g. 10.77.0.2/24"))?;
+    let p: u8 = p.parse().ok().filter(|p| *p <= 32).ok_or_else(|| format!("'{s}': prefix must be 0..=32"))?;
+    Ok((parse_ipv4(a)?, p))
+}
+
+/// Parse a MAC address, e.g. `52:54:00:12:34:56`.
+pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let err = || format!("'{s}' is not a MAC address (e.g. 52:54:00:12:34:56)");
+    if parts.len() != 6 {
+        return Err(err());
+    }
+    let mut m = [0u8; 6];
+    for (i, p) in parts.iter().enumerate() {
+        m[i] = u8::from_str_radix(p, 16).map_err(|_| err())?;
+    }
+    if m[0] & 1 != 0 {
+        return Err(format!("'{s}' is a multicast address"));
+    }
+    Ok(m)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -52,6 +81,17 @@ mod tests {
         assert!(parse_size("").is_err());
         assert!(parse_size("12Q").is_err());
         assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn addresses() {
+        assert_eq!(parse_ipv4_cidr("10.77.0.2/24"), Ok(([10, 77, 0, 2], 24)));
+        assert!(parse_ipv4_cidr("10.77.0.2").is_err());
+        assert!(parse_ipv4_cidr("10.77.0.2/33").is_err());
+        assert!(parse_ipv4("300.1.1.1").is_err());
+        assert_eq!(parse_mac("52:54:00:12:34:56"), Ok([0x52, 0x54, 0, 0x12, 0x34, 0x56]));
+        assert!(parse_mac("01:00:00:00:00:00").is_err());
+        assert!(parse_mac("52:54:00").is_err());
     }
 
     #[test]

@@ -19,14 +19,17 @@ pub mod error;
 pub mod fault;
 pub mod image;
 pub mod memory;
+pub mod net;
 pub mod shell;
 mod signal;
 pub mod stats;
+pub mod tap;
 pub mod vm;
 
 pub use control::Control;
 pub use error::{Error, Result};
 pub use fault::{Outcome, StopReason};
 pub use image::Image;
+pub use net::NetConfig;
 pub use shell::{check_mem_size, open_kvm, Shell, DEFAULT_MEM};
 pub use vm::Vm;

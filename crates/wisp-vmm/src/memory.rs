@@ -19,10 +19,24 @@ use crate::error::{Error, Result};
 
 /// Guest RAM of one VM.
 pub struct GuestRam {
-    mem: GuestMemoryMmap,
+    view: RamView,
     file: File,
-    size: u64,
     host_addr: u64,
+}
+
+/// Bounds-checked access to guest RAM, cheap to clone and to hand to I/O
+/// threads (the mapping stays alive while any view exists).
+#[derive(Clone)]
+pub struct RamView {
+    mem: GuestMemoryMmap,
+    size: u64,
+}
+
+impl std::ops::Deref for GuestRam {
+    type Target = RamView;
+    fn deref(&self) -> &RamView {
+        &self.view
+    }
 }
 
 impl GuestRam {
@@ -42,12 +56,7 @@ impl GuestRam {
             .ok_or_else(|| Error::Host("guest region", std::io::Error::other("overflow")))?;
         let mem = GuestMemoryMmap::from_regions(vec![region])
             .map_err(|e| Error::Host("guest memory", std::io::Error::other(e.to_string())))?;
-        Ok(GuestRam { mem, file, size, host_addr })
-    }
-
-    /// Bytes of guest RAM.
-    pub fn size(&self) -> u64 {
-        self.size
+        Ok(GuestRam { view: RamView { mem, size }, file, host_addr })
     }
 
     /// Host virtual address of guest-physical 0 (for KVM's memory slot).
@@ -55,9 +64,49 @@ impl GuestRam {
         self.host_addr
     }
 
+    /// A view for other threads (I/O threads of devices).
+    pub fn view(&self) -> RamView {
+        self.view.clone()
+    }
+
     /// The memfd behind guest RAM.
     pub fn file(&self) -> &File {
         &self.file
+    }
+
+    /// Map `len` bytes of `fd` at file offset `offset` copy-on-write at
+    /// guest-physical `gpa`, replacing that part of RAM: the pages are shared
+    /// with every other VM mapping the same file until one writes to them.
+    /// `gpa`, `len` and `offset` must be page aligned.
+    pub fn map_file_cow(&self, gpa: u64, len: u64, fd: BorrowedFd<'_>, offset: u64) -> Result<()> {
+        let page = wisp_abi::layout::PAGE_SIZE;
+        if gpa % page != 0 || len % page != 0 || offset % page != 0 || !self.contains(gpa, len) {
+            return Err(Error::OutOfRange { addr: gpa, len });
+        }
+        // SAFETY: the target range lies inside the RAM mapping this struct
+        // owns (checked above) and is page aligned; MAP_FIXED replaces those
+        // pages in place, so no other mapping is touched and the RAM mapping
+        // keeps its size. No Rust reference into guest RAM is held across
+        // this call (all accesses copy through vm-memory).
+        let r = unsafe {
+            rustix::mm::mmap(
+                (self.host_addr + gpa) as *mut std::ffi::c_void,
+                len as usize,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::FIXED,
+                fd,
+                offset,
+            )
+        };
+        r.map(drop).map_err(|e| Error::Host("mmap image copy-on-write", e.into()))
+    }
+
+}
+
+impl RamView {
+    /// Bytes of guest RAM.
+    pub fn size(&self) -> u64 {
+        self.size
     }
 
     /// True if `[addr, addr + len)` lies entirely inside guest RAM.
@@ -97,37 +146,30 @@ impl GuestRam {
         self.write(addr, v.as_bytes())
     }
 
-    /// Map `len` bytes of `fd` at file offset `offset` copy-on-write at
-    /// guest-physical `gpa`, replacing that part of RAM: the pages are shared
-    /// with every other VM mapping the same file until one writes to them.
-    /// `gpa`, `len` and `offset` must be page aligned.
-    pub fn map_file_cow(&self, gpa: u64, len: u64, fd: BorrowedFd<'_>, offset: u64) -> Result<()> {
-        let page = wisp_abi::layout::PAGE_SIZE;
-        if gpa % page != 0 || len % page != 0 || offset % page != 0 || !self.contains(gpa, len) {
-            return Err(Error::OutOfRange { addr: gpa, len });
-        }
-        // SAFETY: the target range lies inside the RAM mapping this struct
-        // owns (checked above) and is page aligned; MAP_FIXED replaces those
-        // pages in place, so no other mapping is touched and the RAM mapping
-        // keeps its size. No Rust reference into guest RAM is held across
-        // this call (all accesses copy through vm-memory).
-        let r = unsafe {
-            rustix::mm::mmap(
-                (self.host_addr + gpa) as *mut std::ffi::c_void,
-                len as usize,
-                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
-                rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::FIXED,
-                fd,
-                offset,
-            )
-        };
-        r.map(drop).map_err(|e| Error::Host("mmap image copy-on-write", e.into()))
-    }
-
     /// Read a little-endian u64.
     pub fn read_u64(&self, addr: u64) -> Result<u64> {
         let mut b = [0u8; 8];
         self.read(addr, &mut b)?;
         Ok(u64::from_le_bytes(b))
+    }
+
+    /// Atomically load a u32 (acquire) shared with the guest.
+    pub fn load_u32(&self, addr: u64) -> Result<u32> {
+        if addr % 4 != 0 || !self.contains(addr, 4) {
+            return Err(Error::OutOfRange { addr, len: 4 });
+        }
+        self.mem
+            .load::<u32>(GuestAddress(addr), std::sync::atomic::Ordering::Acquire)
+            .map_err(|_| Error::OutOfRange { addr, len: 4 })
+    }
+
+    /// Atomically store a u32 (release) shared with the guest.
+    pub fn store_u32(&self, addr: u64, v: u32) -> Result<()> {
+        if addr % 4 != 0 || !self.contains(addr, 4) {
+            return Err(Error::OutOfRange { addr, len: 4 });
+        }
+        self.mem
+            .store(v, GuestAddress(addr), std::sync::atomic::Ordering::Release)
+            .map_err(|_| Error::OutOfRange { addr, len: 4 })
     }
 }

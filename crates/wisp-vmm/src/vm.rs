@@ -19,6 +19,7 @@ use crate::arch;
 use crate::error::{Error, Result};
 use crate::fault::{Fault, Outcome, StopReason};
 use crate::image::Image;
+use crate::net::NetConfig;
 use crate::shell::Shell;
 use crate::signal::ThreadId;
 use crate::stats::Stats;
@@ -27,6 +28,7 @@ const MSR_IA32_TSC: u32 = 0x10;
 
 /// A VM with its image loaded, ready to run.
 pub struct Vm {
+    net: Option<crate::net::NetDevice>,
     shell: Shell,
     /// Host monotonic time the guest's clock counts from.
     boot: Instant,
@@ -46,9 +48,17 @@ enum Exit {
 
 impl Shell {
     /// Load `image` with arguments `args` (argument 0 is the image name).
-    pub fn load(mut self, image: &Image, args: &[String]) -> Result<Vm> {
+    pub fn load(self, image: &Image, args: &[String]) -> Result<Vm> {
+        self.load_with(image, args, None)
+    }
+
+    /// [`Shell::load`] with a NIC: its ring region takes the top of RAM and
+    /// is described in the boot-info device table.
+    pub fn load_with(mut self, image: &Image, args: &[String], net: Option<NetConfig>) -> Result<Vm> {
         let t = Instant::now();
-        let mem = self.ram.size();
+        let ram_size = self.ram.size();
+        let net_base = net.as_ref().map(|_| ram_size - wisp_abi::net::REGION_SIZE);
+        let mem = net_base.unwrap_or(ram_size);
         if image.end() > mem {
             return Err(Error::BadMemory(format!(
                 "image does not fit: its segments end at {:#x} ({} KiB) but guest RAM is {} MiB (--mem)",
@@ -59,9 +69,10 @@ impl Shell {
         }
         if image.end() + MIN_HEAP > mem {
             return Err(Error::BadMemory(format!(
-                "memory too small: the image needs at least {} KiB of RAM (--mem), {} MiB given",
-                (image.end() + MIN_HEAP) >> 10,
-                mem >> 20
+                "memory too small: the image needs at least {} KiB of RAM (--mem){}, {} MiB given",
+                (image.end() + MIN_HEAP + (ram_size - mem)) >> 10,
+                if net.is_some() { " with its NIC rings" } else { "" },
+                ram_size >> 20
             )));
         }
         for s in &image.segments {
@@ -72,7 +83,7 @@ impl Shell {
 
         let t = Instant::now();
         let mut info = BootInfo::new();
-        info.mem_size = mem;
+        info.mem_size = ram_size;
         info.image_start = image.start();
         info.image_end = image.end();
         info.heap_start = image.end();
@@ -82,6 +93,23 @@ impl Shell {
         info.tsc_hz = self.tsc_hz;
         let argv = std::iter::once(image.name.as_str()).chain(args.iter().map(String::as_str));
         info.set_args(argv).map_err(|n| if n == usize::MAX { Error::ArgNul } else { Error::ArgsTooLong(n) })?;
+        if let (Some(cfg), Some(base)) = (&net, net_base) {
+            use wisp_abi::net as n;
+            info.devices[0] = wisp_abi::DeviceDesc {
+                kind: wisp_abi::DeviceKind::Net as u32,
+                flags: 0,
+                base,
+                size: n::REGION_SIZE,
+                params: [
+                    n::encode_mac(cfg.mac),
+                    n::encode_ipv4(cfg.ip.0, cfg.ip.1),
+                    cfg.gateway.map_or(0, |g| n::encode_ipv4(g, 0)),
+                    n::SLOTS as u64,
+                    n::SLOT_SIZE as u64,
+                ],
+            };
+            info.device_count = 1;
+        }
         let mut msrs = Msrs::from_entries(&[kvm_msr_entry { index: MSR_IA32_TSC, ..Default::default() }])
             .map_err(|e| Error::Host("MSR list", std::io::Error::other(format!("{e:?}"))))?;
         let boot = Instant::now();
@@ -100,7 +128,14 @@ impl Shell {
         }
         self.stats.phase("boot_info", t);
         let control = Arc::new(Control::new().map_err(|e| Error::Host("eventfd", e))?);
-        Ok(Vm { shell: self, boot, control })
+        let net = match (net, net_base) {
+            (Some(cfg), Some(base)) => Some(
+                crate::net::NetDevice::start(self.ram.view(), base, cfg.tap, control.clone())
+                    .map_err(|e| Error::Host("start the NIC's I/O thread", e))?,
+            ),
+            _ => None,
+        };
+        Ok(Vm { net, shell: self, boot, control })
     }
 }
 
@@ -303,6 +338,15 @@ impl Vm {
                 ram.write_obj(gpa, &a).map_err(|e| bad(e.to_string()))?;
                 Ok(None)
             }
+            Hypercall::NetNotify => {
+                block(size_of::<wisp_abi::net::NetNotify>())?;
+                let a: wisp_abi::net::NetNotify = ram.read_obj(gpa).map_err(|e| bad(e.to_string()))?;
+                match (&self.net, a.device) {
+                    (Some(n), 0) => n.kick(),
+                    _ => return Err(bad(format!("no NIC number {}", a.device))),
+                }
+                Ok(None)
+            }
             Hypercall::Idle => {
                 block(size_of::<args::Idle>())?;
                 let mut a: args::Idle = ram.read_obj(gpa).map_err(|e| bad(e.to_string()))?;
@@ -357,5 +401,6 @@ fn name(hc: Hypercall) -> &'static str {
         Hypercall::Exit => "exit",
         Hypercall::Clock => "clock",
         Hypercall::Idle => "idle",
+        Hypercall::NetNotify => "net_notify",
     }
 }

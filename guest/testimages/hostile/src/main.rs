@@ -87,6 +87,7 @@ fn main() -> i32 {
             return 0;
         }
         "timers" => return timers(),
+        "net-corrupt" => return net_corrupt(),
         "clock" => {
             let (mono, wall) = wisp::hypercall::clock();
             let mine = wisp::time::wall_ns();
@@ -137,4 +138,30 @@ fn timers() -> i32 {
     } else {
         1
     }
+}
+
+/// Break the NIC's ring rules (a TX producer index far ahead of the
+/// consumer, then kick): the monitor must stop the NIC, and only the NIC.
+fn net_corrupt() -> i32 {
+    use core::sync::atomic::{AtomicU32, Ordering};
+    use wisp::abi::net::hdr;
+    let info = wisp::env::boot_info();
+    let Some(dev) = info.devices[..info.device_count as usize].iter().find(|d| d.kind == wisp::abi::DeviceKind::Net as u32) else {
+        wisp::println!("net-corrupt: no NIC");
+        return 2;
+    };
+    // SAFETY: the header page of the NIC region is guest RAM shared with the
+    // monitor; u32 fields at 4-byte aligned offsets.
+    let field = |off: u64| unsafe { &*((dev.base + off) as *const AtomicU32) };
+    let cons = field(hdr::TX_CONS).load(Ordering::Acquire);
+    field(hdr::TX_PROD).store(cons.wrapping_add(1000), Ordering::Release);
+    let mut a = wisp::abi::net::NetNotify { device: 0, reserved: 0 };
+    wisp::hypercall::call(Hypercall::NetNotify, &mut a);
+    let start = wisp::time::Instant::now();
+    while field(hdr::STOPPED).load(Ordering::Acquire) == 0 && start.elapsed() < Duration::from_secs(5) {
+        wisp::time::sleep(Duration::from_millis(10));
+    }
+    let stopped = field(hdr::STOPPED).load(Ordering::Acquire);
+    wisp::println!("net-corrupt: nic stopped = {}, guest still running", stopped);
+    if stopped == 1 { 0 } else { 1 }
 }
