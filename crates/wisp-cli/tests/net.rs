@@ -99,3 +99,96 @@ fn hostile_guest_corrupting_its_rings_only_loses_its_nic() {
     assert_eq!(out.status.code(), Some(0), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("nic stopped = 1, guest still running"), "{stdout}");
 }
+
+#[test]
+fn vm_answers_ping_and_tells_the_time_over_tcp() {
+    let ns = NetNs::new("daytime");
+    ns.add_tap("wtap0", "10.77.2.1/24");
+    let mut vm = ns.boot("wtap0", "10.77.2.2/24", "daytime", &[]);
+    let _out = wait_line(&mut vm, "daytime: listening on 10.77.2.2:13");
+    // ICMP echo, answered by the library OS's TCP/IP stack.
+    let ping = ns.cmd(&["busybox", "ping", "-c", "3", "-W", "2", "10.77.2.2"]).output().unwrap();
+    assert!(ping.status.success(), "ping: {}", String::from_utf8_lossy(&ping.stdout));
+    assert!(String::from_utf8_lossy(&ping.stdout).contains("3 packets received"));
+    // Several daytime connections, one after another and at once.
+    let client = r#"
+import socket, sys, threading, time
+res = []
+def one():
+    s = socket.create_connection(("10.77.2.2", 13), timeout=5)
+    data = b""
+    while True:
+        d = s.recv(100)
+        if not d: break
+        data += d
+    res.append(data.decode())
+ts = [threading.Thread(target=one) for _ in range(8)]
+[t.start() for t in ts]; [t.join() for t in ts]
+one()
+print(len(res)); print(res[-1].strip())
+"#;
+    let out = ns.cmd(&["python3", "-c", client]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text} {}", String::from_utf8_lossy(&out.stderr));
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("9"), "{text}");
+    let when = lines.next().unwrap_or_default();
+    let year = wisp_year();
+    assert!(when.contains(&year), "daytime answered '{when}'");
+    stop(vm);
+}
+
+/// The current UTC year as text (the daytime answer must contain it).
+fn wisp_year() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    // Days to civil year (good for this century).
+    let days = secs / 86_400;
+    let mut y = 1970;
+    let mut d = days;
+    loop {
+        let len = if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 { 366 } else { 365 };
+        if d < len {
+            break;
+        }
+        d -= len;
+        y += 1;
+    }
+    y.to_string()
+}
+
+#[test]
+fn echo_over_tcp_and_udp() {
+    let ns = NetNs::new("echo");
+    ns.add_tap("wtap0", "10.77.3.1/24");
+    let mut vm = ns.boot("wtap0", "10.77.3.2/24", "echo", &[]);
+    let _out = wait_line(&mut vm, "echo: listening on 10.77.3.2:7");
+    let client = r#"
+import socket
+payload = bytes(range(256)) * 400   # 100 KiB, many frames
+s = socket.create_connection(("10.77.3.2", 7), timeout=10)
+s.sendall(payload)
+s.shutdown(socket.SHUT_WR)
+got = b""
+while True:
+    d = s.recv(65536)
+    if not d: break
+    got += d
+assert got == payload, (len(got), len(payload))
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.settimeout(5)
+for i in range(20):
+    msg = b"datagram %d" % i
+    u.sendto(msg, ("10.77.3.2", 7))
+    data, addr = u.recvfrom(2048)
+    assert data == msg and addr == ("10.77.3.2", 7), (data, addr)
+print("ok")
+"#;
+    let out = ns.cmd(&["python3", "-c", client]).output().unwrap();
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok",
+        "{} {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stop(vm);
+}

@@ -127,6 +127,10 @@ impl Io {
             // Going to sleep: announce it, then look once more so a frame
             // queued in between is not left waiting for a kick.
             self.ram.store_u32(self.base + hdr::MONITOR_IDLE, 1).map_err(|e| e.to_string())?;
+            // The store above must be visible before we read the guest's
+            // index (store→load ordering; the guest has the matching fence),
+            // or a kick could be lost.
+            std::sync::atomic::fence(Ordering::SeqCst);
             let pending = self.tx_pending()?;
             if pending == 0 {
                 let mut fds = [PollFd::new(&self.tap, PollFlags::IN), PollFd::new(&*self.kick, PollFlags::IN)];

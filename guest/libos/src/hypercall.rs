@@ -52,3 +52,11 @@ pub fn idle(timeout_ns: u64) -> u64 {
     call(Hypercall::Idle, &mut a);
     a.events
 }
+
+/// Tell the monitor that NIC `device` (its index in the boot-info device
+/// table) has frames in its TX ring. Only needed while the NIC header's
+/// `monitor_idle` is 1; the network stack issues at most one per poll.
+pub fn net_notify(device: u32) {
+    let mut a = wisp_abi::net::NetNotify { device, reserved: 0 };
+    call(Hypercall::NetNotify, &mut a);
+}

@@ -3,7 +3,8 @@
 //!
 //! Everything runs at CPL 3 on one vCPU with no interrupts: the library OS
 //! reads its machine from the boot-info page, keeps time with `rdtsc`, and
-//! talks to the monitor only through hypercalls (one `out` each). An app
+//! talks to the monitor only through hypercalls (one `out` each) and, for a
+//! NIC ([`net`], TCP/UDP on smoltcp), two shared-memory rings. An app
 //! names its entry point with [`main!`]:
 //!
 //! ```ignore
@@ -22,6 +23,7 @@ pub mod exec;
 mod global;
 pub mod heap;
 pub mod hypercall;
+pub mod net;
 pub mod process;
 mod start;
 pub mod time;

@@ -13,7 +13,9 @@ pub fn on_stop(f: fn()) {
     STOP_HANDLER.with(|h| *h = Some(f));
 }
 
-/// Act on event bits returned by the idle hypercall.
+/// Act on event bits returned by the idle hypercall. `events::NET` (frames
+/// arrived, or TX room) needs nothing here: the executor polls the network
+/// after every wake-up, whatever woke it.
 pub(crate) fn dispatch_events(bits: u64) {
     if bits & wisp_abi::events::STOP != 0 {
         match STOP_HANDLER.with(|h| *h) {
