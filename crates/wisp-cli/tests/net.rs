@@ -192,3 +192,39 @@ print("ok")
     );
     stop(vm);
 }
+
+#[test]
+fn iperf3_client_runs_against_the_iperf_app() {
+    let ns = NetNs::new("iperf");
+    ns.add_tap("wtap0", "10.77.4.1/24");
+    let mut vm = ns.boot("wtap0", "10.77.4.2/24", "iperf", &[]);
+    let _out = wait_line(&mut vm, "iperf: listening on 10.77.4.2:5201");
+    // (client arguments, the JSON summary that must show a positive rate)
+    let runs: [(&[&str], &str); 4] = [
+        (&["-t", "2"], "sum_received"),
+        (&["-t", "1", "-R"], "sum_received"),
+        (&["-t", "1", "-P", "2"], "sum_received"),
+        (&["-t", "1", "-u", "-b", "20M"], "sum"),
+    ];
+    // The real iperf3 client (Debian's package), one test after another.
+    let extract = "import json, sys; d = json.load(sys.stdin); print(d['end'][sys.argv[1]]['bits_per_second'])";
+    for (args, summary) in runs {
+        let mut argv = vec!["timeout", "30", "iperf3", "-c", "10.77.4.2", "--json"];
+        argv.extend_from_slice(args);
+        let out = ns.cmd(&argv).output().expect("run iperf3 (apt-get install iperf3)");
+        let json = String::from_utf8_lossy(&out.stdout).into_owned();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "iperf3 {args:?}: {:?} {json} {err}", out.status);
+        let mut py = Command::new("python3")
+            .args(["-c", extract, summary])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut py.stdin.take().unwrap(), json.as_bytes()).unwrap();
+        let parsed = py.wait_with_output().unwrap();
+        let bps: f64 = String::from_utf8_lossy(&parsed.stdout).trim().parse().unwrap_or(0.0);
+        assert!(bps > 0.0, "iperf3 {args:?}: end.{summary}.bits_per_second = {bps}: {json}");
+    }
+    stop(vm);
+}
