@@ -36,6 +36,18 @@ impl NetNs {
         self.exec_ok(&["ip", "link", "set", tap, "up"]);
     }
 
+    fn add_bridge(&self, bridge: &str, host_cidr: &str) {
+        self.exec_ok(&["ip", "link", "add", bridge, "type", "bridge"]);
+        self.exec_ok(&["ip", "addr", "add", host_cidr, "dev", bridge]);
+        self.exec_ok(&["ip", "link", "set", bridge, "up"]);
+    }
+
+    fn add_bridged_tap(&self, tap: &str, bridge: &str) {
+        self.exec_ok(&["ip", "tuntap", "add", "dev", tap, "mode", "tap"]);
+        self.exec_ok(&["ip", "link", "set", tap, "master", bridge]);
+        self.exec_ok(&["ip", "link", "set", tap, "up"]);
+    }
+
     fn cmd(&self, argv: &[&str]) -> Command {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.name]).args(argv);
@@ -227,4 +239,20 @@ fn iperf3_client_runs_against_the_iperf_app() {
         assert!(bps > 0.0, "iperf3 {args:?}: end.{summary}.bits_per_second = {bps}: {json}");
     }
     stop(vm);
+}
+
+#[test]
+fn two_vms_exchange_data_over_a_bridge() {
+    let ns = NetNs::new("bridge");
+    ns.add_bridge("wbr0", "10.77.5.1/24");
+    ns.add_bridged_tap("wtapa", "wbr0");
+    ns.add_bridged_tap("wtapb", "wbr0");
+    let mut server = ns.boot("wtapa", "10.77.5.2/24", "echo", &[]);
+    let _out = wait_line(&mut server, "echo: listening on 10.77.5.2:7");
+    let client = ns.boot("wtapb", "10.77.5.3/24", "echo", &["client", "10.77.5.2", "7", "hello-from-vm-b"]);
+    let out = client.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("echo: reply: hello-from-vm-b"), "{stdout}");
+    stop(server);
 }

@@ -2,14 +2,23 @@
 //! PORT). TCP connections get back every byte they send until they close;
 //! UDP datagrams are sent back to their sender. Runs until the VM is
 //! stopped.
+//!
+//! `echo client IP PORT MESSAGE`: connect to an echo service, send MESSAGE,
+//! print the reply as `echo: reply: ...` and exit 0 if it came back intact
+//! (used to test VM-to-VM traffic).
 #![no_std]
 #![no_main]
+
+extern crate alloc;
 
 use wisp::net::{TcpListener, TcpOptions, TcpStream, UdpSocket};
 
 wisp::main!(main);
 
 fn main() -> i32 {
+    if wisp::env::arg(1) == Some("client") {
+        return client();
+    }
     let port = match wisp::env::arg(1).map(str::parse::<u16>) {
         None => 7,
         Some(Ok(p)) if p != 0 => p,
@@ -79,4 +88,44 @@ async fn serve(conn: TcpStream) {
             }
         }
     }
+}
+
+fn client() -> i32 {
+    let (Some(ip), Some(port), Some(msg)) = (
+        wisp::env::arg(2).and_then(|a| a.parse::<core::net::Ipv4Addr>().ok()),
+        wisp::env::arg(3).and_then(|a| a.parse::<u16>().ok()),
+        wisp::env::arg(4),
+    ) else {
+        wisp::println!("usage: echo client IP PORT MESSAGE");
+        return 2;
+    };
+    wisp::exec::block_on(async move {
+        let conn = match TcpStream::connect(ip, port).await {
+            Ok(c) => c,
+            Err(e) => {
+                wisp::println!("echo: connect {}:{}: {}", ip, port, e);
+                return 1;
+            }
+        };
+        if let Err(e) = conn.write_all(msg.as_bytes()).await {
+            wisp::println!("echo: send: {}", e);
+            return 1;
+        }
+        conn.shutdown();
+        let mut got = alloc::vec::Vec::new();
+        let mut buf = [0u8; 1024];
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) => {
+                    wisp::println!("echo: receive: {}", e);
+                    return 1;
+                }
+            }
+        }
+        let reply = core::str::from_utf8(&got).unwrap_or("<not UTF-8>");
+        wisp::println!("echo: reply: {}", reply);
+        if got == msg.as_bytes() { 0 } else { 1 }
+    })
 }
