@@ -20,6 +20,10 @@ pub struct CreateVm {
     /// End the VM after this many milliseconds.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// Give the VM a NIC on the daemon's bridge, with an address from its
+    /// subnet.
+    #[serde(default)]
+    pub net: bool,
 }
 
 /// Life-cycle state of a VM.
@@ -67,6 +71,9 @@ pub struct VmInfo {
     pub exit: Option<ExitInfo>,
     /// Microseconds the execute phase took (request → guest running).
     pub boot_us: Option<u64>,
+    /// IPv4 address of its NIC, if it has one.
+    #[serde(default)]
+    pub ip: Option<String>,
 }
 
 /// `GET /v1/pool` and `PUT /v1/pool`.

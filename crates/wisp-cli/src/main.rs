@@ -48,6 +48,9 @@ pub struct RunArgs {
     /// Print timings of each boot phase to stderr.
     #[arg(long)]
     pub stats: bool,
+    /// Give the VM a NIC on wispd's bridge with an address from its subnet.
+    #[arg(long, conflicts_with = "tap")]
+    pub net: bool,
     /// Connect a NIC to this tap device (without wispd; needs --ip).
     #[arg(long, requires = "ip")]
     pub tap: Option<String>,
@@ -170,6 +173,7 @@ fn main() -> ExitCode {
             Err(e) if a.detach || a.name.is_some() || a.count.is_some() => {
                 Err(format!("cannot reach wispd at {}: {e} (start it with `wispd`)", socket.display()))
             }
+            Err(e) if a.net => Err(format!("--net needs wispd (cannot reach {}: {e}); without it use --tap", socket.display())),
             Err(_) => direct::run(&a, t_main),
         },
         Cmd::Inspect { target } => match remote::inspect(&socket, &target) {

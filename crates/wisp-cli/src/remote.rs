@@ -49,6 +49,7 @@ pub fn run(mut c: Client, a: &RunArgs) -> Result<u8, String> {
         mem: a.mem,
         name: a.name.clone(),
         timeout_ms: a.timeout.map(|t| t.as_millis() as u64),
+        net: a.net,
     };
     if let Some(n) = a.count {
         if !a.detach {
@@ -142,17 +143,18 @@ fn ps(c: &mut Client, all: bool, quiet: bool) -> Result<u8, String> {
         vms.iter().for_each(|v| println!("{}", v.id));
         return Ok(0);
     }
-    println!("{:<12}  {:<16}  {:<12}  {:>5}  {:>8}  {:>8}  {}", "ID", "NAME", "IMAGE", "MEM", "PID", "BOOT", "STATE");
+    println!("{:<12}  {:<16}  {:<12}  {:>5}  {:>8}  {:>8}  {:<15}  {}", "ID", "NAME", "IMAGE", "MEM", "PID", "BOOT", "IP", "STATE");
     for v in &vms {
         let image = Path::new(&v.image).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
         println!(
-            "{:<12}  {:<16}  {:<12}  {:>4}M  {:>8}  {:>8}  {}",
+            "{:<12}  {:<16}  {:<12}  {:>4}M  {:>8}  {:>8}  {:<15}  {}",
             v.id,
             v.name.as_deref().unwrap_or("-"),
             image,
             v.mem >> 20,
             v.pid,
             v.boot_us.map(|u| format!("{u}µs")).unwrap_or_else(|| "-".into()),
+            v.ip.as_deref().unwrap_or("-"),
             state(v)
         );
     }

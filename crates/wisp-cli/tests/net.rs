@@ -256,3 +256,142 @@ fn two_vms_exchange_data_over_a_bridge() {
     assert!(stdout.contains("echo: reply: hello-from-vm-b"), "{stdout}");
     stop(server);
 }
+
+/// wispd started inside the namespace, so its bridge and taps live there.
+struct NsDaemon {
+    child: Child,
+    dir: std::path::PathBuf,
+    socket: std::path::PathBuf,
+}
+
+impl NsDaemon {
+    fn start(ns: &NetNs, dir: &std::path::Path, subnet: &str) -> NsDaemon {
+        let socket = dir.join("wispd.sock");
+        let wispd = std::path::Path::new(env!("CARGO_BIN_EXE_wisp")).with_file_name("wispd");
+        let (state, imgs) = (dir.join("state"), images());
+        let argv = [
+            wispd.to_str().unwrap(),
+            "--socket",
+            socket.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--images",
+            imgs.to_str().unwrap(),
+            "--pool",
+            "16M=2",
+            "--subnet",
+            subnet,
+            "--bridge",
+            "wisp0",
+        ];
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("wispd.log")).unwrap();
+        let child = ns.cmd(&argv).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().unwrap();
+        let t = Instant::now();
+        while wisp_api::client::Client::connect(&socket).and_then(|mut c| c.version().map_err(std::io::Error::other)).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(10), "wispd did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        NsDaemon { child, dir: dir.to_path_buf(), socket }
+    }
+
+    fn client(&self) -> wisp_api::client::Client {
+        wisp_api::client::Client::connect(&self.socket).unwrap()
+    }
+}
+
+impl Drop for NsDaemon {
+    fn drop(&mut self) {
+        if let Ok(mut c) = wisp_api::client::Client::connect(&self.socket) {
+            for v in c.list().unwrap_or_default() {
+                let _ = c.remove(&v.id, true);
+            }
+        }
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+fn console(c: &mut wisp_api::client::Client, id: &str) -> String {
+    let mut out = Vec::new();
+    c.logs(id, false, &mut |d| {
+        out.extend_from_slice(d);
+        true
+    })
+    .unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn wait_console(c: &mut wisp_api::client::Client, id: &str, needle: &str) {
+    let t = Instant::now();
+    while !console(c, id).contains(needle) {
+        assert!(t.elapsed() < Duration::from_secs(20), "'{needle}' never appeared on {id}'s console");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn wispd_plumbs_taps_on_its_bridge_and_releases_them() {
+    use wisp_api::CreateVm;
+    let ns = NetNs::new("wispd");
+    let dir = std::env::temp_dir().join(format!("wisp-net-daemon-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut d = NsDaemon::start(&ns, &dir, "10.77.6.0/24");
+    let mut c = d.client();
+    let net = |image: &str, args: &[&str]| CreateVm {
+        image: image.into(),
+        args: args.iter().map(|s| s.to_string()).collect(),
+        net: true,
+        ..Default::default()
+    };
+    // A daytime VM: address from the subnet, reachable from the namespace.
+    let day = c.create(&net("daytime", &[])).unwrap();
+    let day_ip = day.ip.clone().expect("a VM with --net has an address");
+    assert!(day_ip.starts_with("10.77.6."), "{day_ip}");
+    wait_console(&mut c, &day.id, "daytime: listening");
+    let ping = ns.cmd(&["busybox", "ping", "-c", "2", "-W", "2", &day_ip]).output().unwrap();
+    assert!(ping.status.success(), "ping {day_ip}: {}", String::from_utf8_lossy(&ping.stdout));
+    // The bridge exists with the gateway address, the tap is enslaved to it.
+    let tap = format!("wt{}", day.id);
+    let link = ns.cmd(&["ip", "-o", "link", "show", &tap]).output().unwrap();
+    assert!(String::from_utf8_lossy(&link.stdout).contains("master wisp0"), "{}", String::from_utf8_lossy(&link.stdout));
+    let addr = ns.cmd(&["ip", "-o", "addr", "show", "wisp0"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&addr.stdout).contains("10.77.6.1/24"));
+
+    // Two VMs talk over the bridge.
+    let server = c.create(&net("echo", &[])).unwrap();
+    let server_ip = server.ip.clone().unwrap();
+    assert_ne!(server_ip, day_ip);
+    wait_console(&mut c, &server.id, "echo: listening");
+    let client = c.create(&net("echo", &["client", &server_ip, "7", "vm-to-vm"])).unwrap();
+    assert_eq!(c.wait(&client.id).unwrap().code, 0, "{}", console(&mut c, &client.id));
+    assert!(console(&mut c, &client.id).contains("echo: reply: vm-to-vm"));
+
+    // Removing a VM releases its tap and its address.
+    c.remove(&day.id, true).unwrap();
+    let t = Instant::now();
+    while ns.cmd(&["ip", "link", "show", &tap]).stderr(Stdio::null()).stdout(Stdio::null()).status().unwrap().success() {
+        assert!(t.elapsed() < Duration::from_secs(5), "tap {tap} still there");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    // A daemon killed and restarted keeps the running VM's address in use
+    // and the VM reachable.
+    drop(c);
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    let d2 = NsDaemon::start(&ns, &d.dir, "10.77.6.0/24");
+    std::mem::forget(d); // its child is gone; d2 cleans up
+    let mut c = d2.client();
+    let check = format!(
+        "import socket; s=socket.create_connection(('{server_ip}',7),timeout=5); s.sendall(b'still'); s.shutdown(socket.SHUT_WR); print(s.recv(100).decode())"
+    );
+    let out = ns.cmd(&["python3", "-c", &check]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "still", "{}", String::from_utf8_lossy(&out.stderr));
+    let again = c.create(&net("daytime", &[])).unwrap();
+    assert_ne!(again.ip.as_deref(), Some(server_ip.as_str()), "address of a running VM given out twice");
+    drop(c);
+    drop(d2);
+    let _ = std::fs::remove_dir_all(&dir);
+}

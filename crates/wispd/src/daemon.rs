@@ -33,6 +33,10 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// Directories searched for bundled images by name.
     pub image_dirs: Vec<PathBuf>,
+    /// Bridge the VMs' taps are attached to.
+    pub bridge: String,
+    /// VM subnet: network address and prefix; the bridge takes host 1.
+    pub subnet: ([u8; 4], u8),
 }
 
 /// An error answered to an API client.
@@ -91,6 +95,15 @@ pub struct Daemon {
     images: ImageCache,
     epoll: OwnedFd,
     uids: Mutex<Uids>,
+    net: Mutex<NetState>,
+}
+
+/// The VM network: bridge, address allocation.
+#[derive(Default)]
+struct NetState {
+    nl: Option<crate::netlink::Netlink>,
+    bridge: u32,
+    used: std::collections::HashSet<u32>,
 }
 
 /// User ids of VMM processes: one of its own per VM.
@@ -143,6 +156,7 @@ impl Daemon {
             images: ImageCache::default(),
             epoll,
             uids: Mutex::new(Uids::default()),
+            net: Mutex::new(NetState::default()),
         });
         d.adopt();
         Ok(d)
@@ -188,6 +202,44 @@ impl Daemon {
             return Err(if msg.is_empty() { "VMM process failed to start".into() } else { msg });
         }
         Ok(Worker { id, pid, dir, child: Some(child) })
+    }
+
+    /// Set up the bridge (once) and give out an address, MAC and tap.
+    fn alloc_net(&self, id: &str) -> Result<(proto::NetSpec, OwnedFd), String> {
+        let (net, prefix) = self.cfg.subnet;
+        let base = u32::from_be_bytes(net) & (u32::MAX << (32 - prefix as u32));
+        let hosts = (1u32 << (32 - prefix as u32)).saturating_sub(2);
+        let mut st = self.net.lock().unwrap();
+        if st.nl.is_none() {
+            let mut nl = crate::netlink::Netlink::open().map_err(|e| format!("netlink: {e}"))?;
+            let bridge = nl.ensure_bridge(&self.cfg.bridge).map_err(|e| format!("bridge {}: {e}", self.cfg.bridge))?;
+            nl.add_address(bridge, (base + 1).to_be_bytes(), prefix)
+                .map_err(|e| format!("address on {}: {e}", self.cfg.bridge))?;
+            st.bridge = bridge;
+            st.nl = Some(nl);
+        }
+        let host = (2..=hosts).find(|h| !st.used.contains(h)).ok_or("the VM subnet is full")?;
+        let ip = (base + host).to_be_bytes();
+        let tap_name = format!("wt{}", &id[..id.len().min(12)]);
+        let tap = wisp_vmm::tap::open_tap(&tap_name).map_err(|e| e.to_string())?;
+        let index = crate::netlink::if_index(&tap_name).ok_or_else(|| format!("tap {tap_name} did not appear"))?;
+        let bridge = st.bridge;
+        st.nl.as_mut().expect("opened above").set_link(index, Some(bridge)).map_err(|e| format!("attach {tap_name}: {e}"))?;
+        st.used.insert(host);
+        let mac = [0x52, 0x54, 0x00, ip[1], ip[2], ip[3]];
+        Ok((proto::NetSpec { ip, prefix, gateway: (base + 1).to_be_bytes(), mac }, tap))
+    }
+
+    fn host_part(&self, ip: &str) -> Option<u32> {
+        let a: std::net::Ipv4Addr = ip.parse().ok()?;
+        let (_, prefix) = self.cfg.subnet;
+        Some(u32::from(a) & !(u32::MAX << (32 - prefix as u32)))
+    }
+
+    fn free_ip(&self, ip: &Option<String>) {
+        if let Some(h) = ip.as_deref().and_then(|i| self.host_part(i)) {
+            self.net.lock().unwrap().used.remove(&h);
+        }
     }
 
     fn alloc_uid(&self) -> Result<u32, String> {
@@ -293,7 +345,20 @@ impl Daemon {
                 }
             },
         };
+        let net = if req.net {
+            match self.alloc_net(&worker.id) {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    release_name(self);
+                    self.discard_worker(worker);
+                    return Err(ApiError::new(500, format!("cannot set up the VM's network: {e}")));
+                }
+            }
+        } else {
+            None
+        };
         let info = VmInfo {
+            ip: net.as_ref().map(|(n, _)| std::net::Ipv4Addr::from(n.ip).to_string()),
             id: worker.id.clone(),
             name: req.name.clone(),
             image: req.image.clone(),
@@ -307,10 +372,20 @@ impl Daemon {
         };
         let dir = worker.dir.clone();
         self.insert(info.clone(), dir.clone(), worker.child);
-        let start =
-            Request::Start { image_name: image.image.name.clone(), args: req.args, timeout_ms: req.timeout_ms, attach };
+        let (spec, tap) = net.map_or((None, None), |(n, t)| (Some(n), Some(t)));
+        let start = Request::Start {
+            image_name: image.image.name.clone(),
+            args: req.args,
+            timeout_ms: req.timeout_ms,
+            attach,
+            net: spec,
+        };
+        let mut fds = vec![&image.memfd];
+        fds.extend(tap.as_ref());
         // Record the VM while its VMM process loads the image.
-        let sent = proto::send(&dir.join("ctl.sock"), &start, Some(&image.memfd), Some(Duration::from_secs(10)));
+        let sent = proto::send(&dir.join("ctl.sock"), &start, &fds, Some(Duration::from_secs(10)));
+        // The VMM process holds the tap now: it disappears when that process ends.
+        drop(tap);
         if let Err(e) = write_atomic(&dir.join("vm.json"), &serde_json::to_vec(&info).unwrap_or_default()) {
             let _ = self.remove(&info.id, true);
             return Err(ApiError::new(500, format!("cannot record the VM: {e}")));
@@ -582,7 +657,9 @@ impl Daemon {
             e.info.exit = Some(exit);
         }
         e.info.state = VmState::Exited;
+        let ip = e.info.ip.clone();
         drop(t);
+        self.free_ip(&ip);
         self.exited.notify_all();
     }
 
@@ -623,6 +700,11 @@ impl Daemon {
                 self.uids.lock().unwrap().used.insert(u);
             }
             info.exit = read_exit(&dir);
+            if info.exit.is_none() && alive {
+                if let Some(h) = info.ip.as_deref().and_then(|i| self.host_part(i)) {
+                    self.net.lock().unwrap().used.insert(h);
+                }
+            }
             if info.exit.is_some() {
                 info.state = VmState::Exited;
             } else if alive {

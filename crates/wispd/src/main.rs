@@ -12,6 +12,7 @@ mod api;
 mod daemon;
 mod images;
 mod jail;
+mod netlink;
 mod pool;
 mod proto;
 mod signals;
@@ -32,6 +33,12 @@ struct Cli {
     /// Directory of bundled images (default: next to the binary, then the development tree).
     #[arg(long)]
     images: Option<PathBuf>,
+    /// Bridge for the VMs' NICs (created if missing).
+    #[arg(long, default_value = "wisp0")]
+    bridge: String,
+    /// VM subnet; the bridge takes its first address.
+    #[arg(long, value_parser = parse_subnet, default_value = "10.99.0.0/24")]
+    subnet: ([u8; 4], u8),
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
@@ -65,6 +72,13 @@ fn parse_size(s: &str) -> Result<u64, String> {
         _ => return Err(format!("'{s}': unknown unit")),
     };
     n.checked_mul(1 << shift).ok_or_else(|| format!("'{s}' is too large"))
+}
+
+fn parse_subnet(s: &str) -> Result<([u8; 4], u8), String> {
+    let (a, p) = s.split_once('/').ok_or_else(|| format!("'{s}': expected ADDRESS/PREFIX"))?;
+    let a: std::net::Ipv4Addr = a.parse().map_err(|_| format!("'{a}' is not an IPv4 address"))?;
+    let p: u8 = p.parse().ok().filter(|p| (8..=30).contains(p)).ok_or_else(|| format!("'{s}': prefix must be 8..=30"))?;
+    Ok((a.octets(), p))
 }
 
 fn parse_pool(s: &str) -> Result<(u64, u32), String> {
@@ -120,7 +134,12 @@ fn run(cli: Cli) -> Result<(), String> {
     }
     let _ = std::fs::remove_file(&cli.socket);
     let listener = UnixListener::bind(&cli.socket).map_err(|e| format!("bind {}: {e}", cli.socket.display()))?;
-    let cfg = daemon::Config { state_dir: cli.state_dir.clone(), image_dirs: image_dirs(cli.images) };
+    let cfg = daemon::Config {
+        state_dir: cli.state_dir.clone(),
+        image_dirs: image_dirs(cli.images),
+        bridge: cli.bridge.clone(),
+        subnet: cli.subnet,
+    };
     let d = daemon::Daemon::new(cfg)?;
     for (mem, count) in &cli.pool {
         d.pool.set_target(*mem, *count);

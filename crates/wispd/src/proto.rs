@@ -32,6 +32,9 @@ pub enum Request {
         timeout_ms: Option<u64>,
         #[serde(default)]
         attach: bool,
+        /// A NIC on the tap passed as the second descriptor.
+        #[serde(default)]
+        net: Option<NetSpec>,
     },
     /// Current state.
     Status,
@@ -51,6 +54,19 @@ pub enum Request {
     ProbeOpen { path: String },
     /// End the VMM process (its VM is killed first).
     Shutdown,
+}
+
+/// Addresses of a VM's NIC.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NetSpec {
+    /// IPv4 address.
+    pub ip: [u8; 4],
+    /// Prefix length.
+    pub prefix: u8,
+    /// Gateway.
+    pub gateway: [u8; 4],
+    /// MAC address.
+    pub mac: [u8; 6],
 }
 
 /// State of the VM in a VMM process.
@@ -99,14 +115,18 @@ impl Reply {
 
 /// Send one line (and optionally a descriptor) on `sock`.
 pub fn send_line<T: Serialize>(sock: &UnixStream, v: &T, fd: Option<&OwnedFd>) -> io::Result<()> {
+    send_line_fds(sock, v, fd.as_slice())
+}
+
+/// Send one line with descriptors (at most 2) on `sock`.
+pub fn send_line_fds<T: Serialize>(sock: &UnixStream, v: &T, fds: &[&OwnedFd]) -> io::Result<()> {
     let mut line = serde_json::to_vec(v).map_err(io::Error::other)?;
     line.push(b'\n');
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut anc = SendAncillaryBuffer::new(&mut space);
-    let fds;
-    if let Some(fd) = fd {
-        fds = [fd.as_fd()];
-        anc.push(SendAncillaryMessage::ScmRights(&fds));
+    let borrowed: Vec<_> = fds.iter().take(2).map(|f| f.as_fd()).collect();
+    if !borrowed.is_empty() {
+        anc.push(SendAncillaryMessage::ScmRights(&borrowed));
     }
     let n = sendmsg(sock, &[io::IoSlice::new(&line)], &mut anc, SendFlags::NOSIGNAL)?;
     if n < line.len() {
@@ -118,19 +138,17 @@ pub fn send_line<T: Serialize>(sock: &UnixStream, v: &T, fd: Option<&OwnedFd>) -
 /// Receive the request line (and a descriptor, if one came with it) from
 /// `sock`. A connection carries exactly one request line, so whole reads
 /// are safe: nothing after the newline belongs to anyone else.
-pub fn recv_line(sock: &UnixStream) -> io::Result<(Vec<u8>, Option<OwnedFd>)> {
+pub fn recv_line(sock: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let mut line = Vec::new();
-    let mut fd = None;
+    let mut fds = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
         let mut anc = RecvAncillaryBuffer::new(&mut space);
         let r = recvmsg(sock, &mut [io::IoSliceMut::new(&mut buf)], &mut anc, RecvFlags::CMSG_CLOEXEC)?;
         for msg in anc.drain() {
-            if let RecvAncillaryMessage::ScmRights(fds) = msg {
-                for f in fds {
-                    fd.get_or_insert(f);
-                }
+            if let RecvAncillaryMessage::ScmRights(got) = msg {
+                fds.extend(got);
             }
         }
         if r.bytes == 0 {
@@ -139,7 +157,7 @@ pub fn recv_line(sock: &UnixStream) -> io::Result<(Vec<u8>, Option<OwnedFd>)> {
         let got = &buf[..r.bytes];
         if let Some(nl) = got.iter().position(|&b| b == b'\n') {
             line.extend_from_slice(&got[..nl]);
-            return Ok((line, fd));
+            return Ok((line, fds));
         }
         line.extend_from_slice(got);
         if line.len() > MAX_LINE {
@@ -157,14 +175,14 @@ pub fn call(
     fd: Option<&OwnedFd>,
     timeout: Option<Duration>,
 ) -> io::Result<(Reply, BufReader<UnixStream>)> {
-    read_reply(send(sock_path, req, fd, timeout)?)
+    read_reply(send(sock_path, req, fd.as_slice(), timeout)?)
 }
 
 /// First half of [`call`]: connect and send (work can overlap the reply).
-pub fn send(sock_path: &Path, req: &Request, fd: Option<&OwnedFd>, timeout: Option<Duration>) -> io::Result<UnixStream> {
+pub fn send(sock_path: &Path, req: &Request, fds: &[&OwnedFd], timeout: Option<Duration>) -> io::Result<UnixStream> {
     let sock = UnixStream::connect(sock_path)?;
     sock.set_read_timeout(timeout)?;
-    send_line(&sock, req, fd)?;
+    send_line_fds(&sock, req, fds)?;
     Ok(sock)
 }
 

@@ -183,9 +183,9 @@ fn run(_id: &str, dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
     let _ = io::stdout().flush();
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
-        let Some((cmd, conn)) = serve_pooled(&shared, conn) else { continue };
+        let Some((mut cmd, conn)) = serve_pooled(&shared, conn) else { continue };
         let t = Instant::now();
-        let mut vm = match shell.load(&cmd.image, &cmd.args) {
+        let mut vm = match shell.load_with(&cmd.image, &cmd.args, cmd.net.take()) {
             Ok(vm) => vm,
             Err(e) => {
                 let _ = send_line(&conn, &Reply::err(e.to_string()), None);
@@ -258,7 +258,7 @@ fn serve_loop(shared: &Arc<Shared>, listener: UnixListener) {
 
 /// Read one request line (10 s at most) and decode it; a malformed one is
 /// answered with an error and ends the connection.
-fn read_request(conn: &UnixStream) -> Option<(Request, Option<std::os::fd::OwnedFd>)> {
+fn read_request(conn: &UnixStream) -> Option<(Request, Vec<std::os::fd::OwnedFd>)> {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
     let (line, fd) = recv_line(conn).ok()?;
     let _ = conn.set_read_timeout(None);
@@ -293,23 +293,38 @@ struct StartCmd {
     args: Vec<String>,
     timeout: Option<Duration>,
     attach: bool,
+    net: Option<wisp_vmm::NetConfig>,
 }
 
 /// Serve one request while the shell waits in the pool. Returns the start
 /// command (and its connection, for the reply) when one arrives.
 fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(StartCmd, UnixStream)> {
-    let (req, fd) = read_request(&conn)?;
+    let (req, fds) = read_request(&conn)?;
     let reply = match req {
-        Request::Start { image_name, args, timeout_ms, attach } => {
-            let Some(fd) = fd else {
+        Request::Start { image_name, args, timeout_ms, attach, net } => {
+            let mut fds = fds.into_iter();
+            let Some(fd) = fds.next() else {
                 let _ = send_line(&conn, &Reply::err("start needs the image descriptor"), None);
                 return None;
+            };
+            let net = match (net, fds.next()) {
+                (None, _) => None,
+                (Some(n), Some(tap)) => Some(wisp_vmm::NetConfig {
+                    tap,
+                    mac: n.mac,
+                    ip: (n.ip, n.prefix),
+                    gateway: Some(n.gateway),
+                }),
+                (Some(_), None) => {
+                    let _ = send_line(&conn, &Reply::err("a NIC needs the tap descriptor"), None);
+                    return None;
+                }
             };
             // Parsed again here (the daemon is not trusted blindly); its
             // pages are mapped copy-on-write from the shared memfd.
             match Image::from_fd(&image_name, fd) {
                 Ok(image) => {
-                    let cmd = StartCmd { image, args, timeout: timeout_ms.map(Duration::from_millis), attach };
+                    let cmd = StartCmd { image, args, timeout: timeout_ms.map(Duration::from_millis), attach, net };
                     return Some((cmd, conn));
                 }
                 Err(e) => Reply::err(e.to_string()),
