@@ -24,6 +24,20 @@ pub struct CreateVm {
     /// subnet.
     #[serde(default)]
     pub net: bool,
+    /// Forward these host TCP ports to the VM (implies `net`).
+    #[serde(default)]
+    pub ports: Vec<PortMap>,
+}
+
+/// A forwarded TCP port: connections to `host` on the daemon's host go to
+/// `vm` on the VM's address.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PortMap {
+    /// Host port.
+    pub host: u16,
+    /// VM port.
+    pub vm: u16,
 }
 
 /// Life-cycle state of a VM.
@@ -74,6 +88,9 @@ pub struct VmInfo {
     /// IPv4 address of its NIC, if it has one.
     #[serde(default)]
     pub ip: Option<String>,
+    /// Forwarded host ports.
+    #[serde(default)]
+    pub ports: Vec<PortMap>,
 }
 
 /// `GET /v1/pool` and `PUT /v1/pool`.

@@ -51,6 +51,9 @@ pub struct RunArgs {
     /// Give the VM a NIC on wispd's bridge with an address from its subnet.
     #[arg(long, conflicts_with = "tap")]
     pub net: bool,
+    /// Forward a host TCP port to the VM, HOSTPORT:VMPORT (implies --net; repeatable).
+    #[arg(short = 'p', long = "publish", value_parser = units::parse_port_map, conflicts_with = "tap")]
+    pub ports: Vec<(u16, u16)>,
     /// Connect a NIC to this tap device (without wispd; needs --ip).
     #[arg(long, requires = "ip")]
     pub tap: Option<String>,
@@ -173,7 +176,7 @@ fn main() -> ExitCode {
             Err(e) if a.detach || a.name.is_some() || a.count.is_some() => {
                 Err(format!("cannot reach wispd at {}: {e} (start it with `wispd`)", socket.display()))
             }
-            Err(e) if a.net => Err(format!("--net needs wispd (cannot reach {}: {e}); without it use --tap", socket.display())),
+            Err(e) if a.net || !a.ports.is_empty() => Err(format!("--net needs wispd (cannot reach {}: {e}); without it use --tap", socket.display())),
             Err(_) => direct::run(&a, t_main),
         },
         Cmd::Inspect { target } => match remote::inspect(&socket, &target) {

@@ -23,7 +23,7 @@ fn ip(args: &[&str]) {
 impl NetNs {
     fn new(tag: &str) -> NetNs {
         let name = format!("wisp-{tag}-{}", std::process::id());
-        let _ = Command::new("ip").args(["netns", "del", &name]).status();
+        let _ = Command::new("ip").args(["netns", "del", &name]).stderr(Stdio::null()).status();
         ip(&["netns", "add", &name]);
         let ns = NetNs { name };
         ns.exec_ok(&["ip", "link", "set", "lo", "up"]);
@@ -393,5 +393,37 @@ fn wispd_plumbs_taps_on_its_bridge_and_releases_them() {
     assert_ne!(again.ip.as_deref(), Some(server_ip.as_str()), "address of a running VM given out twice");
     drop(c);
     drop(d2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn host_ports_are_forwarded_to_the_vm() {
+    use wisp_api::{CreateVm, PortMap};
+    let ns = NetNs::new("ports");
+    let dir = std::env::temp_dir().join(format!("wisp-net-ports-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = NsDaemon::start(&ns, &dir, "10.77.7.0/24");
+    let mut c = d.client();
+    let req = CreateVm { image: "daytime".into(), ports: vec![PortMap { host: 8013, vm: 13 }], ..Default::default() };
+    let vm = c.create(&req).unwrap();
+    assert!(vm.ip.is_some(), "-p implies a NIC");
+    wait_console(&mut c, &vm.id, "daytime: listening");
+    let fetch = "import socket; s=socket.create_connection(('127.0.0.1',8013),timeout=5); print(s.recv(100).decode().strip())";
+    let out = ns.cmd(&["python3", "-c", fetch]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success() && text.contains(&wisp_year()), "{text} {}", String::from_utf8_lossy(&out.stderr));
+    // The same host port twice: refused, nothing started.
+    let dup = c.create(&req);
+    assert!(matches!(dup, Err(wisp_api::client::ApiError::Status(409, ref m)) if m.contains("8013")), "{dup:?}");
+    assert_eq!(c.list().unwrap().len(), 1);
+    // Removing the VM frees the port for the next one.
+    c.remove(&vm.id, true).unwrap();
+    let vm2 = c.create(&req).unwrap();
+    wait_console(&mut c, &vm2.id, "daytime: listening");
+    let out = ns.cmd(&["python3", "-c", fetch]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&wisp_year()));
+    drop(c);
+    drop(d);
     let _ = std::fs::remove_dir_all(&dir);
 }

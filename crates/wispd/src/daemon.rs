@@ -76,6 +76,8 @@ struct Entry {
     pidfd: Option<OwnedFd>,
     /// An open control connection to the VMM process, reused by quick requests.
     ctl: Option<UnixStream>,
+    /// Host ports forwarded to the VM (closed when it exits).
+    forwards: Vec<crate::forward::Forward>,
 }
 
 #[derive(Default)]
@@ -345,7 +347,8 @@ impl Daemon {
                 }
             },
         };
-        let net = if req.net {
+        let wants_net = req.net || !req.ports.is_empty();
+        let net = if wants_net {
             match self.alloc_net(&worker.id) {
                 Ok(n) => Some(n),
                 Err(e) => {
@@ -357,7 +360,23 @@ impl Daemon {
         } else {
             None
         };
+        // Host ports first: a port in use fails the request before the VM starts.
+        let mut forwards = Vec::new();
+        if let Some((n, _)) = &net {
+            for m in &req.ports {
+                match crate::forward::Forward::start(*m, std::net::Ipv4Addr::from(n.ip)) {
+                    Ok(f) => forwards.push(f),
+                    Err(e) => {
+                        release_name(self);
+                        self.free_ip(&Some(std::net::Ipv4Addr::from(n.ip).to_string()));
+                        self.discard_worker(worker);
+                        return Err(ApiError::new(409, format!("cannot forward host port {}: {e}", m.host)));
+                    }
+                }
+            }
+        }
         let info = VmInfo {
+            ports: req.ports.clone(),
             ip: net.as_ref().map(|(n, _)| std::net::Ipv4Addr::from(n.ip).to_string()),
             id: worker.id.clone(),
             name: req.name.clone(),
@@ -372,6 +391,9 @@ impl Daemon {
         };
         let dir = worker.dir.clone();
         self.insert(info.clone(), dir.clone(), worker.child);
+        if let Some(e) = self.table.lock().unwrap().by_id.get_mut(&info.id) {
+            e.forwards = forwards;
+        }
         let (spec, tap) = net.map_or((None, None), |(n, t)| (Some(n), Some(t)));
         let start = Request::Start {
             image_name: image.image.name.clone(),
@@ -425,7 +447,7 @@ impl Daemon {
             t.names.insert(n.clone(), info.id.clone());
         }
         let gone = pidfd.is_none() && info.exit.is_none();
-        t.by_id.insert(info.id.clone(), Entry { info: info.clone(), dir, child, pidfd, ctl: None });
+        t.by_id.insert(info.id.clone(), Entry { info: info.clone(), dir, child, pidfd, ctl: None, forwards: Vec::new() });
         drop(t);
         if gone {
             self.on_exit(&info.id);
@@ -648,6 +670,7 @@ impl Daemon {
         }
         e.child = None;
         e.ctl = None;
+        e.forwards.clear();
         if e.info.exit.is_none() {
             let exit = read_exit(&e.dir).unwrap_or_else(|| {
                 let x = ExitInfo { code: 137, reason: "the VMM process died".into() };
@@ -713,7 +736,24 @@ impl Daemon {
                     info.boot_us = r.boot_us;
                 }
             }
+            let restore: Vec<_> = if info.exit.is_none() && alive { info.ports.clone() } else { Vec::new() };
+            let (id, ip) = (info.id.clone(), info.ip.clone());
             self.insert(info, dir, None);
+            if let Some(ip) = ip.and_then(|i| i.parse().ok()) {
+                let fw: Vec<_> = restore
+                    .iter()
+                    .filter_map(|m| match crate::forward::Forward::start(*m, ip) {
+                        Ok(f) => Some(f),
+                        Err(e) => {
+                            eprintln!("wispd: VM {id}: cannot forward host port {} again: {e}", m.host);
+                            None
+                        }
+                    })
+                    .collect();
+                if let Some(e) = self.table.lock().unwrap().by_id.get_mut(&id) {
+                    e.forwards = fw;
+                }
+            }
         }
     }
 

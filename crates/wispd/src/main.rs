@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 
 mod api;
 mod daemon;
+mod forward;
 mod images;
 mod jail;
 mod netlink;
