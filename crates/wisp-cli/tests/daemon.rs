@@ -2,7 +2,11 @@
 //! pool, re-adoption after a daemon SIGKILL, isolation between VMs, and
 //! 4xx answers to bad requests.
 
+mod common;
+
 use std::path::{Path, PathBuf};
+
+use common::{console, wait_console};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -111,24 +115,6 @@ fn create(c: &mut Client, image: &str, args: &[&str], name: Option<&str>) -> wis
     .unwrap_or_else(|e| panic!("create {image}: {e}"))
 }
 
-fn logs(c: &mut Client, id: &str) -> String {
-    let mut out = Vec::new();
-    c.logs(id, false, &mut |d| {
-        out.extend_from_slice(d);
-        true
-    })
-    .unwrap();
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn wait_for_log(c: &mut Client, id: &str, needle: &str) {
-    let t = Instant::now();
-    while !logs(c, id).contains(needle) {
-        assert!(t.elapsed() < Duration::from_secs(10), "'{needle}' never appeared in {id}'s console");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 #[test]
 fn life_cycle_through_the_cli() {
     let d = Daemon::start("cli", "16M=2");
@@ -151,11 +137,11 @@ fn life_cycle_through_the_cli() {
     assert_eq!(d.wisp(&["pause", "sleepy"]).status.code(), Some(0));
     assert!(text(&d.wisp(&["ps"])).0.contains("paused"));
     let mut c = d.client();
-    let before = logs(&mut c, &id).len();
+    let before = console(&mut c, &id).len();
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(d.wisp(&["resume", "sleepy"]).status.code(), Some(0));
     assert_eq!(c.get("sleepy").unwrap().state, VmState::Running);
-    assert_eq!(logs(&mut c, &id).len(), before, "a paused VM printed");
+    assert_eq!(console(&mut c, &id).len(), before, "a paused VM printed");
 
     let (l, _) = text(&d.wisp(&["logs", "sleepy"]));
     assert!(l.contains("sleeper: sleeping"), "{l}");
@@ -244,7 +230,7 @@ fn pool_refills_after_a_burst_larger_than_the_pool() {
     let ids: Vec<String> = (0..6).map(|i| create(&mut c, "hello", &[&i.to_string()], None).id).collect();
     for (i, id) in ids.iter().enumerate() {
         assert_eq!(c.wait(id).unwrap().code, 0);
-        assert!(logs(&mut c, id).contains(&format!("args: [\"{i}\"]")));
+        assert!(console(&mut c, id).contains(&format!("args: [\"{i}\"]")));
     }
     let t = Instant::now();
     while c.pool().unwrap().ready.iter().map(|r| r.count).sum::<u32>() < 2 {
@@ -254,7 +240,7 @@ fn pool_refills_after_a_burst_larger_than_the_pool() {
     // Another size on demand.
     let vm = c.create(&CreateVm { image: "hello".into(), mem: Some(32 << 20), ..Default::default() }).unwrap();
     assert_eq!(c.wait(&vm.id).unwrap().code, 0);
-    assert!(logs(&mut c, &vm.id).contains("32 MiB RAM"));
+    assert!(console(&mut c, &vm.id).contains("32 MiB RAM"));
 }
 
 #[test]
@@ -266,7 +252,7 @@ fn daemon_sigkill_and_restart_readopts_every_vm() {
     let done = create(&mut c, "hello", &["done"], None);
     assert_eq!(c.wait(&done.id).unwrap().code, 0);
     c.pause(&b.id).unwrap();
-    wait_for_log(&mut c, &a.id, "sleeper: sleeping");
+    wait_console(&mut c, &a.id, "sleeper: sleeping");
     drop(c);
 
     d.sigkill_and_restart("16M=2");
@@ -276,8 +262,8 @@ fn daemon_sigkill_and_restart_readopts_every_vm() {
     assert_eq!(c.get("a").unwrap().state, VmState::Running);
     assert_eq!(c.get(&b.id).unwrap().state, VmState::Paused);
     assert_eq!(c.get(&done.id).unwrap().exit.unwrap().code, 0);
-    assert!(logs(&mut c, &done.id).contains("args: [\"done\"]"));
-    assert!(logs(&mut c, &a.id).contains("sleeper: sleeping"));
+    assert!(console(&mut c, &done.id).contains("args: [\"done\"]"));
+    assert!(console(&mut c, &a.id).contains("sleeper: sleeping"));
     c.resume(&b.id).unwrap();
     c.stop("a", Some(2000)).unwrap();
     assert_eq!(c.wait("a").unwrap().code, 143);
@@ -304,7 +290,7 @@ fn a_crashing_or_killed_vm_does_not_disturb_its_neighbours() {
     assert_eq!(c.get(&calm.id).unwrap().state, VmState::Running);
     c.pause(&calm.id).unwrap();
     c.resume(&calm.id).unwrap();
-    let n = logs(&mut c, &calm.id).len();
+    let n = console(&mut c, &calm.id).len();
     assert!(n > 0);
     c.stop(&calm.id, Some(1000)).unwrap();
     assert_eq!(c.wait(&calm.id).unwrap().code, 143);
@@ -360,5 +346,5 @@ fn images_are_shared_copy_on_write_from_the_cache() {
         line.split_whitespace().nth(4).unwrap().to_string()
     };
     assert_eq!(inode(a.pid), inode(b.pid));
-    wait_for_log(&mut c, &a.id, "sleeper: sleeping");
+    wait_console(&mut c, &a.id, "sleeper: sleeping");
 }

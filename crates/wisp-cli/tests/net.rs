@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::images;
+use common::{console, images, wait_console};
 
 /// A network namespace with one tap (host side 10.77.N.1/24).
 struct NetNs {
@@ -309,24 +309,6 @@ impl Drop for NsDaemon {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
-    }
-}
-
-fn console(c: &mut wisp_api::client::Client, id: &str) -> String {
-    let mut out = Vec::new();
-    c.logs(id, false, &mut |d| {
-        out.extend_from_slice(d);
-        true
-    })
-    .unwrap();
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn wait_console(c: &mut wisp_api::client::Client, id: &str, needle: &str) {
-    let t = Instant::now();
-    while !console(c, id).contains(needle) {
-        assert!(t.elapsed() < Duration::from_secs(20), "'{needle}' never appeared on {id}'s console");
-        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

@@ -93,3 +93,23 @@ pub fn wisp_limit(args: &[&str], limit: Duration) -> Run {
 pub fn wisp(args: &[&str]) -> Run {
     wisp_limit(args, Duration::from_secs(30))
 }
+
+/// A VM's console output so far, through the daemon.
+pub fn console(c: &mut wisp_api::client::Client, id: &str) -> String {
+    let mut out = Vec::new();
+    c.logs(id, false, &mut |d| {
+        out.extend_from_slice(d);
+        true
+    })
+    .unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Wait (20 s at most) until a VM's console contains `needle`.
+pub fn wait_console(c: &mut wisp_api::client::Client, id: &str, needle: &str) {
+    let t = Instant::now();
+    while !console(c, id).contains(needle) {
+        assert!(t.elapsed() < Duration::from_secs(20), "'{needle}' never appeared on {id}'s console");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
