@@ -7,7 +7,7 @@ TEST_IMAGES := hostile
 IMAGES := build/images
 WISP := target/release/wisp
 
-.PHONY: all deps host guest run test bench-boot bench-density clean
+.PHONY: all deps host guest run test bench-boot bench-net bench-density clean
 N ?= 10000
 
 all: host guest
@@ -33,6 +33,10 @@ test: all
 bench-boot: all
 	scripts/install-bench-deps.sh
 	python3 bench/boot.py --wisp $(WISP) --out bench/results/boot.json
+
+bench-net: all
+	scripts/install-bench-deps.sh
+	python3 bench/net.py --wisp $(WISP) --out bench/results/net.json
 
 bench-density: all
 	python3 bench/density.py --wisp $(WISP) --n $(N)

@@ -87,11 +87,50 @@ def density_section(d):
     return out
 
 
+def net_section(n):
+    E = n["environments"]
+    envs = [e for e in ("wisp", "container", "native", "linux_vm") if e in E and "tcp" in E[e]]
+    sizes = sorted({int(k) for e in envs for k in E[e]["tcp"]})
+    out = ["## Network study (`make bench-net`, `bench/results/net.json`, `net-tcp.png`, `net-udp.png`, `net-window.png`)", "",
+           "The host's `iperf3` client against each environment, all inside one network namespace the",
+           "benchmark creates: wisp (the `iperf` app on a tap), a container (iperf3 in a child namespace",
+           "behind a veth pair), native (iperf3 on the namespace's loopback) and a Linux VM (QEMU TCG",
+           "microvm, Debian cloud kernel, virtio-net, iperf3 in the initramfs). Run of %s." % n["date"][:16], "",
+           "TCP stream throughput (Gbit/s) against message size (`-l`):", "",
+           "| size | " + " | ".join(envs) + " |", "|---|" + "---|" * len(envs)]
+    for sz in sizes:
+        cells = []
+        for e in envs:
+            v = E[e]["tcp"].get(str(sz))
+            cells.append("%.2f" % v["gbps"] if v and v.get("gbps") is not None else "-")
+        out.append("| %d | %s |" % (sz, " | ".join(cells)))
+    udp = sorted({int(k) for e in envs for k in E[e].get("udp", {})})
+    out += ["", "UDP at 200 Mbit/s offered, received throughput (Gbit/s) / loss (%) against datagram size:", "",
+            "| size | " + " | ".join(envs) + " |", "|---|" + "---|" * len(envs)]
+    for sz in udp:
+        cells = []
+        for e in envs:
+            v = E[e].get("udp", {}).get(str(sz))
+            cells.append("%.3f / %.1f" % (v["gbps"], v["loss_pct"]) if v and v.get("gbps") is not None else "-")
+        out.append("| %d | %s |" % (sz, " | ".join(cells)))
+    rr = []
+    for e in envs:
+        r = E[e].get("rr") or E[e].get("latency") or {}
+        med = r.get("median_us") if isinstance(r, dict) else None
+        rr.append("%s %s µs" % (e, "%.0f" % med if med is not None else "-"))
+    out += ["", "Request/response latency, median: " + ", ".join(rr) + ".", "",
+            "`ratios`: " + ", ".join("`%s` %s" % (k, ratio(v)) for k, v in n["ratios"].items()) + ".", ""]
+    return out
+
+
 def main():
     head = open(os.path.join(BENCH, "report-notes.md")).read()
     b, d = load("boot.json"), load("density.json")
     parts = head.split("<!-- density -->")
     text = parts[0].replace("<!-- boot -->", "\n".join(boot_section(b))) + "\n".join(density_section(d)) + parts[1]
+    if os.path.exists(os.path.join(BENCH, "results", "net.json")):
+        net_text = "\n".join(net_section(load("net.json")))
+        text = text.replace("<!-- net -->", net_text) if "<!-- net -->" in text else text + "\n" + net_text
     with open(os.path.join(ROOT, "docs", "benchmarks.md"), "w") as f:
         f.write(text)
 

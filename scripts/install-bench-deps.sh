@@ -1,5 +1,5 @@
 #!/bin/sh
-# Install the Debian packages bench/boot.py needs. Idempotent: installs only
+# Install the Debian packages bench/boot.py and bench/net.py need. Idempotent: installs only
 # what is missing and runs `apt-get update` at most once, only if needed.
 #
 #   qemu-system-x86          linux_vm peer (QEMU TCG, -M microvm)
@@ -9,9 +9,10 @@
 #   util-linux               unshare (container_unshare peer, crun's mount namespace)
 #   gcc, libc6-dev           build bench/tools/*.c (static no-op, launcher)
 #   python3, python3-matplotlib  the harness; the plot (optional)
+#   iperf3                   bench/net.py's client and its container/native/Linux VM servers
 set -eu
 
-PKGS="qemu-system-x86 linux-image-cloud-amd64 busybox-static crun util-linux gcc libc6-dev python3 python3-matplotlib"
+PKGS="qemu-system-x86 linux-image-cloud-amd64 busybox-static crun util-linux gcc libc6-dev python3 python3-matplotlib iperf3"
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "install-bench-deps: run as root" >&2
