@@ -16,17 +16,9 @@ use wisp::net::{TcpListener, TcpOptions, TcpStream};
 wisp::main!(main);
 
 fn main() -> i32 {
-    let port = match wisp::env::arg(1).map(str::parse::<u16>) {
-        None => 13,
-        Some(Ok(p)) if p != 0 => p,
-        Some(_) => {
-            wisp::println!("usage: daytime [PORT]");
-            return 2;
-        }
-    };
-    let Some(cfg) = wisp::net::config() else {
-        wisp::println!("daytime: no network device (run with a NIC)");
-        return 1;
+    let (port, cfg) = match wisp::net::server_args("daytime", 1, 13) {
+        Ok(x) => x,
+        Err(code) => return code,
     };
     // Tiny buffers: a request is never read and the answer is 26 bytes, so
     // thousands of connections fit in a few MiB. A deep backlog keeps
@@ -41,15 +33,9 @@ fn main() -> i32 {
     };
     wisp::println!("daytime: listening on {}:{}", cfg.ip, port);
     wisp::exec::block_on(async move {
-        loop {
-            match listener.accept().await {
-                Ok(conn) => wisp::exec::spawn(serve(conn)),
-                Err(e) => {
-                    wisp::println!("daytime: accept: {}", e);
-                    return 1;
-                }
-            }
-        }
+        let e = listener.serve(serve).await;
+        wisp::println!("daytime: accept: {}", e);
+        1
     })
 }
 

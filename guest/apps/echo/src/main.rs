@@ -19,17 +19,9 @@ fn main() -> i32 {
     if wisp::env::arg(1) == Some("client") {
         return client();
     }
-    let port = match wisp::env::arg(1).map(str::parse::<u16>) {
-        None => 7,
-        Some(Ok(p)) if p != 0 => p,
-        Some(_) => {
-            wisp::println!("usage: echo [PORT]");
-            return 2;
-        }
-    };
-    let Some(cfg) = wisp::net::config() else {
-        wisp::println!("echo: no network device (run with a NIC)");
-        return 1;
+    let (port, cfg) = match wisp::net::server_args("echo", 1, 7) {
+        Ok(x) => x,
+        Err(code) => return code,
     };
     // Echoes are answers: send them at once rather than coalescing.
     let opts = TcpOptions { nodelay: true, ..TcpOptions::default() };
@@ -63,15 +55,9 @@ fn main() -> i32 {
         }
     });
     wisp::exec::block_on(async move {
-        loop {
-            match listener.accept().await {
-                Ok(conn) => wisp::exec::spawn(serve(conn)),
-                Err(e) => {
-                    wisp::println!("echo: accept: {}", e);
-                    return 1;
-                }
-            }
-        }
+        let e = listener.serve(serve).await;
+        wisp::println!("echo: accept: {}", e);
+        1
     })
 }
 

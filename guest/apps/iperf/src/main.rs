@@ -92,17 +92,9 @@ const MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
 const TEST_END_SLACK: Duration = Duration::from_secs(30);
 
 fn main() -> i32 {
-    let port = match wisp::env::arg(1).map(str::parse::<u16>) {
-        None => DEFAULT_PORT,
-        Some(Ok(p)) if p != 0 => p,
-        Some(_) => {
-            wisp::println!("usage: iperf [PORT]");
-            return 2;
-        }
-    };
-    let Some(cfg) = wisp::net::config() else {
-        wisp::println!("iperf: no network device (run with a NIC)");
-        return 1;
+    let (port, cfg) = match wisp::net::server_args("iperf", 1, DEFAULT_PORT) {
+        Ok(x) => x,
+        Err(code) => return code,
     };
     let opts =
         TcpOptions { backlog: BACKLOG, rx_buffer: SOCKET_BUFFER, tx_buffer: SOCKET_BUFFER, ..TcpOptions::default() };
@@ -116,19 +108,15 @@ fn main() -> i32 {
     wisp::println!("iperf: listening on {}:{}", cfg.ip, port);
     let server = Rc::new(Server { port, current: RefCell::new(None), next_seq: Cell::new(0) });
     wisp::exec::block_on(async move {
-        loop {
-            match listener.accept().await {
-                Ok(conn) => {
-                    let seq = server.next_seq.get();
-                    server.next_seq.set(seq + 1);
-                    wisp::exec::spawn(handle(server.clone(), conn, seq));
-                }
-                Err(e) => {
-                    wisp::println!("iperf: accept: {}", e);
-                    return 1;
-                }
-            }
-        }
+        let e = listener
+            .serve(|conn| {
+                let seq = server.next_seq.get();
+                server.next_seq.set(seq + 1);
+                handle(server.clone(), conn, seq)
+            })
+            .await;
+        wisp::println!("iperf: accept: {}", e);
+        1
     })
 }
 

@@ -142,6 +142,27 @@ fn usable(cfg: &NetConfig) -> bool {
     unicast_mac && cfg.prefix <= 32 && !cfg.ip.is_unspecified() && !cfg.ip.is_broadcast()
 }
 
+/// For a server app: the port given as argument `n` (default `default`)
+/// and the NIC's configuration. On a bad argument or without a NIC it
+/// prints why (prefixed with `app`) and returns the exit code to use.
+pub fn server_args(app: &str, n: usize, default: u16) -> core::result::Result<(u16, NetConfig), i32> {
+    let port = match crate::env::arg(n).map(str::parse::<u16>) {
+        None => default,
+        Some(Ok(p)) if p != 0 => p,
+        Some(_) => {
+            crate::println!("usage: {} [PORT]", app);
+            return Err(2);
+        }
+    };
+    match config() {
+        Some(cfg) => Ok((port, cfg)),
+        None => {
+            crate::println!("{}: no network device (run with a NIC)", app);
+            Err(1)
+        }
+    }
+}
+
 /// The NIC's configuration, or `None` if the VM has no (usable) NIC.
 pub fn config() -> Option<NetConfig> {
     find_nic().map(|(_, _, cfg)| cfg).filter(usable)

@@ -192,6 +192,21 @@ impl TcpListener {
         self.port
     }
 
+    /// Accept connections until accepting fails, running `handler`'s future
+    /// for each on a task of its own; returns the error that ended it.
+    pub async fn serve<F, Fut>(&self, mut handler: F) -> Error
+    where
+        F: FnMut(TcpStream) -> Fut,
+        Fut: Future<Output = ()> + 'static,
+    {
+        loop {
+            match self.accept().await {
+                Ok(conn) => crate::exec::spawn(handler(conn)),
+                Err(e) => return e,
+            }
+        }
+    }
+
     /// Wait for the next established connection.
     pub async fn accept(&self) -> Result<TcpStream> {
         let id = self.id;
