@@ -16,6 +16,7 @@ import argparse
 import datetime
 import glob
 import json
+import re
 import os
 import shutil
 import signal
@@ -228,6 +229,18 @@ def rr(net, host, port, secs):
             "rps": len(s) / secs}
 
 
+def ping(net, host, count=50):
+    """ICMP round trip from the namespace to `host` (busybox ping, -A: next
+    request as soon as the reply arrives)."""
+    r = net.x("busybox", "ping", "-A", "-c", str(count), "-W", "5", host, check=False)
+    m = re.search(r"round-trip min/avg/max = ([\d.]+)/([\d.]+)/([\d.]+) ms", r.stdout)
+    if not m:
+        return {"error": (r.stderr or r.stdout).strip()[-300:]}
+    rec = re.search(r"(\d+) packets received", r.stdout)
+    return {"count": count, "received": int(rec.group(1)) if rec else None,
+            "min_us": float(m.group(1)) * 1e3, "avg_us": float(m.group(2)) * 1e3, "max_us": float(m.group(3)) * 1e3}
+
+
 def measure(net, env, host, echo_host, slow, args):
     t = args.slow_secs if slow else args.secs
     res = {"iperf_host": host, "echo_host": echo_host, "secs": t, "tcp": {}, "window": {}, "udp": {}}
@@ -240,6 +253,8 @@ def measure(net, env, host, echo_host, slow, args):
     for L in (UDP_SIZES_SLOW if slow else UDP_SIZES):
         res["udp"][str(L)] = v = iperf(net, host, t, L, udp=True)
         log("  %-9s udp  -l %-5s %s" % (env, human(L), fmtres(v)))
+    res["ping"] = v = ping(net, host)
+    log("  %-9s ping %s" % (env, "error: %s" % v["error"] if "error" in v else "avg %.1f us" % v["avg_us"]))
     res["rr"] = v = rr(net, echo_host, 7, args.rr_secs)
     log("  %-9s rr   %s" % (env, "error: %s" % v["error"] if "error" in v else
                             "median %.1f us, p99 %.1f us, %d round trips" % (v["median_us"], v["p99_us"], v["round_trips"])))
@@ -397,6 +412,10 @@ def ratios(results):
         out["rr_latency_vs_container"] = results["wisp"]["rr"]["median_us"] / results["container"]["rr"]["median_us"]
     except (KeyError, TypeError, ZeroDivisionError):
         out["rr_latency_vs_container"] = None
+    try:
+        out["ping_rtt_vs_container"] = results["wisp"]["ping"]["avg_us"] / results["container"]["ping"]["avg_us"]
+    except (KeyError, TypeError, ZeroDivisionError):
+        out["ping_rtt_vs_container"] = None
     return out
 
 

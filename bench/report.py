@@ -118,7 +118,12 @@ def net_section(n):
         r = E[e].get("rr") or E[e].get("latency") or {}
         med = r.get("median_us") if isinstance(r, dict) else None
         rr.append("%s %s µs" % (e, "%.0f" % med if med is not None else "-"))
+    pings = []
+    for e in envs:
+        pg = E[e].get("ping") or {}
+        pings.append("%s %s µs" % (e, "%.0f" % pg["avg_us"] if "avg_us" in pg else "-"))
     out += ["", "Request/response latency, median: " + ", ".join(rr) + ".", "",
+            "Ping round trip from the namespace, average: " + ", ".join(pings) + ".", "",
             "`ratios`: " + ", ".join("`%s` %s" % (k, ratio(v)) for k, v in n["ratios"].items()) + ".", ""]
     return out
 
