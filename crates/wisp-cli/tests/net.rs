@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{console, images, wait_console};
+use common::{console, direct, fresh_dir, images, wait_console};
 
 /// A network namespace with one tap (host side 10.77.N.1/24).
 struct NetNs {
@@ -64,9 +64,7 @@ impl NetNs {
         let wisp = env!("CARGO_BIN_EXE_wisp");
         let mut argv = vec![wisp, "run", "--timeout", "60s", "--tap", tap, "--ip", cidr, image, "--"];
         argv.extend_from_slice(args);
-        self.cmd(&argv)
-            .env("WISP_IMAGE_DIR", images())
-            .env("WISP_SOCKET", "/nonexistent/wisp-test.sock")
+        direct(&mut self.cmd(&argv))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -316,9 +314,7 @@ impl Drop for NsDaemon {
 fn wispd_plumbs_taps_on_its_bridge_and_releases_them() {
     use wisp_api::CreateVm;
     let ns = NetNs::new("wispd");
-    let dir = std::env::temp_dir().join(format!("wisp-net-daemon-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("net-daemon");
     let mut d = NsDaemon::start(&ns, &dir, "10.77.6.0/24");
     let mut c = d.client();
     let net = |image: &str, args: &[&str]| CreateVm {
@@ -382,9 +378,7 @@ fn wispd_plumbs_taps_on_its_bridge_and_releases_them() {
 fn host_ports_are_forwarded_to_the_vm() {
     use wisp_api::{CreateVm, PortMap};
     let ns = NetNs::new("ports");
-    let dir = std::env::temp_dir().join(format!("wisp-net-ports-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("net-ports");
     let d = NsDaemon::start(&ns, &dir, "10.77.7.0/24");
     let mut c = d.client();
     let req = CreateVm { image: "daytime".into(), ports: vec![PortMap { host: 8013, vm: 13 }], ..Default::default() };

@@ -28,14 +28,24 @@ pub fn image(name: &str) -> PathBuf {
     images().join(name)
 }
 
+/// Set up `cmd` (a `wisp` invocation) to boot VMs in its own process: the
+/// test images, and never a wispd that may run on this machine.
+pub fn direct(cmd: &mut Command) -> &mut Command {
+    cmd.env("WISP_IMAGE_DIR", images()).env("WISP_SOCKET", "/nonexistent/wisp-test.sock")
+}
+
+/// An empty scratch directory for this test process, named after `tag`.
+pub fn fresh_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wisp-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// Run `wisp ARGS`, killing it (and failing) if it takes longer than `limit`.
 pub fn wisp_limit(args: &[&str], limit: Duration) -> Run {
     let start = Instant::now();
-    let child = Command::new(env!("CARGO_BIN_EXE_wisp"))
-        .args(args)
-        .env("WISP_IMAGE_DIR", images())
-        // Direct mode: never talk to a wispd that may run on this machine.
-        .env("WISP_SOCKET", "/nonexistent/wisp-test.sock")
+    let child = direct(Command::new(env!("CARGO_BIN_EXE_wisp")).args(args))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
