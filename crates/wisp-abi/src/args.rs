@@ -49,3 +49,13 @@ pub struct Idle {
     /// Out: bit mask of pending events (0: the timeout passed).
     pub events: u64,
 }
+
+/// [`crate::Hypercall::Fork`]: fork this VM.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct Fork {
+    /// Out: the child's pid in the parent, 0 in the child, or a negative
+    /// errno (`EAGAIN`: the family's limit is reached; `ENOSYS`: this
+    /// monitor cannot fork).
+    pub ret: i64,
+}

@@ -13,6 +13,8 @@
 //! 0x0002_0000  stack                  user, read/write, no-exec; grows down from 0x10_0000
 //! 0x0010_0000  image                  user, per-segment permissions
 //! image end    heap                   user, read/write, up to the end of RAM
+//! 0x1_0000_0000 shared-memory window  user, read/write, no-exec; only the
+//!              segments a VM attached (`shmat`) are backed, the rest faults
 //! ```
 //!
 //! The first 2 MiB are mapped with 4 KiB pages so each system page and each
@@ -47,6 +49,13 @@ pub const PD: u64 = 0x8000;
 pub const MAX_PDS: u64 = 4;
 /// Page table for the first 2 MiB (4 KiB pages).
 pub const PT0: u64 = 0xC000;
+/// Page directory of the shared-memory window (2 MiB pages).
+pub const SHM_PD: u64 = 0xD000;
+/// Guest address of the family shared-memory window: segment `s` attached
+/// with `shmat` is at `SHM_BASE + offset(s)` in every VM of the family.
+pub const SHM_BASE: u64 = 1 << 32;
+/// Size of the shared-memory window (all of a family's segments together).
+pub const SHM_SIZE: u64 = 256 << 20;
 /// Lowest address of the unmapped stack guard region.
 pub const STACK_GUARD: u64 = 0x1_0000;
 /// Lowest address of the stack (the stack grows down towards it).
@@ -81,7 +90,8 @@ mod tests {
             assert!(w[0] + PAGE_SIZE <= w[1]);
         }
         assert!(PD + MAX_PDS * PAGE_SIZE <= PT0);
-        assert!(PT0 + PAGE_SIZE <= STACK_GUARD);
+        assert!(PT0 + PAGE_SIZE <= SHM_PD && SHM_PD + PAGE_SIZE <= STACK_GUARD);
+        assert!(MAX_MEM <= SHM_BASE && SHM_SIZE <= 1 << 30);
         assert!(TSS > GDT && TSS < GDT + PAGE_SIZE);
         assert!(STACK_BOTTOM < STACK_TOP && STACK_TOP <= IMAGE_BASE);
         assert!(EXCEPTION_STUB_SIZE * 32 <= PAGE_SIZE);

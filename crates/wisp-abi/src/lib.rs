@@ -27,6 +27,7 @@
 
 pub mod args;
 pub mod bootinfo;
+pub mod family;
 pub mod layout;
 pub mod net;
 
@@ -60,6 +61,12 @@ pub enum Hypercall {
     /// Tell the monitor the NIC's TX ring has frames (only needed while
     /// `NetHeader::monitor_idle` is 1). Args: [`net::NetNotify`].
     NetNotify = 4,
+    /// Fork this VM: the child is a new VM with a copy-on-write copy of
+    /// guest RAM and the same registers. Args: [`args::Fork`].
+    Fork = 5,
+    /// Family IPC (pipes, signals, wait, message queues, shared memory);
+    /// the operation is in the block. Args: [`family::Call`].
+    Family = 6,
 }
 
 impl Hypercall {
@@ -71,6 +78,8 @@ impl Hypercall {
             2 => Some(Hypercall::Clock),
             3 => Some(Hypercall::Idle),
             4 => Some(Hypercall::NetNotify),
+            5 => Some(Hypercall::Fork),
+            6 => Some(Hypercall::Family),
             _ => None,
         }
     }
@@ -88,6 +97,10 @@ pub mod events {
     pub const STOP: u64 = 1 << 0;
     /// A NIC's RX ring has new frames (or its TX ring has room again).
     pub const NET: u64 = 1 << 1;
+    /// Something changed in the VM's family: a signal is pending (take it
+    /// with [`crate::family::op::SIGNALS`]) or an IPC object it may wait on
+    /// changed.
+    pub const FAMILY: u64 = 1 << 2;
 }
 
 /// Error codes returned in the `ret` field of argument blocks
@@ -95,6 +108,36 @@ pub mod events {
 pub mod errno {
     /// Success.
     pub const OK: i64 = 0;
+    /// Not allowed (e.g. the target VM is outside the caller's family).
+    pub const EPERM: i64 = -1;
+    /// No such IPC key, object or descriptor target.
+    pub const ENOENT: i64 = -2;
+    /// No such VM.
+    pub const ESRCH: i64 = -3;
+    /// A blocking call was interrupted (a stop request or a signal).
+    pub const EINTR: i64 = -4;
+    /// A message is longer than the receive buffer.
+    pub const E2BIG: i64 = -7;
+    /// Not an open descriptor (or the wrong end of a pipe).
+    pub const EBADF: i64 = -9;
+    /// No children to wait for.
+    pub const ECHILD: i64 = -10;
+    /// Would block (non-blocking call), or a family limit was reached.
+    pub const EAGAIN: i64 = -11;
+    /// Out of memory for the object.
+    pub const ENOMEM: i64 = -12;
+    /// The key exists and exclusive creation was asked.
+    pub const EEXIST: i64 = -17;
+    /// Too many open descriptors.
+    pub const EMFILE: i64 = -24;
+    /// No room for another object of this kind in the family.
+    pub const ENOSPC: i64 = -28;
+    /// Writing to a pipe nobody can read.
+    pub const EPIPE: i64 = -32;
+    /// No message of the wanted type (non-blocking receive).
+    pub const ENOMSG: i64 = -42;
+    /// The object was removed while the caller waited on it.
+    pub const EIDRM: i64 = -43;
     /// A pointer or length in the argument block falls outside guest RAM.
     pub const EFAULT: i64 = -14;
     /// An argument is invalid (e.g. a length over the limit).
@@ -140,7 +183,15 @@ mod tests {
 
     #[test]
     fn hypercall_ports_round_trip() {
-        for hc in [Hypercall::ConsoleWrite, Hypercall::Exit, Hypercall::Clock, Hypercall::Idle, Hypercall::NetNotify] {
+        for hc in [
+            Hypercall::ConsoleWrite,
+            Hypercall::Exit,
+            Hypercall::Clock,
+            Hypercall::Idle,
+            Hypercall::NetNotify,
+            Hypercall::Fork,
+            Hypercall::Family,
+        ] {
             assert_eq!(Hypercall::from_port(hc.port()), Some(hc));
             assert!(hc.port() < HYPERCALL_PORT_BASE + HYPERCALL_PORT_COUNT);
         }

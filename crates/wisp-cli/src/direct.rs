@@ -66,6 +66,9 @@ pub fn run(a: &RunArgs, t_main: u64) -> Result<(u8, Option<Vm>), String> {
     let kvm = open_kvm().map_err(|e| e.to_string())?;
     let shell = Shell::create(&kvm, mem.unwrap_or(DEFAULT_MEM)).map_err(|e| e.to_string())?;
     let mut vm = shell.load_with(&img, args, net).map_err(|e| e.to_string())?;
+    // Without a daemon a family lives in this process tree: forked VMs are
+    // child processes of this one and end when their parent does.
+    vm.set_family_options(wisp_vmm::FamilyOptions { fork: true, limit: a.family_limit, orphans_die: true });
     let mut stdout = std::io::stdout().lock();
     let outcome = vm.run(&mut stdout, timeout);
     let _ = stdout.flush();

@@ -48,6 +48,10 @@ pub struct RunArgs {
     /// Print timings of each boot phase to stderr.
     #[arg(long)]
     pub stats: bool,
+    /// Most VMs in the VM's family (itself, its children, theirs, ...; at
+    /// most 64); a fork beyond it fails with EAGAIN.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub family_limit: u32,
     /// Give the VM a NIC on wispd's bridge with an address from its subnet.
     #[arg(long, conflicts_with = "tap")]
     pub net: bool,

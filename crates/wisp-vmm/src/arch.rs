@@ -93,6 +93,13 @@ pub fn write_system_pages(ram: &GuestRam) -> Result<()> {
     let gib = ram.size().div_ceil(1 << 30);
     let pdpt: Vec<u64> = (0..gib).map(|i| (PD + i * PAGE_SIZE) | P | RW | US).collect();
     ram.write(PDPT, &u64s(&pdpt))?;
+    // The family shared-memory window: mapped once, backed (by KVM memory
+    // slots) only where the VM attached a segment; elsewhere an access exits
+    // as MMIO and stops the VM.
+    ram.write(PDPT + (SHM_BASE >> 30) * 8, &u64s(&[SHM_PD | P | RW | US]))?;
+    let shm: Vec<u64> =
+        (0..SHM_SIZE / LARGE_PAGE_SIZE).map(|i| (SHM_BASE + i * LARGE_PAGE_SIZE) | P | RW | US | PS | NX).collect();
+    ram.write(SHM_PD, &u64s(&shm))?;
     Ok(())
 }
 

@@ -1,15 +1,14 @@
 //! Controlling a running VM from other threads: pause, resume, kill, and
 //! events for the guest (graceful stop). The vCPU thread checks the control
-//! block between guest entries; a kick (signal) or the wake eventfd brings it
-//! out of `KVM_RUN` or out of the idle hypercall.
+//! block between guest entries; a kick (signal) or the bell brings it
+//! out of `KVM_RUN` or out of the idle hypercall (a futex wait on the VM's
+//! family bell).
 
-use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use rustix::event::{eventfd, EventfdFlags};
-
+use crate::family::BellRef;
 use crate::signal::{install_kick_handler, ThreadId};
 
 /// Why the run loop must stop.
@@ -27,13 +26,15 @@ pub enum Halt {
 /// Shared control block of one VM.
 pub struct Control {
     halt: AtomicU8,
-    events: AtomicU64,
+    /// The VM's bell in its family region: event bits, and the futex word
+    /// the idle park and blocking family calls sleep on (other members of
+    /// the family ring it too).
+    bell: BellRef,
     paused: Mutex<PauseState>,
     cv: Condvar,
     vcpu: Mutex<Option<ThreadId>>,
     /// The vCPU thread is parked in the idle hypercall (not in the guest).
     parked: AtomicBool,
-    pub(crate) wake: OwnedFd,
 }
 
 #[derive(Default)]
@@ -49,17 +50,20 @@ impl Control {
         install_kick_handler();
     }
 
-    pub(crate) fn new() -> std::io::Result<Control> {
+    pub(crate) fn new(bell: BellRef) -> Control {
         install_kick_handler();
-        Ok(Control {
+        Control {
             halt: AtomicU8::new(Halt::None as u8),
-            events: AtomicU64::new(0),
+            bell,
             paused: Mutex::new(PauseState::default()),
             cv: Condvar::new(),
             vcpu: Mutex::new(None),
             parked: AtomicBool::new(false),
-            wake: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
-        })
+        }
+    }
+
+    pub(crate) fn bell(&self) -> &crate::family::Bell {
+        self.bell.get()
     }
 
     /// Stop the VM now (the run ends with `StopReason::Killed`).
@@ -74,6 +78,9 @@ impl Control {
     }
 
     pub(crate) fn halted(&self) -> Halt {
+        if self.bell.get().kill.load(Ordering::Acquire) != 0 {
+            return Halt::Kill;
+        }
         match self.halt.load(Ordering::Acquire) {
             1 => Halt::Kill,
             2 => Halt::Timeout,
@@ -84,12 +91,17 @@ impl Control {
     /// Deliver event bits (see `wisp_abi::events`) to the guest: its next or
     /// current idle hypercall returns them.
     pub fn post_events(&self, bits: u64) {
-        self.events.fetch_or(bits, Ordering::AcqRel);
+        self.bell.get().events.fetch_or(bits, Ordering::AcqRel);
         self.wake_idle();
     }
 
     pub(crate) fn take_events(&self) -> u64 {
-        self.events.swap(0, Ordering::AcqRel)
+        self.bell.get().events.swap(0, Ordering::AcqRel)
+    }
+
+    /// Event bits pending, without taking them.
+    pub(crate) fn peek_events(&self) -> u64 {
+        self.bell.get().events.load(Ordering::Acquire)
     }
 
     /// Pause the vCPU; returns once it is out of the guest and held (or the
@@ -165,6 +177,8 @@ impl Control {
     }
 
     pub(crate) fn set_vcpu_thread(&self, t: Option<ThreadId>) {
+        let tid = if t.is_some() { crate::family::gettid() as u32 } else { 0 };
+        self.bell.get().tid.store(tid, Ordering::Release);
         *self.vcpu.lock().unwrap() = t;
         self.cv.notify_all();
     }
@@ -179,6 +193,6 @@ impl Control {
     }
 
     fn wake_idle(&self) {
-        let _ = rustix::io::write(self.wake.as_fd(), &1u64.to_ne_bytes());
+        self.bell.get().ring();
     }
 }

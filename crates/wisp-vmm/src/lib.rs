@@ -16,6 +16,7 @@ pub mod arch;
 pub mod control;
 pub mod detach;
 pub mod error;
+pub mod family;
 pub mod fault;
 pub mod image;
 pub mod memory;
@@ -28,6 +29,7 @@ pub mod vm;
 
 pub use control::Control;
 pub use error::{Error, Result};
+pub use family::FamilyOptions;
 pub use fault::{Outcome, StopReason};
 pub use image::Image;
 pub use net::NetConfig;

@@ -1,18 +1,15 @@
-//! Guest RAM: one memfd, mapped shared into the monitor and registered with
-//! KVM as the VM's only memory slot.
+//! Guest RAM: one private anonymous mapping registered with KVM as the VM's
+//! main memory slot.
 //!
-//! The memfd is what later work maps copy-on-write (image segments, prepared
-//! shells, fork, snapshots). All accesses from the monitor go through
+//! Private, so `fork(2)` of the monitor process gives a forked VM a
+//! copy-on-write copy of guest RAM; image pages are mapped copy-on-write
+//! from the image's sealed memfd on top of it. All accesses from the monitor go through
 //! `vm-memory`, which bounds-checks every guest address: guest memory is
 //! untrusted input and the guest may change it at any time.
 
-use std::fs::File;
 use std::os::fd::BorrowedFd;
 
-use rustix::fs::{memfd_create, MemfdFlags};
-use vm_memory::{
-    Bytes, FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion,
-};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::error::{Error, Result};
@@ -20,7 +17,6 @@ use crate::error::{Error, Result};
 /// Guest RAM of one VM.
 pub struct GuestRam {
     view: RamView,
-    file: File,
     host_addr: u64,
 }
 
@@ -40,15 +36,13 @@ impl std::ops::Deref for GuestRam {
 }
 
 impl GuestRam {
-    /// Create `size` bytes of zeroed guest RAM backed by a fresh memfd.
+    /// Create `size` bytes of zeroed guest RAM (backed only where touched).
     pub fn new(size: u64) -> Result<GuestRam> {
-        let fd = memfd_create("wisp-guest-ram", MemfdFlags::CLOEXEC)
-            .map_err(|e| Error::Host("memfd_create", e.into()))?;
-        let file = File::from(fd);
-        file.set_len(size).map_err(|e| Error::Host("memfd size", e))?;
-        let region = MmapRegion::from_file(
-            FileOffset::new(file.try_clone().map_err(|e| Error::Host("dup memfd", e))?, 0),
+        let region = MmapRegion::build(
+            None,
             size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
         )
         .map_err(|e| Error::Host("mmap guest RAM", std::io::Error::other(e.to_string())))?;
         let host_addr = region.as_ptr() as u64;
@@ -56,7 +50,7 @@ impl GuestRam {
             .ok_or_else(|| Error::Host("guest region", std::io::Error::other("overflow")))?;
         let mem = GuestMemoryMmap::from_regions(vec![region])
             .map_err(|e| Error::Host("guest memory", std::io::Error::other(e.to_string())))?;
-        Ok(GuestRam { view: RamView { mem, size }, file, host_addr })
+        Ok(GuestRam { view: RamView { mem, size }, host_addr })
     }
 
     /// Host virtual address of guest-physical 0 (for KVM's memory slot).
@@ -67,11 +61,6 @@ impl GuestRam {
     /// A view for other threads (I/O threads of devices).
     pub fn view(&self) -> RamView {
         self.view.clone()
-    }
-
-    /// The memfd behind guest RAM.
-    pub fn file(&self) -> &File {
-        &self.file
     }
 
     /// Map `len` bytes of `fd` at file offset `offset` copy-on-write at

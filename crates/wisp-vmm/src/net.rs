@@ -45,6 +45,8 @@ pub struct NetStats {
 
 /// A running NIC: its I/O thread and how to kick it.
 pub struct NetDevice {
+    /// The tap's descriptor number (owned by the I/O thread's state).
+    tap_raw: std::os::fd::RawFd,
     kick: Arc<OwnedFd>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<Result<NetStats, String>>>,
@@ -55,14 +57,25 @@ impl NetDevice {
     pub fn start(ram: RamView, base: u64, tap: OwnedFd, control: Arc<Control>) -> std::io::Result<NetDevice> {
         let kick = Arc::new(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
         let stop = Arc::new(AtomicBool::new(false));
+        let tap_raw = std::os::fd::AsRawFd::as_raw_fd(&tap);
         let io = Io { ram, base, tap, kick: kick.clone(), stop: stop.clone(), control, stats: NetStats::default() };
         let thread = std::thread::Builder::new().name("net0".into()).stack_size(256 << 10).spawn(move || io.run())?;
-        Ok(NetDevice { kick, stop, thread: Some(thread) })
+        Ok(NetDevice { tap_raw, kick, stop, thread: Some(thread) })
     }
 
     /// The guest queued frames (the `net_notify` hypercall).
     pub fn kick(&self) {
         let _ = rustix::io::write(self.kick.as_fd(), &1u64.to_ne_bytes());
+    }
+
+    /// In a forked child, where the I/O thread does not exist: close the
+    /// tap (the NIC stays the parent's) and forget the rest.
+    pub(crate) fn abandon_after_fork(self) {
+        // SAFETY: the thread owning the tap descriptor exists only in the
+        // parent; in this process its state is never dropped (forgotten
+        // below), so nothing else closes or uses the number.
+        unsafe { crate::family::close_orphaned_fd(self.tap_raw) };
+        std::mem::forget(self);
     }
 
     /// Stop the I/O thread; returns its counters, or why it stopped the NIC.

@@ -51,6 +51,30 @@ pub struct Shell {
     pub(crate) tsc_hz: u64,
     pub(crate) stats: Stats,
     pub(crate) warmed: bool,
+    /// Our own handle on `/dev/kvm`, to make a forked child's VM.
+    pub(crate) kvm: Option<Kvm>,
+}
+
+/// The vCPU state a forked child starts from.
+pub(crate) struct CpuState {
+    pub regs: kvm_bindings::kvm_regs,
+    pub sregs: kvm_bindings::kvm_sregs,
+    pub fpu: kvm_bindings::kvm_fpu,
+    pub tsc: u64,
+}
+
+/// A second handle on the same `/dev/kvm` open file.
+fn dup_kvm(kvm: &Kvm) -> Option<Kvm> {
+    use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+    let fd = rustix::io::fcntl_dupfd_cloexec(
+        // SAFETY: the descriptor is owned by `kvm`, alive for this call.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(kvm.as_raw_fd()) },
+        0,
+    )
+    .ok()?;
+    // SAFETY: `fd` is a fresh descriptor of /dev/kvm that we own; `Kvm`
+    // takes ownership of it.
+    Some(unsafe { Kvm::from_raw_fd(fd.into_raw_fd()) })
 }
 
 impl Shell {
@@ -60,27 +84,13 @@ impl Shell {
         let mut stats = Stats::default();
 
         let t = Instant::now();
-        let vm = kvm.create_vm().map_err(|e| Error::Kvm("create VM", e.into()))?;
-        let vcpu = vm.create_vcpu(0).map_err(|e| Error::Kvm("create vCPU", e.into()))?;
-        let cpuid = CpuId::from_entries(&arch::cpuid_entries())
-            .map_err(|e| Error::Host("CPUID table", std::io::Error::other(format!("{e:?}"))))?;
-        vcpu.set_cpuid2(&cpuid).map_err(|e| Error::Kvm("set CPUID", e.into()))?;
+        let (vm, vcpu) = new_vm(kvm)?;
         let tsc_hz = vcpu.get_tsc_khz().map(|k| k as u64 * 1000).unwrap_or(0);
         stats.phase("kvm_create", t);
 
         let t = Instant::now();
         let ram = GuestRam::new(mem_size)?;
-        let region = kvm_userspace_memory_region {
-            slot: 0,
-            flags: 0,
-            guest_phys_addr: 0,
-            memory_size: mem_size,
-            userspace_addr: ram.host_addr(),
-        };
-        // SAFETY: `region` describes exactly the live mapping owned by `ram`,
-        // which this shell keeps alive (fields drop in declaration order:
-        // `vm` and `vcpu` before `ram`), so KVM never sees a stale address.
-        unsafe { vm.set_user_memory_region(region) }.map_err(|e| Error::Kvm("set memory region", e.into()))?;
+        register_ram(&vm, &ram)?;
         stats.phase("memory", t);
 
         let t = Instant::now();
@@ -90,7 +100,7 @@ impl Shell {
         vcpu.set_sregs(&sregs).map_err(|e| Error::Kvm("set sregs", e.into()))?;
         stats.phase("arch_setup", t);
 
-        Ok(Shell { vm, vcpu, ram, tsc_hz, stats, warmed: false })
+        Ok(Shell { vm, vcpu, ram, tsc_hz, stats, warmed: false, kvm: dup_kvm(kvm) })
     }
 
     /// Enter the guest once, before any image is loaded, so the expensive
@@ -113,6 +123,30 @@ impl Shell {
         r
     }
 
+    /// In a forked child: replace the parent's KVM VM (unusable from this
+    /// process) by a new one over the same (now copy-on-write) guest RAM,
+    /// with the parent's vCPU state.
+    pub(crate) fn rebuild_after_fork(&mut self, st: &CpuState) -> Result<()> {
+        let kvm = self.kvm.as_ref().ok_or(Error::BadMemory("no KVM handle to fork with".into()))?;
+        let (vm, vcpu) = new_vm(kvm)?;
+        register_ram(&vm, &self.ram)?;
+        vcpu.set_sregs(&st.sregs).map_err(|e| Error::Kvm("set sregs", e.into()))?;
+        vcpu.set_regs(&st.regs).map_err(|e| Error::Kvm("set registers", e.into()))?;
+        vcpu.set_fpu(&st.fpu).map_err(|e| Error::Kvm("set FPU", e.into()))?;
+        let msrs = kvm_bindings::Msrs::from_entries(&[kvm_bindings::kvm_msr_entry {
+            index: crate::vm::MSR_IA32_TSC,
+            data: st.tsc,
+            ..Default::default()
+        }])
+        .map_err(|e| Error::Host("MSR list", std::io::Error::other(format!("{e:?}"))))?;
+        vcpu.set_msrs(&msrs).map_err(|e| Error::Kvm("set TSC", e.into()))?;
+        // The parent's descriptors close here; its VM lives on in the parent.
+        self.vcpu = vcpu;
+        self.vm = vm;
+        self.stats = Stats::default();
+        Ok(())
+    }
+
     /// Bytes of guest RAM.
     pub fn mem_size(&self) -> u64 {
         self.ram.size()
@@ -122,4 +156,29 @@ impl Shell {
     pub fn vm_fd(&self) -> &VmFd {
         &self.vm
     }
+}
+
+/// A KVM VM with its vCPU and our CPUID.
+fn new_vm(kvm: &Kvm) -> Result<(VmFd, VcpuFd)> {
+    let vm = kvm.create_vm().map_err(|e| Error::Kvm("create VM", e.into()))?;
+    let vcpu = vm.create_vcpu(0).map_err(|e| Error::Kvm("create vCPU", e.into()))?;
+    let cpuid = CpuId::from_entries(&arch::cpuid_entries())
+        .map_err(|e| Error::Host("CPUID table", std::io::Error::other(format!("{e:?}"))))?;
+    vcpu.set_cpuid2(&cpuid).map_err(|e| Error::Kvm("set CPUID", e.into()))?;
+    Ok((vm, vcpu))
+}
+
+/// Register guest RAM as memory slot 0 of `vm`.
+fn register_ram(vm: &VmFd, ram: &GuestRam) -> Result<()> {
+    let region = kvm_userspace_memory_region {
+        slot: 0,
+        flags: 0,
+        guest_phys_addr: 0,
+        memory_size: ram.size(),
+        userspace_addr: ram.host_addr(),
+    };
+    // SAFETY: `region` describes exactly the live mapping owned by `ram`,
+    // which the shell keeps alive (fields drop in declaration order: `vm`
+    // and `vcpu` before `ram`), so KVM never sees a stale address.
+    unsafe { vm.set_user_memory_region(region) }.map_err(|e| Error::Kvm("set memory region", e.into()))
 }

@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::control::{Control, Halt};
+use crate::family::{CallResult, Family, FamilyOptions, Waiter};
+use crate::shell::CpuState;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kvm_bindings::{kvm_msr_entry, Msrs};
 use kvm_ioctls::VcpuExit;
-use rustix::event::{poll, PollFd, PollFlags};
 use wisp_abi::args::{self, CONSOLE_WRITE_MAX};
 use wisp_abi::layout::{BOOT_INFO, MIN_HEAP, STACK_BOTTOM, STACK_TOP};
 use wisp_abi::{BootInfo, Hypercall, FAULT_PORT};
@@ -24,7 +25,10 @@ use crate::shell::Shell;
 use crate::signal::ThreadId;
 use crate::stats::Stats;
 
-const MSR_IA32_TSC: u32 = 0x10;
+pub(crate) const MSR_IA32_TSC: u32 = 0x10;
+
+/// Most bytes one pipe read or write moves per hypercall.
+const IPC_CHUNK: u64 = 1 << 20;
 
 /// A VM with its image loaded, ready to run.
 pub struct Vm {
@@ -33,6 +37,15 @@ pub struct Vm {
     /// Host monotonic time the guest's clock counts from.
     boot: Instant,
     control: Arc<Control>,
+    /// Declared after `shell`: shared-memory slots of the VM point into the
+    /// family's arena, so the VM goes first.
+    family: Family,
+    /// A forked child whose NIC stayed with the parent.
+    net_orphaned: bool,
+    /// Set in a forked child until the run loop has re-armed its watchdog.
+    forked: bool,
+    /// Scratch buffer for IPC data.
+    buf: Vec<u8>,
 }
 
 /// What the run loop saw at one exit, copied out of the `kvm_run` page.
@@ -127,7 +140,8 @@ impl Shell {
             self.vcpu.set_sregs(&sregs).map_err(|e| Error::Kvm("set sregs", e.into()))?;
         }
         self.stats.phase("boot_info", t);
-        let control = Arc::new(Control::new().map_err(|e| Error::Host("eventfd", e))?);
+        let family = Family::new_root(FamilyOptions::default()).map_err(|e| Error::Host("family region", e))?;
+        let control = Arc::new(Control::new(family.bell_ref()));
         let net = match (net, net_base) {
             (Some(cfg), Some(base)) => Some(
                 crate::net::NetDevice::start(self.ram.view(), base, cfg.tap, control.clone())
@@ -135,7 +149,7 @@ impl Shell {
             ),
             _ => None,
         };
-        Ok(Vm { net, shell: self, boot, control })
+        Ok(Vm { net, shell: self, boot, control, family, net_orphaned: false, forked: false, buf: Vec::new() })
     }
 }
 
@@ -202,7 +216,7 @@ impl Vm {
     pub fn run(&mut self, console: &mut dyn Write, timeout: Option<Duration>) -> Outcome {
         let deadline = timeout.map(|t| Instant::now() + t);
         self.control.set_vcpu_thread(Some(ThreadId::current()));
-        let _watchdog = deadline.map(|d| Watchdog::start(d, self.control.clone()));
+        let mut watchdog = deadline.map(|d| Watchdog::start(d, self.control.clone()));
         let start = Instant::now();
         let mut first_exit = true;
         let outcome = loop {
@@ -230,13 +244,26 @@ impl Vm {
                 Exit::Interrupted => Ok(None),
                 Exit::Other(s) => Err(StopReason::Kvm(s)),
             };
+            if self.forked {
+                // A new process: the parent's watchdog thread is not here.
+                self.forked = false;
+                std::mem::forget(watchdog.take());
+                watchdog = deadline.map(|d| Watchdog::start(d, self.control.clone()));
+            }
             match r {
                 Ok(None) => {}
                 Ok(Some(code)) => break Outcome::Exited(code),
                 Err(reason) => break Outcome::Stopped(reason),
             }
         };
+        drop(watchdog);
         self.control.set_vcpu_thread(None);
+        use wisp_abi::family::{signal as sig, status};
+        self.family.exit(match &outcome {
+            Outcome::Exited(c) => status::exited(*c),
+            Outcome::Stopped(StopReason::Killed | StopReason::Timeout) => status::signaled(sig::SIGKILL),
+            Outcome::Stopped(_) => status::signaled(sig::SIGSEGV),
+        });
         let run_us = start.elapsed().as_secs_f64() * 1e6 - self.shell.stats.get("guest_init").unwrap_or(0.0);
         self.shell.stats.add("guest_run", run_us);
         let _ = console.flush();
@@ -246,6 +273,16 @@ impl Vm {
     /// The control block: pause, resume, kill, events (usable from other threads).
     pub fn control(&self) -> Arc<Control> {
         self.control.clone()
+    }
+
+    /// How this VM's family behaves (whether it may fork, its size limit).
+    pub fn set_family_options(&mut self, opts: FamilyOptions) {
+        self.family.set_options(opts);
+    }
+
+    /// The VM's pid in its family (its monitor process's pid).
+    pub fn pid(&self) -> i32 {
+        self.family.pid()
     }
 
     /// Timings so far.
@@ -298,6 +335,9 @@ impl Vm {
         }
         self.shell.stats.hypercalls += 1;
         let gpa = u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as u64;
+        if matches!(hc, Hypercall::Fork | Hypercall::Family) {
+            return self.on_family(hc, gpa, deadline).map(|()| None);
+        }
         let ram = &self.shell.ram;
         let bad = |detail: String| StopReason::BadHypercall { call: name(hc), detail };
         let block = |size: usize| {
@@ -343,10 +383,12 @@ impl Vm {
                 let a: wisp_abi::net::NetNotify = ram.read_obj(gpa).map_err(|e| bad(e.to_string()))?;
                 match (&self.net, a.device) {
                     (Some(n), 0) => n.kick(),
+                    (None, 0) if self.net_orphaned => {} // a forked child's inherited NIC: gone
                     _ => return Err(bad(format!("no NIC number {}", a.device))),
                 }
                 Ok(None)
             }
+            Hypercall::Fork | Hypercall::Family => unreachable!("served by on_family"),
             Hypercall::Idle => {
                 block(size_of::<args::Idle>())?;
                 let mut a: args::Idle = ram.read_obj(gpa).map_err(|e| bad(e.to_string()))?;
@@ -361,25 +403,202 @@ impl Vm {
         }
     }
 
-    /// Block the vCPU thread until `wait` passes or the wake eventfd fires.
-    /// Uses no CPU meanwhile. Returns the pending event bits.
+    /// Block the vCPU thread until `wait` passes or its bell rings. Uses no
+    /// CPU meanwhile. Returns the pending event bits.
     fn park(&self, wait: Duration) -> u64 {
+        let bell = self.control.bell();
+        let seq = bell.seq.load(Ordering::Acquire);
         let pending = self.control.take_events();
         if pending != 0 || !self.control.set_parked(true) {
             return pending;
         }
-        let mut fds = [PollFd::new(&self.control.wake, PollFlags::IN)];
-        let ts = rustix::time::Timespec {
-            tv_sec: wait.as_secs().min(i64::MAX as u64) as i64,
-            tv_nsec: wait.subsec_nanos() as _,
-        };
-        let woke = matches!(poll(&mut fds, Some(&ts)), Ok(n) if n > 0);
+        crate::family::futex_wait_on(&bell.seq, seq, wait);
         self.control.set_parked(false);
-        if woke {
-            let mut b = [0u8; 8];
-            let _ = rustix::io::read(&self.control.wake, &mut b);
-        }
         self.control.take_events()
+    }
+
+    /// The fork and family hypercalls.
+    fn on_family(&mut self, hc: Hypercall, gpa: u64, deadline: Option<Instant>) -> std::result::Result<(), StopReason> {
+        use wisp_abi::errno::*;
+        use wisp_abi::family::{flags, op, Call};
+        let ram = self.shell.ram.view();
+        let bad = |detail: String| StopReason::BadHypercall { call: name(hc), detail };
+        if hc == Hypercall::Fork {
+            if !ram.contains(gpa, size_of::<args::Fork>() as u64) {
+                return Err(bad(format!("argument block at {gpa:#x} is outside guest RAM")));
+            }
+            let ret = self.fork();
+            // In the child this writes its own (copy-on-write) RAM.
+            return ram.write_obj(gpa, &args::Fork { ret }).map_err(|e| bad(e.to_string()));
+        }
+        if !ram.contains(gpa, size_of::<Call>() as u64) {
+            return Err(bad(format!("argument block at {gpa:#x} is outside guest RAM")));
+        }
+        let mut c: Call = ram.read_obj(gpa).map_err(|e| bad(e.to_string()))?;
+        let [a0, a1, a2, a3] = c.a;
+        let nowait = c.flags & flags::NOWAIT != 0;
+        let control = self.control.clone();
+        let interrupted = || {
+            control.halted() != Halt::None
+                || control.peek_events() & wisp_abi::events::STOP != 0
+                || deadline.is_some_and(|d| Instant::now() >= d)
+        };
+        let hold = || control.checkpoint();
+        let w = Waiter { interrupted: &interrupted, hold: &hold };
+        let fam = &mut self.family;
+        let buf = &mut self.buf;
+        let vm = &self.shell.vm;
+        let r: CallResult = match c.op {
+            op::GETPID => fam.getpid(),
+            op::PIPE => fam.pipe(),
+            op::CLOSE => fam.close(a0),
+            op::READ | op::MSGRCV => {
+                let len = a2.min(IPC_CHUNK);
+                if !ram.contains(a1, len) {
+                    Err(EFAULT)
+                } else {
+                    let r = if c.op == op::READ {
+                        fam.read(a0, len as usize, nowait, &w, buf)
+                    } else {
+                        fam.msgrcv(a0, len as usize, a3 as i64, c.flags, &w, buf)
+                    };
+                    match r {
+                        Ok(v) => ram.write(a1, buf).map(|()| v).map_err(|_| EFAULT),
+                        e => e,
+                    }
+                }
+            }
+            op::WRITE | op::MSGSND => {
+                let len = a2.min(IPC_CHUNK);
+                if c.op == op::MSGSND && a2 > wisp_abi::family::limits::MSG_MAX as u64 {
+                    Err(EINVAL)
+                } else if !ram.contains(a1, len) {
+                    Err(EFAULT)
+                } else {
+                    buf.resize(len as usize, 0);
+                    match ram.read(a1, buf) {
+                        Err(_) => Err(EFAULT),
+                        Ok(()) if c.op == op::WRITE => fam.write(a0, buf, nowait, &w),
+                        Ok(()) => fam.msgsnd(a0, buf, a3 as i64, nowait, &w),
+                    }
+                }
+            }
+            op::KILL => fam.kill(a0 as i64, a1, crate::signal::kick_signal()),
+            op::WAIT => fam.wait(a0 as i64, nowait, &w),
+            op::MSGGET => fam.msgget(a0 as i64, a1),
+            op::MSGRMID => fam.msgrmid(a0),
+            op::SHMGET => fam.shmget(a0 as i64, a2, a1),
+            op::SHMAT => fam.shmat(a0, &mut |slot, gpa, host, size| map_slot(vm, slot, gpa, host, size)),
+            op::SHMDT => fam.shmdt(a0, &mut |slot, gpa| {
+                map_slot(vm, slot, gpa, 0, 0);
+            }),
+            op::SHMRMID => fam.shmrmid(a0),
+            op::SIGNALS => Ok((0, 0)),
+            _ => Err(ENOSYS),
+        };
+        (c.ret, c.ret2) = match r {
+            Ok((a, b)) => (a, b),
+            Err(e) => (e, 0),
+        };
+        c.signals = self.family.take_signals();
+        ram.write_obj(gpa, &c).map_err(|e| bad(e.to_string()))
+    }
+
+    /// Fork this VM: the host process forks (guest RAM becomes copy-on-write
+    /// between the two), the child makes a KVM VM of its own with the
+    /// parent's vCPU state. Returns the child's pid, 0 in the child, or a
+    /// negative errno.
+    fn fork(&mut self) -> i64 {
+        use wisp_abi::errno::*;
+        if !self.family.opts.fork || self.shell.kvm.is_none() {
+            return ENOSYS;
+        }
+        if self.family.ensure_arena().is_err() {
+            return ENOMEM;
+        }
+        let slot = match self.family.fork_reserve() {
+            Ok(s) => s,
+            Err(e) => return e,
+        };
+        let st = match self.capture_cpu() {
+            Ok(s) => s,
+            Err(_) => {
+                self.family.fork_abort(&slot);
+                return EAGAIN;
+            }
+        };
+        let t = Instant::now();
+        // SAFETY: in the child only this (vCPU) thread exists. It builds new
+        // objects (KVM VM, control block, watchdog) and leaves alone
+        // everything the parent's other threads own (watchdog, NIC I/O
+        // thread, toolstack threads): the NIC is abandoned, the old watchdog
+        // forgotten.
+        match unsafe { crate::family::fork() } {
+            Err(_) => {
+                self.family.fork_abort(&slot);
+                EAGAIN
+            }
+            Ok(0) => match self.become_child(&slot, st, t) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("wisp: the forked VM could not start: {e}");
+                    self.family.exit(wisp_abi::family::status::signaled(wisp_abi::family::signal::SIGSEGV));
+                    std::process::exit(125);
+                }
+            },
+            Ok(pid) => {
+                self.family.fork_parent_done(&slot, pid);
+                self.family.watch_child(&slot, pid);
+                pid as i64
+            }
+        }
+    }
+
+    /// The vCPU state at this exit, with the hypercall's `out` completed
+    /// (one `KVM_RUN` with `immediate_exit` moves RIP past it).
+    fn capture_cpu(&mut self) -> Result<CpuState> {
+        let vcpu = &mut self.shell.vcpu;
+        vcpu.set_kvm_immediate_exit(1);
+        let r = vcpu.run().map(|_| ());
+        vcpu.set_kvm_immediate_exit(0);
+        match r {
+            Err(e) if e.errno() == libc::EINTR => {}
+            Err(e) => return Err(Error::Kvm("complete the fork hypercall", e.into())),
+            Ok(()) => return Err(Error::Kvm("complete the fork hypercall", std::io::Error::other("guest entered"))),
+        }
+        let regs = vcpu.get_regs().map_err(|e| Error::Kvm("get registers", e.into()))?;
+        let sregs = vcpu.get_sregs().map_err(|e| Error::Kvm("get sregs", e.into()))?;
+        let fpu = vcpu.get_fpu().map_err(|e| Error::Kvm("get FPU", e.into()))?;
+        let mut msrs = Msrs::from_entries(&[kvm_msr_entry { index: MSR_IA32_TSC, ..Default::default() }])
+            .map_err(|e| Error::Host("MSR list", std::io::Error::other(format!("{e:?}"))))?;
+        vcpu.get_msrs(&mut msrs).map_err(|e| Error::Kvm("read guest TSC", e.into()))?;
+        let tsc = msrs.as_slice()[0].data;
+        Ok(CpuState { regs, sregs, fpu, tsc })
+    }
+
+    /// In the forked child process: become the child VM.
+    fn become_child(&mut self, slot: &crate::family::ForkSlot, mut st: CpuState, t: Instant) -> Result<()> {
+        if self.family.opts.orphans_die && crate::family::die_with_parent() != slot.parent_pid {
+            std::process::exit(137); // the parent is gone already
+        }
+        // The guest's clock keeps running across the fork.
+        st.tsc += (t.elapsed().as_nanos() as u64).saturating_mul(self.shell.tsc_hz) / 1_000_000_000;
+        self.shell.rebuild_after_fork(&st)?;
+        for (s, gpa, host, size) in self.family.attachments() {
+            if !map_slot(&self.shell.vm, s, gpa, host, size) {
+                return Err(Error::Kvm("map shared memory", std::io::Error::last_os_error()));
+            }
+        }
+        if let Some(n) = self.net.take() {
+            n.abandon_after_fork();
+            self.net_orphaned = true;
+        }
+        self.family.become_child(slot);
+        self.control = Arc::new(Control::new(self.family.bell_ref()));
+        self.control.set_vcpu_thread(Some(ThreadId::current()));
+        self.boot = self.boot.min(Instant::now());
+        self.forked = true;
+        Ok(())
     }
 
     fn decode_fault(&self, vector: u8) -> StopReason {
@@ -402,5 +621,23 @@ fn name(hc: Hypercall) -> &'static str {
         Hypercall::Clock => "clock",
         Hypercall::Idle => "idle",
         Hypercall::NetNotify => "net_notify",
+        Hypercall::Fork => "fork",
+        Hypercall::Family => "family",
     }
+}
+
+/// Add (size > 0) or remove (size 0) KVM memory slot `slot` for a family
+/// shared-memory segment. Returns false if KVM refused.
+fn map_slot(vm: &kvm_ioctls::VmFd, slot: u32, gpa: u64, host: u64, size: u64) -> bool {
+    let region = kvm_bindings::kvm_userspace_memory_region {
+        slot,
+        flags: 0,
+        guest_phys_addr: gpa,
+        memory_size: size,
+        userspace_addr: host,
+    };
+    // SAFETY: `host..host + size` lies in the family's shared-memory arena
+    // (checked by `Family::shmat`), which the `Vm` keeps mapped for longer
+    // than its KVM VM (field order); size 0 only deletes the slot.
+    unsafe { vm.set_user_memory_region(region) }.is_ok()
 }

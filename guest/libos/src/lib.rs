@@ -20,6 +20,7 @@ extern crate alloc;
 pub mod console;
 pub mod env;
 pub mod exec;
+pub mod family;
 mod global;
 pub mod heap;
 pub mod hypercall;

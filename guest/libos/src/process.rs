@@ -17,6 +17,9 @@ pub fn on_stop(f: fn()) {
 /// arrived, or TX room) needs nothing here: the executor polls the network
 /// after every wake-up, whatever woke it.
 pub(crate) fn dispatch_events(bits: u64) {
+    if bits & wisp_abi::events::FAMILY != 0 {
+        crate::family::poll_signals();
+    }
     if bits & wisp_abi::events::STOP != 0 {
         match STOP_HANDLER.with(|h| *h) {
             Some(f) => f(),

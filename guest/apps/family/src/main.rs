@@ -1,0 +1,549 @@
+//! `family MODE [ARGS]`: fork and family IPC, exercised. Each mode prints
+//! what it saw (the tests check the lines) and exits 0 when all was as
+//! expected, 1 otherwise.
+//!
+//! Modes: cow, tree, many N, pipe KIB, siblings, signals, msgq, shm,
+//! shm-after-detach, crash, bomb, hold KEY, cross PID KEY, and `bench ROUNDS`
+//! (round-trip latencies for `make bench-fork`).
+#![no_std]
+#![no_main]
+
+extern crate alloc;
+
+use alloc::vec;
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use wisp::family::{self as f, status, Errno};
+use wisp::println;
+
+wisp::main!(main);
+
+static mut GLOBAL: u64 = 1;
+
+fn global() -> u64 {
+    // SAFETY: single-threaded guest; no reference is kept.
+    unsafe { core::ptr::read_volatile(&raw const GLOBAL) }
+}
+
+fn set_global(v: u64) {
+    // SAFETY: as above.
+    unsafe { core::ptr::write_volatile(&raw mut GLOBAL, v) }
+}
+
+fn main() -> i32 {
+    let mode = wisp::env::arg(1).unwrap_or("cow");
+    let n = |i: usize, d: u64| wisp::env::arg(i).and_then(|s| s.parse().ok()).unwrap_or(d);
+    let r = match mode {
+        "cow" => cow(),
+        "tree" => tree(),
+        "many" => many(n(2, 8) as u32),
+        "pipe" => pipe(n(2, 100) as usize),
+        "siblings" => siblings(),
+        "signals" => signals(),
+        "msgq" => msgq(),
+        "shm" => shm(),
+        "shm-after-detach" => shm_after_detach(),
+        "crash" => crash(),
+        "bomb" => bomb(),
+        "hold" => hold(n(2, 77) as i64),
+        "cross" => cross(n(2, 0) as u32, n(3, 77) as i64),
+        "bench" => bench(n(2, 1000)),
+        _ => {
+            println!("usage: family MODE (see the source)");
+            return 2;
+        }
+    };
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            println!("FAILED: {}", e);
+            1
+        }
+    }
+}
+
+type R = Result<(), alloc::string::String>;
+
+macro_rules! ensure {
+    ($c:expr, $($t:tt)*) => {
+        if !$c {
+            return Err(alloc::format!($($t)*));
+        }
+    };
+}
+
+fn e(x: Errno) -> alloc::string::String {
+    alloc::format!("{x}")
+}
+
+/// Wait for `pid` and return its exit code (error if it did not exit).
+fn reap(pid: u32) -> Result<i32, alloc::string::String> {
+    let (p, st) = f::waitpid(pid as i64, false).map_err(e)?.ok_or("no child ended")?;
+    ensure!(p == pid, "waited for {pid}, got {p}");
+    status::exit_code(st).ok_or_else(|| alloc::format!("child {pid} ended by signal {:?}", status::term_signal(st)))
+}
+
+fn cow() -> R {
+    let me = f::getpid();
+    let heap = vec![5u8; 64 * 1024];
+    let (p2c_r, p2c_w) = f::pipe().map_err(e)?;
+    let (c2p_r, c2p_w) = f::pipe().map_err(e)?;
+    set_global(1);
+    let pid = f::fork().map_err(e)?;
+    let mut b = [0u8; 1];
+    if pid == 0 {
+        // Child: sees the parent's memory as it was at fork.
+        let ok = f::getppid() == me && f::getpid() != me && heap.iter().all(|&x| x == 5);
+        f::read(p2c_r, &mut b).map_err(e)?; // parent has written GLOBAL = 2 by now
+        println!("child: fork returned 0, ppid ok {}, sees global {}", ok, global());
+        set_global(3);
+        f::write(c2p_w, b"x").map_err(e)?;
+        wisp::exit(if ok && global() == 3 { 7 } else { 1 });
+    }
+    println!("parent: fork returned a pid {}", pid != me && pid > 0);
+    set_global(2);
+    f::write(p2c_w, b"x").map_err(e)?;
+    f::read(c2p_r, &mut b).map_err(e)?; // child has written GLOBAL = 3 by now
+    println!("parent: sees global {}", global());
+    let code = reap(pid)?;
+    println!("parent: child exited {}", code);
+    ensure!(global() == 2 && code == 7, "copy-on-write broken");
+    ensure!(f::waitpid(-1, true) == Err(Errno::ECHILD), "a second wait found a child");
+    println!("cow ok");
+    Ok(())
+}
+
+fn tree() -> R {
+    let root = f::getpid();
+    let c = f::fork().map_err(e)?;
+    if c == 0 {
+        let child = f::getpid();
+        let g = f::fork().map_err(|x| alloc::format!("grandchild fork: {x}"))?;
+        if g == 0 {
+            let ok = f::getppid() == child && child != root;
+            println!("grandchild: parent is the child {}", ok);
+            wisp::exit(if ok { 3 } else { 1 });
+        }
+        let code = reap(g)?;
+        println!("child: grandchild exited {}", code);
+        wisp::exit(if code == 3 { 5 } else { 1 });
+    }
+    let code = reap(c)?;
+    println!("root: child exited {}", code);
+    ensure!(code == 5, "tree broken");
+    println!("tree ok");
+    Ok(())
+}
+
+fn many(n: u32) -> R {
+    let mut pids = vec![];
+    for i in 0..n {
+        let pid = f::fork().map_err(|x| alloc::format!("fork {i}: {x}"))?;
+        if pid == 0 {
+            wisp::exit(10 + i as i32);
+        }
+        pids.push(pid);
+    }
+    let mut sum = 0;
+    for _ in 0..n {
+        let (p, st) = f::wait().map_err(e)?;
+        ensure!(pids.contains(&p), "unknown child {p}");
+        sum += status::exit_code(st).ok_or("a child was killed")?;
+    }
+    let want: i32 = (0..n as i32).map(|i| 10 + i).sum();
+    println!("many: {} children, exit codes sum {} (want {})", n, sum, want);
+    ensure!(sum == want, "wrong exit codes");
+    ensure!(f::wait() == Err(Errno::ECHILD), "children left");
+    println!("many ok");
+    Ok(())
+}
+
+fn checksum(d: &[u8]) -> u64 {
+    d.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+fn pipe(kib: usize) -> R {
+    let (r, w) = f::pipe().map_err(e)?;
+    let (ar, aw) = f::pipe().map_err(e)?;
+    let data: alloc::vec::Vec<u8> = (0..kib * 1024).map(|i| (i * 7 + i / 251) as u8).collect();
+    let pid = f::fork().map_err(e)?;
+    if pid == 0 {
+        f::close(w).map_err(e)?;
+        let mut got = vec![];
+        let mut buf = [0u8; 3000];
+        loop {
+            let n = f::read(r, &mut buf).map_err(e)?;
+            if n == 0 {
+                break; // EOF: the parent closed its end
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        f::write(aw, &checksum(&got).to_le_bytes()).map_err(e)?;
+        f::write(aw, &(got.len() as u64).to_le_bytes()).map_err(e)?;
+        wisp::exit(0);
+    }
+    f::close(r).map_err(e)?;
+    f::write(w, &data).map_err(e)?;
+    f::close(w).map_err(e)?;
+    let mut b = [0u8; 16];
+    let mut got = 0;
+    while got < 16 {
+        got += f::read(ar, &mut b[got..]).map_err(e)?;
+    }
+    let (sum, len) = (u64::from_le_bytes(b[..8].try_into().unwrap()), u64::from_le_bytes(b[8..].try_into().unwrap()));
+    println!("pipe: child read {} bytes, checksum match {}", len, sum == checksum(&data));
+    ensure!(sum == checksum(&data) && len as usize == data.len(), "pipe corrupted data");
+    ensure!(reap(pid)? == 0, "child failed");
+    // No reader left: EPIPE.
+    ensure!(f::write(aw, b"z").is_ok(), "own pipe");
+    f::close(ar).map_err(e)?;
+    ensure!(f::write(aw, b"z") == Err(Errno::EPIPE), "write without reader did not fail with EPIPE");
+    ensure!(f::read(ar, &mut b) == Err(Errno::EBADF), "closed descriptor readable");
+    println!("pipe ok");
+    Ok(())
+}
+
+fn siblings() -> R {
+    let (r, w) = f::pipe().map_err(e)?;
+    let key = f::ftok("/siblings", 1);
+    let shm = f::shmget(f::ftok("/siblings-shm", 1), 4096, f::IPC_CREAT).map_err(e)?;
+    let a = f::fork().map_err(e)?;
+    if a == 0 {
+        // Sibling A: writes to the pipe, queues messages, fills shared memory
+        // (all set up lazily: A and B share no channel but the family's).
+        let q = f::msgget(key, f::IPC_CREAT).map_err(e)?;
+        let m = f::shmat(shm).map_err(e)?;
+        m.write(0, b"hello through shared memory");
+        f::msgsnd(q, 2, b"second type").map_err(e)?;
+        f::msgsnd(q, 1, b"first type").map_err(e)?;
+        f::write(w, b"hello sibling").map_err(e)?;
+        wisp::exit(0);
+    }
+    let b = f::fork().map_err(e)?;
+    if b == 0 {
+        let mut buf = [0u8; 64];
+        let n = f::read(r, &mut buf).map_err(e)?;
+        let q = f::msgget(key, f::IPC_CREAT).map_err(e)?;
+        let (n1, t1) = f::msgrcv(q, &mut buf[32..], -2, false).map_err(e)?;
+        let first = core::str::from_utf8(&buf[32..32 + n1]).unwrap_or("?") == "first type" && t1 == 1;
+        let m = f::shmat(shm).map_err(e)?;
+        let mut s = [0u8; 27];
+        m.read(0, &mut s);
+        let ok = &buf[..n] == b"hello sibling" && first && &s == b"hello through shared memory";
+        println!("sibling B: pipe {:?}, lowest type first {}, shm {:?}", core::str::from_utf8(&buf[..n]).unwrap_or("?"), first, core::str::from_utf8(&s).unwrap_or("?"));
+        wisp::exit(if ok { 0 } else { 1 });
+    }
+    ensure!(reap(a)? == 0, "sibling A failed");
+    ensure!(reap(b)? == 0, "sibling B failed");
+    println!("siblings ok");
+    Ok(())
+}
+
+static SIGS: AtomicU32 = AtomicU32::new(0);
+static CHLD: AtomicU32 = AtomicU32::new(0);
+
+fn signals() -> R {
+    f::signal(f::SIGCHLD, |_| {
+        CHLD.fetch_add(1, Ordering::Relaxed);
+    });
+    let (r, w) = f::pipe().map_err(e)?;
+    let (ready_r, ready_w) = f::pipe().map_err(e)?;
+    // 1. A handler runs; the interrupted read goes on afterwards.
+    let c = f::fork().map_err(e)?;
+    if c == 0 {
+        f::signal(f::SIGUSR1, |s| {
+            SIGS.fetch_add(s, Ordering::Relaxed);
+        });
+        f::write(ready_w, b"r").map_err(e)?;
+        let mut b = [0u8; 1];
+        let n = f::read(r, &mut b).map_err(e)?; // blocks; SIGUSR1 arrives meanwhile
+        let got = SIGS.load(Ordering::Relaxed);
+        println!("child: SIGUSR1 handler ran {}, then read {} byte", got == f::SIGUSR1, n);
+        wisp::exit(if got == f::SIGUSR1 && n == 1 { 0 } else { 1 });
+    }
+    let mut b = [0u8; 1];
+    f::read(ready_r, &mut b).map_err(e)?;
+    f::kill(c, f::SIGUSR1).map_err(e)?;
+    wisp::time::sleep(core::time::Duration::from_millis(20));
+    f::write(w, b"x").map_err(e)?;
+    ensure!(reap(c)? == 0, "handler child failed");
+    // 2. Default action of SIGTERM: exit 128 + 15.
+    let c = f::fork().map_err(e)?;
+    if c == 0 {
+        f::write(ready_w, b"r").map_err(e)?;
+        let _ = f::read(r, &mut b);
+        wisp::exit(0);
+    }
+    f::read(ready_r, &mut b).map_err(e)?;
+    f::kill(c, f::SIGTERM).map_err(e)?;
+    let code = reap(c)?;
+    println!("parent: SIGTERM child exited {}", code);
+    ensure!(code == 143, "SIGTERM default action");
+    // 3. SIGKILL ends even a spinning child.
+    let c = f::fork().map_err(e)?;
+    if c == 0 {
+        f::write(ready_w, b"r").map_err(e)?;
+        loop {
+            core::hint::spin_loop();
+        }
+    }
+    f::read(ready_r, &mut b).map_err(e)?;
+    f::kill(c, f::SIGKILL).map_err(e)?;
+    let (_, st) = f::waitpid(c as i64, false).map_err(e)?.ok_or("no child")?;
+    println!("parent: SIGKILLed child ended by signal {:?}", status::term_signal(st));
+    ensure!(status::term_signal(st) == Some(f::SIGKILL), "SIGKILL");
+    let n = CHLD.load(Ordering::Relaxed);
+    println!("parent: SIGCHLD received {}", n >= 1);
+    ensure!(n >= 1, "no SIGCHLD");
+    ensure!(f::kill(999_999, f::SIGUSR1) == Err(Errno::ESRCH), "kill of no VM");
+    println!("signals ok");
+    Ok(())
+}
+
+fn msgq() -> R {
+    let key = f::ftok("/queue", 7);
+    ensure!(f::msgget(key, 0) == Err(Errno::ENOENT), "queue existed before");
+    let q = f::msgget(key, f::IPC_CREAT).map_err(e)?;
+    ensure!(f::msgget(key, f::IPC_CREAT | f::IPC_EXCL) == Err(Errno::EEXIST), "IPC_EXCL");
+    ensure!(f::msgget(key, 0) == Ok(q), "same key, same queue");
+    let mut buf = [0u8; 64];
+    ensure!(f::msgrcv(q, &mut buf, 0, true) == Err(Errno::ENOMSG), "empty queue");
+    ensure!(f::msgsnd(q, 0, b"bad type") == Err(Errno::EINVAL), "type 0");
+    let c = f::fork().map_err(e)?;
+    if c == 0 {
+        let q = f::msgget(key, 0).map_err(e)?;
+        for i in 1..=3i64 {
+            f::msgsnd(q, i, alloc::format!("message {i}").as_bytes()).map_err(e)?;
+        }
+        f::msgsnd(q, 9, &[b'x'; 100]).map_err(e)?;
+        wisp::exit(0);
+    }
+    let (n, t) = f::msgrcv(q, &mut buf, 3, false).map_err(e)?;
+    ensure!(t == 3 && &buf[..n] == b"message 3", "type 3 first");
+    let (n, t) = f::msgrcv(q, &mut buf, 0, false).map_err(e)?;
+    ensure!(t == 1 && &buf[..n] == b"message 1", "then the oldest");
+    ensure!(f::msgrcv(q, &mut buf[..10], 9, false) == Err(Errno::E2BIG), "too long");
+    let (n, _) = f::msgrcv(q, &mut buf, 2, false).map_err(e)?;
+    ensure!(&buf[..n] == b"message 2", "type 2");
+    ensure!(reap(c)? == 0, "sender failed");
+    // A receiver blocked on a removed queue gets EIDRM.
+    let c = f::fork().map_err(e)?;
+    if c == 0 {
+        let r = f::msgrcv(q, &mut buf, 42, false);
+        println!("child: blocked receive ended with {:?}", r.map_err(|x| x.name()));
+        wisp::exit(if r == Err(Errno::EIDRM) { 0 } else { 1 });
+    }
+    wisp::time::sleep(core::time::Duration::from_millis(30));
+    f::msgrmid(q).map_err(e)?;
+    ensure!(reap(c)? == 0, "EIDRM");
+    println!("msgq ok");
+    Ok(())
+}
+
+fn shm() -> R {
+    let id = f::shmget(0, 8192, f::IPC_CREAT).map_err(e)?;
+    let m = f::shmat(id).map_err(e)?;
+    ensure!(m.len() == 8192, "size {}", m.len());
+    let counter: &AtomicU64 = &m.words()[0];
+    counter.store(0, Ordering::SeqCst);
+    const N: u64 = 20_000;
+    let c = f::fork().map_err(e)?;
+    if c == 0 {
+        // Inherited attachment.
+        for _ in 0..N {
+            m.words()[0].fetch_add(1, Ordering::SeqCst);
+        }
+        m.words()[1].store(0xfeed, Ordering::SeqCst);
+        wisp::exit(0);
+    }
+    for _ in 0..N {
+        counter.fetch_add(1, Ordering::SeqCst);
+    }
+    ensure!(reap(c)? == 0, "child failed");
+    let total = counter.load(Ordering::SeqCst);
+    println!("shm: counter {} (want {}), child's word {:#x}", total, 2 * N, m.words()[1].load(Ordering::SeqCst));
+    ensure!(total == 2 * N && m.words()[1].load(Ordering::SeqCst) == 0xfeed, "shared memory not shared");
+    f::shmdt(m).map_err(e)?;
+    f::shmrmid(id).map_err(e)?;
+    ensure!(f::shmat(id).is_err(), "removed segment attachable");
+    println!("shm ok");
+    Ok(())
+}
+
+fn shm_after_detach() -> R {
+    let id = f::shmget(0, 4096, f::IPC_CREAT).map_err(e)?;
+    let m = f::shmat(id).map_err(e)?;
+    m.write(0, b"x");
+    let addr = m.addr();
+    f::shmdt(m).map_err(e)?;
+    println!("detached; touching {:#x}", addr);
+    // SAFETY: deliberately wrong: the monitor must stop the VM here.
+    unsafe { core::ptr::write_volatile(addr as *mut u8, 1) };
+    println!("FAILED: detached memory still writable");
+    Ok(())
+}
+
+fn crash() -> R {
+    f::signal(f::SIGCHLD, |_| {
+        CHLD.fetch_add(1, Ordering::Relaxed);
+    });
+    let c = f::fork().map_err(e)?;
+    if c == 0 {
+        // SAFETY: deliberately wrong: a null write stops this VM.
+        unsafe { core::ptr::write_volatile(core::ptr::null_mut::<u8>(), 1) };
+        wisp::exit(0);
+    }
+    let (p, st) = f::waitpid(c as i64, false).map_err(e)?.ok_or("no child")?;
+    println!("parent: crashed child {} ended by signal {:?}", p == c, status::term_signal(st));
+    ensure!(status::term_signal(st) == Some(f::SIGSEGV), "crash status");
+    // SIGCHLD arrives with (or right after) the wait.
+    let _ = f::getpid();
+    println!("parent: SIGCHLD {}", CHLD.load(Ordering::Relaxed) >= 1);
+    ensure!(CHLD.load(Ordering::Relaxed) >= 1, "no SIGCHLD");
+    println!("parent: still fine, global {}", global());
+    println!("crash ok");
+    Ok(())
+}
+
+fn bomb() -> R {
+    // Every VM forks until the family is full; children then wait for their
+    // own children and exit.
+    let root = f::getpid();
+    let mut kids = 0;
+    let err = loop {
+        match f::fork() {
+            Ok(0) => {
+                kids = 0;
+                continue;
+            }
+            Ok(_) => kids += 1,
+            Err(x) => break x,
+        }
+    };
+    for _ in 0..kids {
+        let _ = f::wait();
+    }
+    if f::getpid() != root {
+        wisp::exit(0);
+    }
+    println!("bomb: fork failed with {} after {} direct children", err.name(), kids);
+    ensure!(err == Errno::EAGAIN, "wrong error");
+    ensure!(f::wait() == Err(Errno::ECHILD), "children left");
+    // The family is empty again: forking works.
+    let c = f::fork().map_err(e)?;
+    if c == 0 {
+        wisp::exit(4);
+    }
+    ensure!(reap(c)? == 4, "fork after the bomb");
+    println!("bomb ok");
+    Ok(())
+}
+
+fn hold(key: i64) -> R {
+    f::msgget(key, f::IPC_CREAT).map_err(e)?;
+    println!("hold: pid {} key {}", f::getpid(), key);
+    wisp::time::sleep(core::time::Duration::from_secs(30));
+    Ok(())
+}
+
+fn cross(other: u32, key: i64) -> R {
+    let k = f::kill(other, f::SIGUSR1);
+    let w = f::waitpid(other as i64, true);
+    let q = f::msgget(key, 0);
+    println!("cross: kill {:?}, waitpid {:?}, msgget {:?}", k.map_err(|x| x.name()), w.map_err(|x| x.name()), q.map_err(|x| x.name()));
+    ensure!(k == Err(Errno::EPERM) && w == Err(Errno::ECHILD) && q == Err(Errno::ENOENT), "another family reachable");
+    println!("cross ok");
+    Ok(())
+}
+
+/// Round trips between parent and child, in ns per round trip (median of
+/// batches printed as `bench NAME NS`).
+fn bench(rounds: u64) -> R {
+    use wisp::time::monotonic_ns;
+    let report = |name: &str, t0: u64, n: u64| println!("bench {} {}", name, (monotonic_ns() - t0) / n.max(1));
+    // fork + exit + wait, and fork alone (time until fork returns in the parent).
+    let mut fork_ns = 0;
+    let t0 = monotonic_ns();
+    for _ in 0..rounds / 10 + 1 {
+        let t = monotonic_ns();
+        let c = f::fork().map_err(e)?;
+        if c == 0 {
+            wisp::exit(0);
+        }
+        fork_ns += monotonic_ns() - t;
+        reap(c)?;
+    }
+    report("fork_exit_wait", t0, rounds / 10 + 1);
+    println!("bench fork {}", fork_ns / (rounds / 10 + 1));
+    // pipe ping-pong
+    let (ar, aw) = f::pipe().map_err(e)?;
+    let (br, bw) = f::pipe().map_err(e)?;
+    let q = f::msgget(0, f::IPC_CREAT).map_err(e)?;
+    let sid = f::shmget(0, 4096, f::IPC_CREAT).map_err(e)?;
+    let m = f::shmat(sid).map_err(e)?;
+    let c = f::fork().map_err(e)?;
+    let mut b = [0u8; 8];
+    if c == 0 {
+        for _ in 0..rounds {
+            f::read(ar, &mut b).map_err(e)?;
+            f::write(bw, &b[..1]).map_err(e)?;
+        }
+        for _ in 0..rounds {
+            f::msgrcv(q, &mut b, 1, false).map_err(e)?;
+            f::msgsnd(q, 2, &b[..1]).map_err(e)?;
+        }
+        let w = &m.words()[0];
+        for i in 0..rounds {
+            while w.load(Ordering::Acquire) != 2 * i + 1 {
+                core::hint::spin_loop();
+            }
+            w.store(2 * i + 2, Ordering::Release);
+        }
+        // kill: signal the parent, which answers with a signal
+        f::signal(f::SIGUSR1, |_| {
+            SIGS.fetch_add(1, Ordering::Relaxed);
+        });
+        for i in 0..rounds {
+            while SIGS.load(Ordering::Relaxed) <= i as u32 {
+                f::pause();
+            }
+            f::kill(f::getppid(), f::SIGUSR2).map_err(e)?;
+        }
+        wisp::exit(0);
+    }
+    let t0 = monotonic_ns();
+    for _ in 0..rounds {
+        f::write(aw, b"p").map_err(e)?;
+        f::read(br, &mut b).map_err(e)?;
+    }
+    report("pipe", t0, rounds);
+    let t0 = monotonic_ns();
+    for _ in 0..rounds {
+        f::msgsnd(q, 1, b"m").map_err(e)?;
+        f::msgrcv(q, &mut b, 2, false).map_err(e)?;
+    }
+    report("msgq", t0, rounds);
+    let w = &m.words()[0];
+    let t0 = monotonic_ns();
+    for i in 0..rounds {
+        w.store(2 * i + 1, Ordering::Release);
+        while w.load(Ordering::Acquire) != 2 * i + 2 {
+            core::hint::spin_loop();
+        }
+    }
+    report("shm", t0, rounds);
+    static USR2: AtomicU32 = AtomicU32::new(0);
+    f::signal(f::SIGUSR2, |_| {
+        USR2.fetch_add(1, Ordering::Relaxed);
+    });
+    let t0 = monotonic_ns();
+    for i in 0..rounds {
+        f::kill(c, f::SIGUSR1).map_err(e)?;
+        while USR2.load(Ordering::Relaxed) <= i as u32 {
+            f::pause();
+        }
+    }
+    report("kill", t0, rounds);
+    reap(c)?;
+    Ok(())
+}
