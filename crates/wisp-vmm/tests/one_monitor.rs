@@ -57,3 +57,12 @@ fn stats_count_phases_and_exits() {
         assert!(s.get(phase).is_some(), "missing phase {phase}");
     }
 }
+
+#[test]
+fn fork_is_refused_unless_the_monitor_enables_it() {
+    // A monitor library user that did not opt in (wispd, for now) answers
+    // the fork hypercall with ENOSYS; the guest goes on.
+    let (outcome, console) = run(&image("family"), &["cow"], Duration::from_secs(10));
+    assert_eq!(outcome, Outcome::Exited(1));
+    assert!(String::from_utf8_lossy(&console).contains("FAILED: ENOSYS"), "{}", String::from_utf8_lossy(&console));
+}

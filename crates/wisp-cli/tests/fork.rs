@@ -1,0 +1,163 @@
+//! Fork and family IPC on real KVM, in direct mode (`wisp run` with no
+//! daemon): the `family` guest exercises each primitive between parent and
+//! child, siblings and grandchildren, and reports what it saw.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{wisp_limit, Run};
+
+fn family(args: &[&str]) -> Run {
+    family_limited(64, args)
+}
+
+fn family_limited(limit: u32, args: &[&str]) -> Run {
+    let limit = limit.to_string();
+    let mut a = vec!["run", "--timeout", "30s", "--family-limit", &limit, "family", "--"];
+    a.extend(args);
+    wisp_limit(&a, Duration::from_secs(60))
+}
+
+fn assert_ok(r: &Run, lines: &[&str]) {
+    assert_eq!(r.code, Some(0), "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    for l in lines {
+        assert!(r.stdout.lines().any(|x| x == *l), "missing line {l:?} in:\n{}", r.stdout);
+    }
+}
+
+#[test]
+fn fork_gives_the_child_a_copy_on_write_copy() {
+    let r = family(&["cow"]);
+    assert_ok(
+        &r,
+        &[
+            "parent: fork returned a pid true",
+            // Written by the parent after the fork: invisible to the child.
+            "child: fork returned 0, ppid ok true, sees global 1",
+            // Written by the child: invisible to the parent.
+            "parent: sees global 2",
+            "parent: child exited 7",
+            "cow ok",
+        ],
+    );
+}
+
+#[test]
+fn children_fork_too() {
+    let r = family(&["tree"]);
+    assert_ok(&r, &["grandchild: parent is the child true", "child: grandchild exited 3", "root: child exited 5"]);
+}
+
+#[test]
+fn many_children_are_waited_for() {
+    let r = family(&["many", "12"]);
+    assert_ok(&r, &["many: 12 children, exit codes sum 186 (want 186)", "many ok"]);
+}
+
+#[test]
+fn pipes_carry_data_eof_and_epipe() {
+    let r = family(&["pipe", "200"]);
+    assert_ok(&r, &["pipe: child read 204800 bytes, checksum match true", "pipe ok"]);
+}
+
+#[test]
+fn siblings_talk_through_pipe_queue_and_shared_memory() {
+    let r = family(&["siblings"]);
+    assert_ok(
+        &r,
+        &[
+            "sibling B: pipe \"hello sibling\", lowest type first true, shm \"hello through shared memory\"",
+            "siblings ok",
+        ],
+    );
+}
+
+#[test]
+fn signals_handlers_defaults_kill_and_sigchld() {
+    let r = family(&["signals"]);
+    assert_ok(
+        &r,
+        &[
+            "child: SIGUSR1 handler ran true, then read 1 byte",
+            "parent: SIGTERM child exited 143",
+            "parent: SIGKILLed child ended by signal Some(9)",
+            "parent: SIGCHLD received true",
+            "signals ok",
+        ],
+    );
+}
+
+#[test]
+fn message_queues_follow_system_v_rules() {
+    let r = family(&["msgq"]);
+    assert_ok(&r, &["child: blocked receive ended with Err(\"EIDRM\")", "msgq ok"]);
+}
+
+#[test]
+fn shared_memory_is_shared_and_detach_takes_it_away() {
+    let r = family(&["shm"]);
+    assert_ok(&r, &["shm: counter 40000 (want 40000), child's word 0xfeed", "shm ok"]);
+    let r = family(&["shm-after-detach"]);
+    assert_eq!(r.code, Some(139), "{}\n{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("outside guest RAM"), "{}", r.stderr);
+    assert!(!r.stdout.contains("FAILED"), "{}", r.stdout);
+}
+
+#[test]
+fn a_crashing_child_is_reported_to_its_parent() {
+    let r = family(&["crash"]);
+    assert_ok(
+        &r,
+        &[
+            "parent: crashed child true ended by signal Some(11)",
+            "parent: SIGCHLD true",
+            "parent: still fine, global 1",
+            "crash ok",
+        ],
+    );
+    assert!(r.stderr.contains("null pointer dereference"), "{}", r.stderr);
+}
+
+#[test]
+fn the_family_limit_stops_a_fork_bomb() {
+    let r = family_limited(6, &["bomb"]);
+    assert_ok(&r, &["bomb ok"]);
+    assert!(r.stdout.contains("bomb: fork failed with EAGAIN"), "{}", r.stdout);
+    // Nothing of the family is left running.
+    let left = std::process::Command::new("pgrep").args(["-f", "family -- bomb"]).output().unwrap();
+    assert!(left.stdout.is_empty(), "left over: {}", String::from_utf8_lossy(&left.stdout));
+}
+
+#[test]
+fn another_family_is_refused() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    // Family A holds a queue under a key; family B knows A's pid and the key.
+    let mut a = common::direct(Command::new(env!("CARGO_BIN_EXE_wisp")).args([
+        "run",
+        "--timeout",
+        "30s",
+        "family",
+        "--",
+        "hold",
+        "5151",
+    ]))
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut line = String::new();
+    BufReader::new(a.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let pid = line.split_whitespace().nth(2).expect("hold: pid N").to_string();
+    let r = family(&["cross", &pid, "5151"]);
+    let _ = a.kill();
+    let _ = a.wait();
+    assert_ok(&r, &["cross: kill Err(\"EPERM\"), waitpid Err(\"ECHILD\"), msgget Err(\"ENOENT\")", "cross ok"]);
+}
+
+#[test]
+fn a_family_of_one_cannot_fork() {
+    let r = family_limited(1, &["many", "1"]);
+    assert_eq!(r.code, Some(1), "{}", r.stdout);
+    assert!(r.stdout.contains("FAILED: fork 0: EAGAIN"), "{}", r.stdout);
+}
