@@ -7,7 +7,7 @@ TEST_IMAGES := hostile
 IMAGES := build/images
 WISP := target/release/wisp
 
-.PHONY: all deps host guest run test bench-boot bench-net bench-density clean
+.PHONY: all deps host guest run test bench-boot bench-net bench-density bench-fork clean
 N ?= 10000
 
 all: host guest
@@ -37,6 +37,9 @@ bench-boot: all
 bench-net: all
 	scripts/install-bench-deps.sh
 	python3 bench/net.py --wisp $(WISP) --out bench/results/net.json
+
+bench-fork: all
+	python3 bench/fork.py --wisp $(WISP) --out bench/results/fork.json
 
 bench-density: all
 	python3 bench/density.py --wisp $(WISP) --n $(N)

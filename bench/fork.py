@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Fork and family IPC benchmark (KylinX Table 3, side by side in one run).
+
+    python3 bench/fork.py --wisp target/release/wisp --out bench/results/fork.json
+
+Two peers make the same measurements with the same method and print them in
+the same format ("bench NAME NS", mean ns per operation or round trip over
+ROUNDS):
+  wisp  `wisp run family -- bench ROUNDS`: a VM and its forked child VM
+        (guest/apps/family, the `bench` mode), direct mode
+  unix  bench/tools/ipcbench.c: a process and its forked child
+Measurements: fork (until fork returns in the parent), fork_exit_wait
+(fork, the child exits at once, the parent waits), and round trips between
+parent and child over a pipe, a message queue, shared memory (spinning on a
+word) and signals (kill one way, kill back). The peers alternate, REPS times
+each; the JSON keeps every repetition and reports the median.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, BENCH)
+import boot  # noqa: E402  (shared helpers: C builds, machine description)
+
+METRICS = ["fork", "fork_exit_wait", "pipe", "msgq", "shm", "kill"]
+RATIOS = {"fork_vs_process_fork": "fork", "pipe_vs_unix": "pipe", "msgq_vs_unix": "msgq",
+          "kill_vs_unix": "kill", "wait_vs_unix": "fork_exit_wait", "shm_vs_unix": "shm"}
+
+
+def parse(out):
+    vals = dict((m.group(1), int(m.group(2))) for m in re.finditer(r"^bench (\w+) (\d+)$", out, re.M))
+    missing = [k for k in METRICS if k not in vals]
+    if missing:
+        raise RuntimeError("missing %s in output:\n%s" % (missing, out))
+    return vals
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--wisp", default=os.path.join(boot.ROOT, "target/release/wisp"))
+    ap.add_argument("--out", default=os.path.join(BENCH, "results", "fork.json"))
+    ap.add_argument("--rounds", type=int, default=2000)
+    ap.add_argument("--reps", type=int, default=5)
+    a = ap.parse_args()
+    os.makedirs(boot.BUILD, exist_ok=True)
+    unix = boot.cc(os.path.join(boot.TOOLS, "ipcbench.c"), os.path.join(boot.BUILD, "ipcbench"))
+    env = dict(os.environ, WISP_SOCKET="/nonexistent/no-daemon.sock")
+    cmds = {"wisp": [a.wisp, "run", "--timeout", "300s", "family", "--", "bench", str(a.rounds)],
+            "unix": [unix, str(a.rounds)]}
+    runs = {k: [] for k in cmds}
+    for rep in range(a.reps):
+        for peer, cmd in cmds.items():
+            r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+            if r.returncode != 0:
+                raise SystemExit("%s failed (%d):\n%s%s" % (peer, r.returncode, r.stdout, r.stderr))
+            runs[peer].append(parse(r.stdout))
+            boot.log("rep %d %s: %s" % (rep + 1, peer, runs[peer][-1]))
+    med = {p: {k: statistics.median(x[k] for x in v) for k in METRICS} for p, v in runs.items()}
+    doc = {
+        "benchmark": "fork",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "machine": boot.machine_info(),
+        "rounds": a.rounds,
+        "reps": a.reps,
+        "unit": "ns per operation (fork) or per round trip, median of the repetitions' means",
+        "peers": {p: {"median_ns": med[p], "runs": runs[p]} for p in runs},
+        "ratios": {r: round(med["wisp"][k] / med["unix"][k], 3) for r, k in RATIOS.items()},
+        "targets": {"fork_vs_process_fork": 1.5, "ipc_vs_unix": 1.0},
+    }
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    print(json.dumps(doc["ratios"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
