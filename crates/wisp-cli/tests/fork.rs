@@ -161,3 +161,26 @@ fn a_family_of_one_cannot_fork() {
     assert_eq!(r.code, Some(1), "{}", r.stdout);
     assert!(r.stdout.contains("FAILED: fork 0: EAGAIN"), "{}", r.stdout);
 }
+
+#[test]
+fn a_child_killed_from_outside_is_reaped_and_reported() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::{Command, Stdio};
+    let mut root = common::direct(Command::new(env!("CARGO_BIN_EXE_wisp")).args([
+        "run", "--timeout", "30s", "family", "--", "victim",
+    ]))
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut out = BufReader::new(root.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let pid: i32 = line.trim().strip_prefix("victim: child pid ").expect(&line).parse().unwrap();
+    // The child VM's monitor is a process of its own: kill it like any.
+    assert!(Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    let status = root.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{rest}");
+    assert!(rest.contains("victim: parent saw the child end by signal Some(9)"), "{rest}");
+}

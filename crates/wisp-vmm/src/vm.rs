@@ -213,10 +213,25 @@ impl Drop for Watchdog {
 impl Vm {
     /// Run until the guest exits or is stopped. Console output goes to
     /// `console`. `timeout` bounds the whole run.
+    /// A guest that forks goes on running in both processes: the parent's
+    /// `run` continues, and in the child process `run` continues too (with
+    /// the same console) and returns the child's outcome there.
     pub fn run(&mut self, console: &mut dyn Write, timeout: Option<Duration>) -> Outcome {
         let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Some(o) = self.run_until_fork(console, deadline) {
+                return o;
+            }
+        }
+    }
+
+    /// Like [`Vm::run`] (with an absolute deadline), but in a forked child
+    /// process returns `None` right after the fork, before the child VM
+    /// first runs: the caller can give the child an identity of its own
+    /// (console, control channel) and then call this again to run it.
+    pub fn run_until_fork(&mut self, console: &mut dyn Write, deadline: Option<Instant>) -> Option<Outcome> {
         self.control.set_vcpu_thread(Some(ThreadId::current()));
-        let mut watchdog = deadline.map(|d| Watchdog::start(d, self.control.clone()));
+        let watchdog = deadline.map(|d| Watchdog::start(d, self.control.clone()));
         let start = Instant::now();
         let mut first_exit = true;
         let outcome = loop {
@@ -247,8 +262,9 @@ impl Vm {
             if self.forked {
                 // A new process: the parent's watchdog thread is not here.
                 self.forked = false;
-                std::mem::forget(watchdog.take());
-                watchdog = deadline.map(|d| Watchdog::start(d, self.control.clone()));
+                std::mem::forget(watchdog);
+                self.control.set_vcpu_thread(None);
+                return None;
             }
             match r {
                 Ok(None) => {}
@@ -267,7 +283,7 @@ impl Vm {
         let run_us = start.elapsed().as_secs_f64() * 1e6 - self.shell.stats.get("guest_init").unwrap_or(0.0);
         self.shell.stats.add("guest_run", run_us);
         let _ = console.flush();
-        outcome
+        Some(outcome)
     }
 
     /// The control block: pause, resume, kill, events (usable from other threads).

@@ -216,6 +216,8 @@ pub struct Family {
     pub(crate) opts: FamilyOptions,
     /// Segments attached here: (segment index, attach count).
     attached: Vec<(usize, u32)>,
+    /// Watches this process's children (made at the first fork).
+    reaper: Option<Reaper>,
 }
 
 /// Result of a family call: (ret, ret2) or a negative errno.
@@ -240,7 +242,7 @@ impl Family {
             m.state = RUNNING;
             m.pid = pid;
         }
-        Ok(Family { map, arena: None, me: 0, pid, opts, attached: Vec::new() })
+        Ok(Family { map, arena: None, me: 0, pid, opts, attached: Vec::new(), reaper: None })
     }
 
     pub fn set_options(&mut self, opts: FamilyOptions) {
@@ -326,29 +328,32 @@ impl Family {
 
     /// Child side after the host fork: this handle becomes the child's.
     pub fn become_child(&mut self, slot: &ForkSlot) {
+        // The parent's reaper thread does not exist in this process.
+        std::mem::forget(self.reaper.take());
         self.me = slot.idx;
         self.pid = std::process::id() as i32;
         lock(&self.map).inner.members[slot.idx].pid = self.pid;
     }
 
-    /// A watcher for child `slot` (process `pid`): waits for the process and,
-    /// if it ended without saying so (killed), ends its membership.
-    pub fn watch_child(&self, slot: &ForkSlot, pid: i32) {
-        let map = self.map.clone();
-        let idx = slot.idx;
-        let _ = std::thread::Builder::new().name("child-watch".into()).stack_size(64 << 10).spawn(move || {
-            let raw = shared::wait_child(pid).unwrap_or(libc::SIGKILL);
-            let st = if libc::WIFSIGNALED(raw) {
-                status::signaled(libc::WTERMSIG(raw) as u32)
-            } else {
-                status::exited(libc::WEXITSTATUS(raw))
-            };
-            let l = lock(&map);
-            let m = &l.inner.members[idx];
-            if m.pid == pid && m.state == RUNNING {
-                exit_member(&map, l.inner, idx, st);
-            }
-        });
+    /// Watch child `slot` (process `pid`): when the process ends without
+    /// having said so (killed, or its monitor failed), its membership ends
+    /// here and its parent learns of it. One reaper thread per process
+    /// watches all children (through pidfds), so a fork does not pay for a
+    /// thread.
+    pub fn watch_child(&mut self, slot: &ForkSlot, pid: i32) {
+        if self.reaper.is_none() {
+            self.reaper = Reaper::start(self.map.clone()).ok();
+        }
+        let ok = self.reaper.as_ref().is_some_and(|r| r.watch(pid, slot.idx));
+        if !ok {
+            // No reaper: a thread of its own for this child.
+            let map = self.map.clone();
+            let idx = slot.idx;
+            let _ = std::thread::Builder::new().stack_size(64 << 10).spawn(move || {
+                let raw = shared::wait_child(pid).unwrap_or(libc::SIGKILL);
+                child_ended(&map, idx, pid, raw);
+            });
+        }
     }
 
     /// This VM ended with wait status `st`: close its descriptors, detach its
@@ -873,3 +878,71 @@ fn exit_member(map: &SharedMap, inner: &mut Inner, idx: usize, st: u64) {
     wake_waiters(map, inner);
 }
 
+
+/// A child process ended with raw wait status `raw`: if it did not end its
+/// membership itself, end it now.
+fn child_ended(map: &SharedMap, idx: usize, pid: i32, raw: i32) {
+    let st = if libc::WIFSIGNALED(raw) {
+        status::signaled(libc::WTERMSIG(raw) as u32)
+    } else {
+        status::exited(libc::WEXITSTATUS(raw))
+    };
+    let l = lock(map);
+    let m = &l.inner.members[idx];
+    if m.pid == pid && m.state == RUNNING {
+        exit_member(map, l.inner, idx, st);
+    }
+}
+
+/// The thread that reaps a process's children.
+struct Reaper {
+    tx: std::sync::mpsc::Sender<(i32, usize, std::os::fd::OwnedFd)>,
+    wake: Arc<std::os::fd::OwnedFd>,
+}
+
+impl Reaper {
+    fn start(map: Arc<SharedMap>) -> std::io::Result<Reaper> {
+        use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags};
+        let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
+        let (tx, rx) = std::sync::mpsc::channel::<(i32, usize, std::os::fd::OwnedFd)>();
+        let w = wake.clone();
+        std::thread::Builder::new().name("reaper".into()).stack_size(128 << 10).spawn(move || {
+            let mut kids: Vec<(i32, usize, std::os::fd::OwnedFd)> = Vec::new();
+            loop {
+                let ready: Vec<usize> = {
+                    let mut fds = vec![PollFd::new(&*w, PollFlags::IN)];
+                    fds.extend(kids.iter().map(|k| PollFd::new(&k.2, PollFlags::IN)));
+                    if poll(&mut fds, None).is_err() {
+                        continue;
+                    }
+                    if !fds[0].revents().is_empty() {
+                        let mut b = [0u8; 8];
+                        let _ = rustix::io::read(&*w, &mut b);
+                    }
+                    (1..fds.len()).filter(|&i| !fds[i].revents().is_empty()).map(|i| i - 1).collect()
+                };
+                for i in ready.into_iter().rev() {
+                    let (pid, idx, _fd) = kids.swap_remove(i);
+                    let raw = shared::wait_child(pid).unwrap_or(libc::SIGKILL);
+                    child_ended(&map, idx, pid, raw);
+                }
+                kids.extend(rx.try_iter());
+            }
+        })?;
+        Ok(Reaper { tx, wake })
+    }
+
+    fn watch(&self, pid: i32, idx: usize) -> bool {
+        let Ok(pidfd) = rustix::process::pidfd_open(
+            rustix::process::Pid::from_raw(pid).expect("a child's pid is positive"),
+            rustix::process::PidfdFlags::empty(),
+        ) else {
+            return false;
+        };
+        if self.tx.send((pid, idx, pidfd)).is_err() {
+            return false;
+        }
+        let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
+        true
+    }
+}

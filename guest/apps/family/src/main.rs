@@ -3,7 +3,7 @@
 //! expected, 1 otherwise.
 //!
 //! Modes: cow, tree, many N, pipe KIB, siblings, signals, msgq, shm,
-//! shm-after-detach, crash, bomb, hold KEY, cross PID KEY, and `bench ROUNDS`
+//! shm-after-detach, crash, bomb, victim, hold KEY, cross PID KEY, and `bench ROUNDS`
 //! (round-trip latencies for `make bench-fork`).
 #![no_std]
 #![no_main]
@@ -45,6 +45,7 @@ fn main() -> i32 {
         "shm-after-detach" => shm_after_detach(),
         "crash" => crash(),
         "bomb" => bomb(),
+        "victim" => victim(),
         "hold" => hold(n(2, 77) as i64),
         "cross" => cross(n(2, 0) as u32, n(3, 77) as i64),
         "bench" => bench(n(2, 1000)),
@@ -402,6 +403,23 @@ fn crash() -> R {
     ensure!(CHLD.load(Ordering::Relaxed) >= 1, "no SIGCHLD");
     println!("parent: still fine, global {}", global());
     println!("crash ok");
+    Ok(())
+}
+
+fn victim() -> R {
+    // The child's monitor process gets SIGKILLed from outside (the test).
+    let (r, _w) = f::pipe().map_err(e)?;
+    let c = f::fork().map_err(e)?;
+    if c == 0 {
+        println!("victim: child pid {}", f::getpid());
+        let mut b = [0u8; 1];
+        let _ = f::read(r, &mut b); // blocks until killed
+        wisp::exit(0);
+    }
+    let (_, st) = f::waitpid(c as i64, false).map_err(e)?.ok_or("no child")?;
+    println!("victim: parent saw the child end by signal {:?}", status::term_signal(st));
+    ensure!(status::term_signal(st) == Some(f::SIGKILL), "status");
+    println!("victim ok");
     Ok(())
 }
 
