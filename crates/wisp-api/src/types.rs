@@ -91,6 +91,13 @@ pub struct VmInfo {
     /// Forwarded host ports.
     #[serde(default)]
     pub ports: Vec<PortMap>,
+    /// For a VM forked by another: the parent's id.
+    #[serde(default)]
+    pub parent: Option<String>,
+    /// For a forked VM: the id of its family's root (whose VMM process
+    /// command line it still carries).
+    #[serde(default)]
+    pub family: Option<String>,
 }
 
 /// `GET /v1/pool` and `PUT /v1/pool`.

@@ -144,11 +144,14 @@ fn ps(c: &mut Client, all: bool, quiet: bool) -> Result<u8, String> {
         vms.iter().for_each(|v| println!("{}", v.id));
         return Ok(0);
     }
-    println!("{:<12}  {:<16}  {:<12}  {:>5}  {:>8}  {:>8}  {:<15}  {}", "ID", "NAME", "IMAGE", "MEM", "PID", "BOOT", "IP", "STATE");
+    println!(
+        "{:<12}  {:<16}  {:<12}  {:>5}  {:>8}  {:>8}  {:<15}  {:<12}  {}",
+        "ID", "NAME", "IMAGE", "MEM", "PID", "BOOT", "IP", "PARENT", "STATE"
+    );
     for v in &vms {
         let image = Path::new(&v.image).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
         println!(
-            "{:<12}  {:<16}  {:<12}  {:>4}M  {:>8}  {:>8}  {:<15}  {}",
+            "{:<12}  {:<16}  {:<12}  {:>4}M  {:>8}  {:>8}  {:<15}  {:<12}  {}",
             v.id,
             v.name.as_deref().unwrap_or("-"),
             image,
@@ -156,6 +159,7 @@ fn ps(c: &mut Client, all: bool, quiet: bool) -> Result<u8, String> {
             v.pid,
             v.boot_us.map(|u| format!("{u}µs")).unwrap_or_else(|| "-".into()),
             v.ip.as_deref().unwrap_or("-"),
+            v.parent.as_deref().unwrap_or("-"),
             state(v)
         );
     }

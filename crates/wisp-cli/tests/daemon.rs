@@ -348,3 +348,41 @@ fn images_are_shared_copy_on_write_from_the_cache() {
     assert_eq!(inode(a.pid), inode(b.pid));
     wait_console(&mut c, &a.id, "sleeper: sleeping");
 }
+
+#[test]
+fn forked_vms_are_vms_of_the_toolstack() {
+    let d = Daemon::start("fork", "16M=1");
+    let mut c = d.client();
+    let root = create(&mut c, "family", &["nap", "2"], Some("napper"));
+    // The two children show up as VMs of their own, with their parent.
+    let t = Instant::now();
+    let kids = loop {
+        let kids: Vec<_> = c.list().unwrap().into_iter().filter(|v| v.parent.as_deref() == Some(&root.id)).collect();
+        if kids.len() == 2 {
+            break kids;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "children did not appear: {:?}", c.list());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (ps, _) = text(&d.wisp(&["ps"]));
+    assert_eq!(ps.lines().filter(|l| l.contains(&root.id)).count(), 3, "{ps}");
+    for k in &kids {
+        assert_eq!(k.family.as_deref(), Some(root.id.as_str()));
+        assert_ne!(k.pid, root.pid);
+        wait_console(&mut c, &k.id, "sleeping");
+    }
+    // Stopping one child gracefully and killing the other reach the parent
+    // as exit statuses, like any child process.
+    assert_eq!(d.wisp(&["stop", &kids[0].id]).status.code(), Some(0));
+    assert_eq!(d.wisp(&["kill", &kids[1].id]).status.code(), Some(0));
+    assert_eq!(c.wait(&root.id).unwrap().code, 0);
+    let out = console(&mut c, &root.id);
+    assert!(out.contains(&format!("nap: child {} ended: exit Some(143) signal None", kids[0].pid)), "{out}");
+    assert!(out.contains(&format!("nap: child {} ended: exit None signal Some(9)", kids[1].pid)), "{out}");
+    assert!(out.contains("nap ok"), "{out}");
+    assert_eq!(c.wait(&kids[0].id).unwrap().code, 143);
+    assert_eq!(c.wait(&kids[1].id).unwrap().code, 137);
+    // Cleaned up like any other VM.
+    assert_eq!(d.wisp(&["rm", "--all"]).status.code(), Some(0));
+    assert!(c.list().unwrap().is_empty());
+}

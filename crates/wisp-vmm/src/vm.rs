@@ -301,6 +301,11 @@ impl Vm {
         self.family.pid()
     }
 
+    /// The pid of the VM that forked this one (0 for a family's root).
+    pub fn parent_pid(&self) -> i32 {
+        self.family.getpid().map_or(0, |(_, pp)| pp as i32)
+    }
+
     /// Timings so far.
     pub fn stats(&self) -> &Stats {
         &self.shell.stats

@@ -78,7 +78,13 @@ struct Entry {
     ctl: Option<UnixStream>,
     /// Host ports forwarded to the VM (closed when it exits).
     forwards: Vec<crate::forward::Forward>,
+    /// For a family's root: the daemon's end of the family's uplink, on
+    /// which forked VMM processes announce themselves.
+    uplink: Option<OwnedFd>,
 }
+
+/// Epoll tokens of uplinks carry this bit (pidfds carry the bare id).
+const UPLINK: u64 = 1 << 63;
 
 #[derive(Default)]
 struct Table {
@@ -265,12 +271,16 @@ impl Daemon {
         fs::metadata(dir).ok().map(|m| m.uid()).filter(|u| (UID_BASE..UID_BASE + UID_COUNT).contains(u))
     }
 
-    /// Remove a VM directory and give its user id back.
+    /// Remove a VM directory and give its user id back (unless another VM
+    /// of its family still has it).
     fn remove_dir(&self, dir: &Path) {
         let uid = Self::dir_uid(dir);
         let _ = fs::remove_dir_all(dir);
         if let Some(u) = uid {
-            self.free_uid(u);
+            let shared = self.table.lock().unwrap().by_id.values().any(|e| Self::dir_uid(&e.dir) == Some(u));
+            if !shared {
+                self.free_uid(u);
+            }
         }
     }
 
@@ -388,6 +398,8 @@ impl Daemon {
             created_ms: now_ms(),
             exit: None,
             boot_us: None,
+            parent: None,
+            family: None,
         };
         let dir = worker.dir.clone();
         self.insert(info.clone(), dir.clone(), worker.child);
@@ -395,19 +407,37 @@ impl Daemon {
             e.forwards = forwards;
         }
         let (spec, tap) = net.map_or((None, None), |(n, t)| (Some(n), Some(t)));
+        // The family's uplink: forked VMs of this one announce themselves on it.
+        let uplink = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .ok();
         let start = Request::Start {
             image_name: image.image.name.clone(),
             args: req.args,
             timeout_ms: req.timeout_ms,
             attach,
             net: spec,
+            uplink: uplink.is_some(),
         };
         let mut fds = vec![&image.memfd];
         fds.extend(tap.as_ref());
+        if let Some((mine, theirs)) = &uplink {
+            fds.push(theirs);
+            let _ = epoll::add(&self.epoll, mine.as_fd(), epoll::EventData::new_u64(UPLINK | token(&info.id)), epoll::EventFlags::IN);
+        }
         // Record the VM while its VMM process loads the image.
         let sent = proto::send(&dir.join("ctl.sock"), &start, &fds, Some(Duration::from_secs(10)));
         // The VMM process holds the tap now: it disappears when that process ends.
         drop(tap);
+        if let Some((mine, _theirs)) = uplink {
+            if let Some(e) = self.table.lock().unwrap().by_id.get_mut(&info.id) {
+                e.uplink = Some(mine);
+            }
+        }
         if let Err(e) = write_atomic(&dir.join("vm.json"), &serde_json::to_vec(&info).unwrap_or_default()) {
             let _ = self.remove(&info.id, true);
             return Err(ApiError::new(500, format!("cannot record the VM: {e}")));
@@ -447,7 +477,7 @@ impl Daemon {
             t.names.insert(n.clone(), info.id.clone());
         }
         let gone = pidfd.is_none() && info.exit.is_none();
-        t.by_id.insert(info.id.clone(), Entry { info: info.clone(), dir, child, pidfd, ctl: None, forwards: Vec::new() });
+        t.by_id.insert(info.id.clone(), Entry { info: info.clone(), dir, child, pidfd, ctl: None, forwards: Vec::new(), uplink: None });
         drop(t);
         if gone {
             self.on_exit(&info.id);
@@ -652,6 +682,9 @@ impl Daemon {
             if let Some(fd) = &e.pidfd {
                 let _ = epoll::delete(&self.epoll, fd.as_fd());
             }
+            if let Some(fd) = &e.uplink {
+                let _ = epoll::delete(&self.epoll, fd.as_fd());
+            }
         }
         drop(t);
         self.remove_dir(&dir);
@@ -696,9 +729,104 @@ impl Daemon {
             }
             // Ids are 12 hex digits: the token is the id.
             for ev in events.iter() {
-                self.on_exit(&format!("{:012x}", ev.data.u64()));
+                let t = ev.data.u64();
+                if t & UPLINK != 0 {
+                    self.on_uplink(&format!("{:012x}", t & !UPLINK));
+                } else {
+                    self.on_exit(&format!("{t:012x}"));
+                }
             }
         }
+    }
+
+    /// A message on family `root`'s uplink: a VMM process forked by one of
+    /// its VMs asks to become a VM of its own.
+    fn on_uplink(&self, root: &str) {
+        use crate::proto::{recv_packet, send_packet, ForkKit, ForkNote};
+        let fd = {
+            let t = self.table.lock().unwrap();
+            t.by_id.get(root).and_then(|e| e.uplink.as_ref()).and_then(|f| f.try_clone().ok())
+        };
+        let Some(fd) = fd else { return };
+        let (msg, fds) = match recv_packet(fd.as_fd()) {
+            Ok(m) => m,
+            Err(_) => {
+                // Every VMM process of the family has gone.
+                let _ = epoll::delete(&self.epoll, fd.as_fd());
+                if let Some(e) = self.table.lock().unwrap().by_id.get_mut(root) {
+                    e.uplink = None;
+                }
+                return;
+            }
+        };
+        let Some(reply) = fds.into_iter().next() else { return };
+        let r = match serde_json::from_slice::<ForkNote>(&msg) {
+            Ok(note) => self.fork_child(root, &note),
+            Err(e) => Err(format!("bad fork note: {e}")),
+        };
+        let _ = match r {
+            Ok((id, fds)) => {
+                let b: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+                send_packet(reply.as_fd(), &ForkKit { id: Some(id), error: None }, &b)
+            }
+            Err(e) => {
+                eprintln!("wispd: family {root}: fork refused: {e}");
+                send_packet(reply.as_fd(), &ForkKit { id: None, error: Some(e) }, &[])
+            }
+        };
+    }
+
+    /// Make process `note.child_pid`, forked by a VM of family `root`, a VM
+    /// of the toolstack: id, directory, files, control socket, table entry.
+    fn fork_child(&self, root: &str, note: &crate::proto::ForkNote) -> Result<(String, [OwnedFd; 4]), String> {
+        let (parent, dir_uid) = {
+            let t = self.table.lock().unwrap();
+            let e = t
+                .by_id
+                .values()
+                .find(|e| {
+                    e.info.pid == note.parent_pid
+                        && e.info.exit.is_none()
+                        && (e.info.id == root || e.info.family.as_deref() == Some(root))
+                })
+                .ok_or("the forking VM is not a running VM of this family")?;
+            (e.info.clone(), Self::dir_uid(&e.dir).ok_or("the family has no user id")?)
+        };
+        // The process must really be the parent's child (and so the family's).
+        let status = fs::read_to_string(format!("/proc/{}/status", note.child_pid)).map_err(|e| e.to_string())?;
+        let ppid = status.lines().find_map(|l| l.strip_prefix("PPid:")).map(|v| v.trim().parse::<u32>().ok());
+        if ppid != Some(Some(note.parent_pid)) {
+            return Err(format!("process {} is not a child of {}", note.child_pid, note.parent_pid));
+        }
+        let id = new_id();
+        let dir = self.vms_dir().join(&id);
+        fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let owner = (Some(rustix::fs::Uid::from_raw(dir_uid)), Some(rustix::fs::Gid::from_raw(dir_uid)));
+        rustix::fs::chown(&dir, owner.0, owner.1).map_err(|e| format!("chown {}: {e}", dir.display()))?;
+        rustix::fs::chmod(&dir, rustix::fs::Mode::from_raw_mode(0o700)).map_err(|e| format!("chmod: {e}"))?;
+        let files = crate::jail::JailFiles::open(&dir).map_err(|e| format!("files: {e}"))?;
+        let listener = std::os::unix::net::UnixListener::bind(dir.join("ctl.sock")).map_err(|e| format!("bind: {e}"))?;
+        let _ = fs::write(dir.join("pid"), note.child_pid.to_string());
+        let info = VmInfo {
+            id: id.clone(),
+            name: None,
+            image: parent.image.clone(),
+            args: parent.args.clone(),
+            mem: parent.mem,
+            state: VmState::Running,
+            pid: note.child_pid,
+            created_ms: now_ms(),
+            exit: None,
+            boot_us: None,
+            ip: None,
+            ports: Vec::new(),
+            parent: Some(parent.id.clone()),
+            family: Some(root.to_string()),
+        };
+        write_atomic(&dir.join("vm.json"), &serde_json::to_vec(&info).unwrap_or_default()).map_err(|e| e.to_string())?;
+        self.insert(info, dir, None);
+        let (d, x, c) = files.into_parts();
+        Ok((id, [d, OwnedFd::from(x), OwnedFd::from(c), OwnedFd::from(listener)]))
     }
 
     /// Find the VMs a previous daemon left: adopt running ones, record
@@ -709,8 +837,10 @@ impl Daemon {
             let dir = ent.path();
             let id = ent.file_name().to_string_lossy().into_owned();
             let pid: Option<u32> = fs::read_to_string(dir.join("pid")).ok().and_then(|s| s.trim().parse().ok());
-            let alive = pid.is_some_and(|p| is_our_worker(p, &id));
             let info: Option<VmInfo> = fs::read(dir.join("vm.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
+            // A forked VM's process carries its family root's command line.
+            let cmd_id = info.as_ref().and_then(|i| i.family.clone()).unwrap_or_else(|| id.clone());
+            let alive = pid.is_some_and(|p| is_our_worker(p, &cmd_id));
             let Some(mut info) = info else {
                 // A pooled shell or a VM that never started.
                 if alive {

@@ -40,6 +40,17 @@ impl JailFiles {
         Ok(JailFiles { exit_tmp: tmp("exit.json.tmp")?, console_tmp: tmp("console.log.tmp")?, dir })
     }
 
+    /// The same from descriptors opened by someone else (the daemon, for a
+    /// forked VM).
+    pub fn from_fds(dir: OwnedFd, exit_tmp: File, console_tmp: File) -> JailFiles {
+        JailFiles { dir, exit_tmp, console_tmp }
+    }
+
+    /// The directory and the two files, as descriptors.
+    pub fn into_parts(self) -> (OwnedFd, File, File) {
+        (self.dir, self.exit_tmp, self.console_tmp)
+    }
+
     /// Rename `<name>.tmp` to `<name>` inside the VM directory.
     pub fn commit(&self, name: &str) -> std::io::Result<()> {
         Ok(renameat(self.dir.as_fd(), format!("{name}.tmp"), self.dir.as_fd(), name)?)
@@ -95,6 +106,14 @@ const ALLOWED: &[i64] = &[
     libc::SYS_accept4,
     libc::SYS_accept,
     libc::SYS_recvmsg,
+    // Fork: a forked VM's monitor asks the daemon for its files over a
+    // pair; a parent's monitor reaps its children and signals its family.
+    libc::SYS_socketpair,
+    libc::SYS_wait4,
+    libc::SYS_waitid,
+    libc::SYS_pidfd_open,
+    libc::SYS_kill,
+    libc::SYS_getppid,
     libc::SYS_sendmsg,
     libc::SYS_recvfrom,
     libc::SYS_sendto,

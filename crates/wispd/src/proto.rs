@@ -5,7 +5,7 @@
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
@@ -35,6 +35,10 @@ pub enum Request {
         /// A NIC on the tap passed as the second descriptor.
         #[serde(default)]
         net: Option<NetSpec>,
+        /// The family's uplink to the daemon comes as the last descriptor:
+        /// the guest may fork.
+        #[serde(default)]
+        uplink: bool,
     },
     /// Current state.
     Status,
@@ -113,18 +117,75 @@ impl Reply {
     }
 }
 
+/// Most descriptors one message carries.
+pub const MAX_FDS: usize = 4;
+
+/// Sent by a forked VMM process on its family's uplink (a SEQPACKET socket
+/// to the daemon), with one descriptor: its end of a fresh socket pair on
+/// which the daemon answers with a [`ForkKit`].
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkNote {
+    /// The new VMM process (the child VM).
+    pub child_pid: u32,
+    /// The VMM process of the VM that forked.
+    pub parent_pid: u32,
+}
+
+/// The daemon's answer to a [`ForkNote`]: the child VM's id, and four
+/// descriptors: its directory, `exit.json.tmp`, `console.log.tmp` and its
+/// listening control socket. Or an error.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkKit {
+    pub id: Option<String>,
+    pub error: Option<String>,
+}
+
+/// Send one message with descriptors on a SEQPACKET socket.
+pub fn send_packet<T: Serialize>(sock: BorrowedFd<'_>, v: &T, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let msg = serde_json::to_vec(v).map_err(io::Error::other)?;
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut anc = SendAncillaryBuffer::new(&mut space);
+    let fds = &fds[..fds.len().min(MAX_FDS)];
+    if !fds.is_empty() {
+        anc.push(SendAncillaryMessage::ScmRights(fds));
+    }
+    sendmsg(sock, &[io::IoSlice::new(&msg)], &mut anc, SendFlags::NOSIGNAL)?;
+    Ok(())
+}
+
+/// Receive one message (and its descriptors) from a SEQPACKET socket.
+pub fn recv_packet(sock: BorrowedFd<'_>) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    let mut buf = vec![0u8; 4096];
+    let mut fds = Vec::new();
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut anc = RecvAncillaryBuffer::new(&mut space);
+    let r = recvmsg(sock, &mut [io::IoSliceMut::new(&mut buf)], &mut anc, RecvFlags::CMSG_CLOEXEC)?;
+    for msg in anc.drain() {
+        if let RecvAncillaryMessage::ScmRights(got) = msg {
+            fds.extend(got);
+        }
+    }
+    if r.bytes == 0 {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed"));
+    }
+    buf.truncate(r.bytes);
+    Ok((buf, fds))
+}
+
 /// Send one line (and optionally a descriptor) on `sock`.
 pub fn send_line<T: Serialize>(sock: &UnixStream, v: &T, fd: Option<&OwnedFd>) -> io::Result<()> {
     send_line_fds(sock, v, fd.as_slice())
 }
 
-/// Send one line with descriptors (at most 2) on `sock`.
+/// Send one line with descriptors (at most [`MAX_FDS`]) on `sock`.
 pub fn send_line_fds<T: Serialize>(sock: &UnixStream, v: &T, fds: &[&OwnedFd]) -> io::Result<()> {
     let mut line = serde_json::to_vec(v).map_err(io::Error::other)?;
     line.push(b'\n');
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut anc = SendAncillaryBuffer::new(&mut space);
-    let borrowed: Vec<_> = fds.iter().take(2).map(|f| f.as_fd()).collect();
+    let borrowed: Vec<_> = fds.iter().take(MAX_FDS).map(|f| f.as_fd()).collect();
     if !borrowed.is_empty() {
         anc.push(SendAncillaryMessage::ScmRights(&borrowed));
     }
@@ -143,7 +204,7 @@ pub fn recv_line(sock: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let mut fds = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
         let mut anc = RecvAncillaryBuffer::new(&mut space);
         let r = recvmsg(sock, &mut [io::IoSliceMut::new(&mut buf)], &mut anc, RecvFlags::CMSG_CLOEXEC)?;
         for msg in anc.drain() {

@@ -204,13 +204,90 @@ fn run(_id: &str, dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
         }
         let _ = send_line(&conn, &Reply { boot_us: Some(boot_us), ..Reply::ok(WorkerState::Running) }, None);
         let _ = ltx.send(listener);
+        vm.set_family_options(wisp_vmm::FamilyOptions {
+            fork: cmd.uplink.is_some(),
+            limit: wisp_abi::family::limits::MAX_MEMBERS as u32,
+            orphans_die: false,
+        });
+        let deadline = cmd.timeout.map(|t| Instant::now() + t);
+        let mut shared = shared;
         let mut sink = Sink { shared: shared.clone(), direct: cmd.attach.then_some(conn) };
-        let outcome = vm.run(&mut sink, cmd.timeout);
+        let outcome = loop {
+            if let Some(o) = vm.run_until_fork(&mut sink, deadline) {
+                break o;
+            }
+            // The forked child's process. Everything above belongs to the
+            // parent VM (and to threads that do not exist here): leave it
+            // untouched and become a VM of our own.
+            std::mem::forget(sink);
+            shared = match become_child_vm(cmd.uplink.as_ref(), &vm) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("wisp-vmm: forked VM: {e}");
+                    std::process::exit(125);
+                }
+            };
+            sink = Sink { shared: shared.clone(), direct: None };
+        };
         drop(sink);
         drop(vm);
         finish(&shared, exit_info(&outcome));
     }
     Ok(())
+}
+
+/// In a forked VMM process: tell the daemon through the family's uplink,
+/// take the child VM's directory, files and control socket it sends back,
+/// and serve them with fresh state (the parent's may be locked by threads
+/// that did not survive the fork).
+fn become_child_vm(uplink: Option<&std::os::fd::OwnedFd>, vm: &wisp_vmm::Vm) -> Result<Arc<Shared>, String> {
+    use std::os::fd::AsFd;
+    use crate::proto::{recv_packet, send_packet, ForkKit, ForkNote};
+    let uplink = uplink.ok_or("no uplink to the daemon")?;
+    let (mine, theirs) = rustix::net::socketpair(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::SEQPACKET,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| format!("socketpair: {e}"))?;
+    let note = ForkNote { child_pid: std::process::id(), parent_pid: vm.parent_pid() as u32 };
+    send_packet(uplink.as_fd(), &note, &[theirs.as_fd()]).map_err(|e| format!("tell the daemon: {e}"))?;
+    drop(theirs);
+    let mut fds = [rustix::event::PollFd::new(&mine, rustix::event::PollFlags::IN)];
+    let ts = rustix::time::Timespec { tv_sec: 10, tv_nsec: 0 };
+    if rustix::event::poll(&mut fds, Some(&ts)).map_err(|e| e.to_string())? == 0 {
+        return Err("the daemon did not answer".into());
+    }
+    let (msg, fds) = recv_packet(mine.as_fd()).map_err(|e| format!("daemon's answer: {e}"))?;
+    let kit: ForkKit = serde_json::from_slice(&msg).map_err(|e| format!("daemon's answer: {e}"))?;
+    if let Some(e) = kit.error {
+        return Err(e);
+    }
+    let [dir, exit_tmp, console_tmp, listener]: [std::os::fd::OwnedFd; 4] =
+        fds.try_into().map_err(|_| "the daemon's answer lacks descriptors")?;
+    let files = JailFiles::from_fds(dir, File::from(exit_tmp), File::from(console_tmp));
+    let shared = Arc::new(Shared {
+        files: Mutex::new(Some(files)),
+        state: Mutex::new(State {
+            phase: WorkerState::Running,
+            exit: None,
+            boot_us: None,
+            control: Some(vm.control()),
+            conns: 0,
+        }),
+        cv: Condvar::new(),
+        console: Mutex::new(Console { ring: VecDeque::new(), total: 0 }),
+        console_cv: Condvar::new(),
+    });
+    let listener = UnixListener::from(listener);
+    let s = shared.clone();
+    std::thread::Builder::new()
+        .name("ctl".into())
+        .stack_size(256 << 10)
+        .spawn(move || serve_loop(&s, listener))
+        .map_err(|e| e.to_string())?;
+    Ok(shared)
 }
 
 /// Run `f` on a thread of its own, counted as an open connection.
@@ -294,6 +371,8 @@ struct StartCmd {
     timeout: Option<Duration>,
     attach: bool,
     net: Option<wisp_vmm::NetConfig>,
+    /// The family's uplink to the daemon (the guest may fork).
+    uplink: Option<std::os::fd::OwnedFd>,
 }
 
 /// Serve one request while the shell waits in the pool. Returns the start
@@ -301,30 +380,32 @@ struct StartCmd {
 fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(StartCmd, UnixStream)> {
     let (req, fds) = read_request(&conn)?;
     let reply = match req {
-        Request::Start { image_name, args, timeout_ms, attach, net } => {
+        Request::Start { image_name, args, timeout_ms, attach, net, uplink } => {
             let mut fds = fds.into_iter();
             let Some(fd) = fds.next() else {
                 let _ = send_line(&conn, &Reply::err("start needs the image descriptor"), None);
                 return None;
             };
-            let net = match (net, fds.next()) {
-                (None, _) => None,
-                (Some(n), Some(tap)) => Some(wisp_vmm::NetConfig {
+            let net = match (net.is_some().then(|| fds.next()).flatten(), net) {
+                (_, None) => None,
+                (Some(tap), Some(n)) => Some(wisp_vmm::NetConfig {
                     tap,
                     mac: n.mac,
                     ip: (n.ip, n.prefix),
                     gateway: Some(n.gateway),
                 }),
-                (Some(_), None) => {
+                (None, Some(_)) => {
                     let _ = send_line(&conn, &Reply::err("a NIC needs the tap descriptor"), None);
                     return None;
                 }
             };
+            let uplink = if uplink { fds.next() } else { None };
             // Parsed again here (the daemon is not trusted blindly); its
             // pages are mapped copy-on-write from the shared memfd.
             match Image::from_fd(&image_name, fd) {
                 Ok(image) => {
-                    let cmd = StartCmd { image, args, timeout: timeout_ms.map(Duration::from_millis), attach, net };
+                    let timeout = timeout_ms.map(Duration::from_millis);
+                    let cmd = StartCmd { image, args, timeout, attach, net, uplink };
                     return Some((cmd, conn));
                 }
                 Err(e) => Reply::err(e.to_string()),

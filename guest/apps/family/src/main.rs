@@ -3,7 +3,7 @@
 //! expected, 1 otherwise.
 //!
 //! Modes: cow, tree, many N, pipe KIB, siblings, signals, msgq, shm,
-//! shm-after-detach, crash, bomb, victim, hold KEY, cross PID KEY, and `bench ROUNDS`
+//! shm-after-detach, crash, bomb, victim, nap N, hold KEY, cross PID KEY, and `bench ROUNDS`
 //! (round-trip latencies for `make bench-fork`).
 #![no_std]
 #![no_main]
@@ -46,6 +46,7 @@ fn main() -> i32 {
         "crash" => crash(),
         "bomb" => bomb(),
         "victim" => victim(),
+        "nap" => nap(n(2, 2) as u32),
         "hold" => hold(n(2, 77) as i64),
         "cross" => cross(n(2, 0) as u32, n(3, 77) as i64),
         "bench" => bench(n(2, 1000)),
@@ -403,6 +404,23 @@ fn crash() -> R {
     ensure!(CHLD.load(Ordering::Relaxed) >= 1, "no SIGCHLD");
     println!("parent: still fine, global {}", global());
     println!("crash ok");
+    Ok(())
+}
+
+fn nap(n: u32) -> R {
+    // N children sleep a minute; the parent reports how each ended.
+    for _ in 0..n {
+        if f::fork().map_err(e)? == 0 {
+            println!("nap: child {} sleeping", f::getpid());
+            wisp::time::sleep(core::time::Duration::from_secs(60));
+            wisp::exit(0);
+        }
+    }
+    for _ in 0..n {
+        let (p, st) = f::wait().map_err(e)?;
+        println!("nap: child {} ended: exit {:?} signal {:?}", p, status::exit_code(st), status::term_signal(st));
+    }
+    println!("nap ok");
     Ok(())
 }
 
