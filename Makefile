@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 GUEST_TARGET := x86_64-unknown-none
-GUEST_APPS := noop hello sleeper daytime echo iperf family
+GUEST_APPS := noop hello sleeper daytime echo iperf family kvstore
 TEST_IMAGES := hostile
 IMAGES := build/images
 WISP := target/release/wisp

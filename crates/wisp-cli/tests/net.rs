@@ -403,3 +403,54 @@ fn host_ports_are_forwarded_to_the_vm() {
     drop(d);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn kvstore_bgsave_forks_a_child_that_writes_the_snapshot_as_of_the_fork() {
+    let ns = NetNs::new("kv");
+    ns.add_tap("wtap0", "10.77.9.1/24");
+    // The saving child waits 2 s before writing: the parent must go on
+    // serving meanwhile.
+    let mut vm = ns.boot("wtap0", "10.77.9.2/24", "kvstore", &["6380", "2000"]);
+    let out = wait_line(&mut vm, "kvstore: listening on 10.77.9.2:6380");
+    let client = r#"
+import socket, time
+s = socket.create_connection(("10.77.9.2", 6380), timeout=10)
+f = s.makefile("rw")
+def cmd(c):
+    f.write(c + "\n"); f.flush()
+    return f.readline().strip()
+for i in range(500):
+    assert cmd("SET k%03d v%d" % (i, i)) == "OK"
+r = cmd("BGSAVE")
+assert r.startswith("OK saving in "), r
+assert cmd("BGSAVE") == "ERR a save is running"
+# The parent keeps serving while the child saves; these changes come after
+# the fork and must not be in the snapshot.
+for i in range(100):
+    assert cmd("SET k%03d changed" % i) == "OK"
+assert cmd("SET newkey after") == "OK"
+assert cmd("DEL k499") == ":1"
+assert cmd("LASTSAVE") == "saves 0 running 1 last none", cmd("LASTSAVE")
+assert cmd("GET k000") == "VALUE changed"
+deadline = time.time() + 20
+while cmd("LASTSAVE") != "saves 1 running 0 last ok":
+    assert time.time() < deadline, cmd("LASTSAVE")
+    time.sleep(0.05)
+assert cmd("DBSIZE") == ":500"
+print("ok", r.split()[-1])
+"#;
+    let o = ns.cmd(&["python3", "-c", client]).output().unwrap();
+    let said = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success() && said.starts_with("ok "), "{said} {}", String::from_utf8_lossy(&o.stderr));
+    stop(vm);
+    // The console: the parent's and the child's lines (direct mode).
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut { out }, &mut text).unwrap();
+    let snap: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("kvstore: snapshot ")).collect();
+    assert_eq!(snap.first(), Some(&"begin 500"), "{text}");
+    assert!(snap.last().is_some_and(|l| l.starts_with("end 500 ")), "{text}");
+    // As of the fork: old values, k499 still there, no newkey.
+    assert!(snap.contains(&"k000 v0") && snap.contains(&"k099 v99") && snap.contains(&"k499 v499"), "{text}");
+    assert!(!snap.iter().any(|l| l.contains("changed") || l.starts_with("newkey")), "{text}");
+    assert_eq!(snap.len(), 502);
+}
