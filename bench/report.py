@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write docs/benchmarks.md from bench/results/{boot,density}.json."""
+"""Write docs/benchmarks.md from bench/results/{boot,density,net,fork}.json."""
 
 import json
 import os
@@ -128,6 +128,27 @@ def net_section(n):
     return out
 
 
+def fork_section(k):
+    w, u = k["peers"]["wisp"]["median_ns"], k["peers"]["unix"]["median_ns"]
+    rows = [("fork", "fork (until it returns in the parent)", "fork_vs_process_fork"),
+            ("fork_exit_wait", "fork + child exits + parent waits", "wait_vs_unix"),
+            ("pipe", "pipe round trip (1 byte each way)", "pipe_vs_unix"),
+            ("msgq", "message queue round trip", "msgq_vs_unix"),
+            ("kill", "kill round trip (signal, signal back)", "kill_vs_unix"),
+            ("shm", "shared-memory round trip (spinning on a word)", "shm_vs_unix")]
+    fmt = lambda ns: "%.1f µs" % (ns / 1e3) if ns >= 1000 else "%d ns" % ns
+    out = ["## Fork and family IPC (`make bench-fork`, `bench/results/fork.json`)", "",
+           "KylinX's Table 3 side by side in one run: a VM and its forked child VM (`family bench`,",
+           "direct mode) against a process and its forked child (`bench/tools/ipcbench.c`), same",
+           "method, %d round trips per measurement, median of %d alternating repetitions, run of %s:" % (
+               k["rounds"], k["reps"], k["date"][:16]), "",
+           "| measurement | wisp VMs | UNIX processes | ratio |", "|---|---|---|---|"]
+    for key, label, r in rows:
+        out.append("| %s | %s | %s | `%s` %s |" % (label, fmt(w[key]), fmt(u[key]), r, ratio(k["ratios"][r])))
+    out += [""]
+    return out
+
+
 def main():
     head = open(os.path.join(BENCH, "report-notes.md")).read()
     b, d = load("boot.json"), load("density.json")
@@ -136,6 +157,9 @@ def main():
     if os.path.exists(os.path.join(BENCH, "results", "net.json")):
         net_text = "\n".join(net_section(load("net.json")))
         text = text.replace("<!-- net -->", net_text) if "<!-- net -->" in text else text + "\n" + net_text
+    if os.path.exists(os.path.join(BENCH, "results", "fork.json")):
+        fork_text = "\n".join(fork_section(load("fork.json")))
+        text = text.replace("<!-- fork -->", fork_text) if "<!-- fork -->" in text else text + "\n" + fork_text
     with open(os.path.join(ROOT, "docs", "benchmarks.md"), "w") as f:
         f.write(text)
 

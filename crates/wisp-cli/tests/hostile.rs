@@ -32,7 +32,16 @@ const CASES: &[(&str, &str)] = &[
     ("args-oob", "argument block at 0xfffffff0"),
     ("unknown-hypercall", "unknown hypercall 9"),
     ("byte-hypercall", "1-byte out"),
+    ("family-oob", "bad hypercall family: argument block at 0xfffffff0"),
+    ("fork-oob", "bad hypercall fork: argument block at 0xfffffff0"),
 ];
+
+#[test]
+fn bad_family_calls_fail_with_their_errno_and_the_vm_goes_on() {
+    let r = wisp_limit(&["run", "--timeout", "10s", "hostile", "--", "family-abuse"], Duration::from_secs(20));
+    assert_eq!(r.code, Some(0), "{}\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("family-abuse: 15 cases, 0 wrong"), "{}", r.stdout);
+}
 
 #[test]
 fn hostile_guests_are_stopped_with_their_reason() {

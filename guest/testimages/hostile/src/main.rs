@@ -68,6 +68,13 @@ fn main() -> i32 {
         "unknown-hypercall" => unsafe {
             asm!("out dx, eax", in("dx") wisp::abi::HYPERCALL_PORT_BASE + 9, in("eax") 0u32);
         },
+        "family-oob" => unsafe {
+            asm!("out dx, eax", in("dx") Hypercall::Family.port(), in("eax") 0xffff_fff0u32);
+        },
+        "fork-oob" => unsafe {
+            asm!("out dx, eax", in("dx") Hypercall::Fork.port(), in("eax") 0xffff_fff0u32);
+        },
+        "family-abuse" => return family_abuse(mem),
         "byte-hypercall" => unsafe {
             asm!("out dx, al", in("dx") Hypercall::Exit.port(), in("al") 0u8);
         },
@@ -164,4 +171,43 @@ fn net_corrupt() -> i32 {
     let stopped = field(hdr::STOPPED).load(Ordering::Acquire);
     wisp::println!("net-corrupt: nic stopped = {}, guest still running", stopped);
     if stopped == 1 { 0 } else { 1 }
+}
+
+/// Family calls with bad operands: each must fail with its errno, and the
+/// VM goes on.
+fn family_abuse(mem: u64) -> i32 {
+    use wisp::abi::errno::*;
+    use wisp::abi::family::{flags, op, Call};
+    let call = |o: u32, fl: u32, a: [u64; 4]| {
+        let mut c = Call { op: o, flags: fl, a, ..Default::default() };
+        wisp::hypercall::call(Hypercall::Family, &mut c);
+        c.ret
+    };
+    let (r, _) = wisp::family::pipe().unwrap();
+    let cases: &[(&str, i64, i64)] = &[
+        ("unknown op", call(99, 0, [0; 4]), ENOSYS),
+        ("close of no descriptor", call(op::CLOSE, 0, [9999, 0, 0, 0]), EBADF),
+        ("read of a closed descriptor", call(op::READ, 0, [63, 0x20_0000, 16, 0]), EBADF),
+        ("read into memory outside RAM", call(op::READ, 0, [r as u64, mem - 8, 64, 0]), EFAULT),
+        ("read into a wrapping buffer", call(op::READ, 0, [r as u64, u64::MAX - 4, 64, 0]), EFAULT),
+        ("write to the read end", call(op::WRITE, flags::NOWAIT, [r as u64, 0x20_0000, 4, 0]), EBADF),
+        ("signal 200", call(op::KILL, 0, [1, 200, 0, 0]), EINVAL),
+        ("kill init", call(op::KILL, 0, [1, 15, 0, 0]), EPERM),
+        ("wait without children", call(op::WAIT, 0, [u64::MAX, 0, 0, 0]), ECHILD),
+        ("oversized message", call(op::MSGSND, 0, [0, 0x20_0000, 100_000, 1]), EINVAL),
+        ("receive from no queue", call(op::MSGRCV, flags::NOWAIT, [12345, 0x20_0000, 16, 0]), EINVAL),
+        ("attach no segment", call(op::SHMAT, 0, [77, 0, 0, 0]), EINVAL),
+        ("detach nothing", call(op::SHMDT, 0, [0x1_0000_0000, 0, 0, 0]), EINVAL),
+        ("empty segment", call(op::SHMGET, 0, [0, flags::IPC_CREAT, 0, 0]), EINVAL),
+        ("huge segment", call(op::SHMGET, 0, [0, flags::IPC_CREAT, 1 << 40, 0]), EINVAL),
+    ];
+    let mut bad = 0;
+    for (what, got, want) in cases {
+        if got != want {
+            wisp::println!("family-abuse: {}: got {}, want {}", what, got, want);
+            bad += 1;
+        }
+    }
+    wisp::println!("family-abuse: {} cases, {} wrong", cases.len(), bad);
+    if bad == 0 { 0 } else { 1 }
 }
