@@ -76,6 +76,9 @@ pub mod op {
     pub const SHMRMID: u32 = 14;
     /// Only take the pending signals (in `Call::signals`).
     pub const SIGNALS: u32 = 15;
+    /// Park until a signal is pending (or a stop request): ret = `EINTR`,
+    /// with the signals taken in `Call::signals`.
+    pub const PAUSE: u32 = 16;
 }
 
 /// `Call::flags` bits, and the flag operand of MSGGET/SHMGET.

@@ -433,6 +433,11 @@ impl Vm {
         if pending != 0 || !self.control.set_parked(true) {
             return pending;
         }
+        if self.family.has_relatives() {
+            // Members of a family answer each other quickly: watch the bell
+            // briefly before sleeping, as blocking family calls do.
+            crate::family::spin_on(&bell.seq, seq, wait);
+        }
         crate::family::futex_wait_on(&bell.seq, seq, wait);
         self.control.set_parked(false);
         self.control.take_events()
@@ -515,6 +520,7 @@ impl Vm {
             }),
             op::SHMRMID => fam.shmrmid(a0),
             op::SIGNALS => Ok((0, 0)),
+            op::PAUSE => fam.pause(&w),
             _ => Err(ENOSYS),
         };
         (c.ret, c.ret2) = match r {

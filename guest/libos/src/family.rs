@@ -95,10 +95,16 @@ fn check(ret: i64) -> Result<i64> {
 
 /// One family hypercall; runs the handlers of the signals it returns.
 fn raw(opcode: u32, flg: u32, a: [u64; 4]) -> (i64, u64) {
+    let (r, r2, _) = raw_signals(opcode, flg, a);
+    (r, r2)
+}
+
+/// [`raw`], also saying which signals it delivered.
+fn raw_signals(opcode: u32, flg: u32, a: [u64; 4]) -> (i64, u64, u64) {
     let mut c = Call { op: opcode, flags: flg, a, ..Default::default() };
     hypercall::call(Hypercall::Family, &mut c);
     deliver(c.signals);
-    (c.ret, c.ret2)
+    (c.ret, c.ret2, c.signals)
 }
 
 /// A family call, restarted while it is interrupted (after the stop
@@ -172,11 +178,12 @@ pub fn kill(pid: Pid, sig: u32) -> Result<()> {
 /// Park until a signal arrives (and its handler ran), like `pause(2)`.
 pub fn pause() {
     loop {
-        let ev = hypercall::idle(u64::MAX);
-        crate::process::dispatch_events(ev);
-        if ev & wisp_abi::events::FAMILY != 0 {
+        let (_, _, sigs) = raw_signals(op::PAUSE, 0, [0; 4]);
+        if sigs != 0 {
             return;
         }
+        // Interrupted by something else (a stop request): handle it.
+        crate::process::dispatch_events(hypercall::idle(0));
     }
 }
 

@@ -27,6 +27,14 @@ use wisp_abi::layout::{PAGE_SIZE, SHM_BASE, SHM_SIZE};
 pub(crate) use shared::{close_orphaned_fd, die_with_parent, fork, gettid};
 use shared::{futex_wait, futex_wake, SharedMap};
 
+/// Watch `word` for a change from `seq` for at most `SPIN` (and `limit`).
+pub(crate) fn spin_on(word: &AtomicU32, seq: u32, limit: std::time::Duration) {
+    let until = std::time::Instant::now() + SPIN.min(limit);
+    while word.load(Ordering::Acquire) == seq && std::time::Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}
+
 /// Sleep on a bell's futex word while it still reads `seq`, at most `wait`.
 pub(crate) fn futex_wait_on(word: &AtomicU32, seq: u32, wait: std::time::Duration) {
     futex_wait(word, seq, Some(wait));
@@ -49,6 +57,9 @@ impl Default for FamilyOptions {
         FamilyOptions { fork: false, limit: MAX_MEMBERS as u32, orphans_die: true }
     }
 }
+
+/// How long a blocked family call watches its bell before sleeping.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// A member's bell: rung (seq bumped, futex woken) whenever something it may
 /// wait for changes.
@@ -254,6 +265,11 @@ impl Family {
         self.pid
     }
 
+    /// True once this VM forked or was forked (it has family to hear from).
+    pub fn has_relatives(&self) -> bool {
+        self.me != 0 || self.reaper.is_some()
+    }
+
     pub fn bell_ref(&self) -> BellRef {
         BellRef { map: self.map.clone(), idx: self.me }
     }
@@ -438,9 +454,18 @@ impl Family {
                 lock(&self.map).inner.members[self.me].waiting = 0;
                 return Err(EINTR);
             }
+            // A peer often answers within microseconds: look for the bell
+            // a little while before sleeping (the wake-up of a sleeping
+            // thread costs more than that).
+            spin_on(&b.seq, seq, SPIN);
             futex_wait(&b.seq, seq, None);
             (w.hold)();
         }
+    }
+
+    /// Park until a signal arrives (always ends with `EINTR`).
+    pub fn pause(&self, w: &Waiter) -> CallResult {
+        self.blocking(None, w, |_, _| None::<CallResult>)
     }
 
     // ----- pipes -----
