@@ -184,3 +184,13 @@ fn a_child_killed_from_outside_is_reaped_and_reported() {
     assert_eq!(status.code(), Some(0), "{rest}");
     assert!(rest.contains("victim: parent saw the child end by signal Some(9)"), "{rest}");
 }
+
+#[test]
+fn blocked_vms_use_no_cpu() {
+    // A parent blocked in read, then wait, for a second while its child
+    // sleeps: both VMs are parked.
+    let r = family(&["idle-wait"]);
+    assert_ok(&r, &["idle-wait ok"]);
+    assert!(r.wall >= Duration::from_secs(1), "{:?}", r.wall);
+    assert!(r.cpu < Duration::from_millis(300), "used {:?} of CPU in {:?}", r.cpu, r.wall);
+}

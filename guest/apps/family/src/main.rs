@@ -3,7 +3,7 @@
 //! expected, 1 otherwise.
 //!
 //! Modes: cow, tree, many N, pipe KIB, siblings, signals, msgq, shm,
-//! shm-after-detach, crash, bomb, victim, nap N, hold KEY, cross PID KEY, and `bench ROUNDS`
+//! shm-after-detach, crash, bomb, victim, nap N, idle-wait, hold KEY, cross PID KEY, and `bench ROUNDS`
 //! (round-trip latencies for `make bench-fork`).
 #![no_std]
 #![no_main]
@@ -47,6 +47,7 @@ fn main() -> i32 {
         "bomb" => bomb(),
         "victim" => victim(),
         "nap" => nap(n(2, 2) as u32),
+        "idle-wait" => idle_wait(),
         "hold" => hold(n(2, 77) as i64),
         "cross" => cross(n(2, 0) as u32, n(3, 77) as i64),
         "bench" => bench(n(2, 1000)),
@@ -404,6 +405,26 @@ fn crash() -> R {
     ensure!(CHLD.load(Ordering::Relaxed) >= 1, "no SIGCHLD");
     println!("parent: still fine, global {}", global());
     println!("crash ok");
+    Ok(())
+}
+
+fn idle_wait() -> R {
+    // The parent blocks in a read for a second, then in wait: parked, no CPU.
+    let (r, w) = f::pipe().map_err(e)?;
+    let c = f::fork().map_err(e)?;
+    if c == 0 {
+        f::close(r).map_err(e)?;
+        wisp::time::sleep(core::time::Duration::from_secs(1));
+        f::write(w, b"done").map_err(e)?;
+        wisp::exit(0);
+    }
+    f::close(w).map_err(e)?;
+    let mut b = [0u8; 8];
+    let n = f::read(r, &mut b).map_err(e)?;
+    let eof = f::read(r, &mut b).map_err(e)?;
+    ensure!(&b[..n] == b"done" && eof == 0, "read {n} then {eof}");
+    ensure!(reap(c)? == 0, "child failed");
+    println!("idle-wait ok");
     Ok(())
 }
 
