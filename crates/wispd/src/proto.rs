@@ -155,22 +155,29 @@ pub fn send_packet<T: Serialize>(sock: BorrowedFd<'_>, v: &T, fds: &[BorrowedFd<
     Ok(())
 }
 
-/// Receive one message (and its descriptors) from a SEQPACKET socket.
-pub fn recv_packet(sock: BorrowedFd<'_>) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
-    let mut buf = vec![0u8; 4096];
-    let mut fds = Vec::new();
+/// One `recvmsg` into `buf`, adding the descriptors that came with it to
+/// `fds`; end of stream is an error.
+fn recv_some(sock: BorrowedFd<'_>, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut anc = RecvAncillaryBuffer::new(&mut space);
-    let r = recvmsg(sock, &mut [io::IoSliceMut::new(&mut buf)], &mut anc, RecvFlags::CMSG_CLOEXEC)?;
+    let r = recvmsg(sock, &mut [io::IoSliceMut::new(buf)], &mut anc, RecvFlags::CMSG_CLOEXEC)?;
     for msg in anc.drain() {
         if let RecvAncillaryMessage::ScmRights(got) = msg {
             fds.extend(got);
         }
     }
     if r.bytes == 0 {
-        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed"));
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed"));
     }
-    buf.truncate(r.bytes);
+    Ok(r.bytes)
+}
+
+/// Receive one message (and its descriptors) from a SEQPACKET socket.
+pub fn recv_packet(sock: BorrowedFd<'_>) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    let mut buf = vec![0u8; 4096];
+    let mut fds = Vec::new();
+    let n = recv_some(sock, &mut buf, &mut fds)?;
+    buf.truncate(n);
     Ok((buf, fds))
 }
 
@@ -204,18 +211,8 @@ pub fn recv_line(sock: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let mut fds = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
-        let mut anc = RecvAncillaryBuffer::new(&mut space);
-        let r = recvmsg(sock, &mut [io::IoSliceMut::new(&mut buf)], &mut anc, RecvFlags::CMSG_CLOEXEC)?;
-        for msg in anc.drain() {
-            if let RecvAncillaryMessage::ScmRights(got) = msg {
-                fds.extend(got);
-            }
-        }
-        if r.bytes == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed"));
-        }
-        let got = &buf[..r.bytes];
+        let n = recv_some(sock.as_fd(), &mut buf, &mut fds)?;
+        let got = &buf[..n];
         if let Some(nl) = got.iter().position(|&b| b == b'\n') {
             line.extend_from_slice(&got[..nl]);
             return Ok((line, fds));

@@ -65,6 +65,16 @@ struct Shared {
 /// (the socket would block) a streaming thread takes the connection over from
 /// the ring, so the guest never waits for a client.
 impl Shared {
+    fn new(files: JailFiles, phase: WorkerState, control: Option<Arc<Control>>) -> Arc<Shared> {
+        Arc::new(Shared {
+            files: Mutex::new(Some(files)),
+            state: Mutex::new(State { phase, exit: None, boot_us: None, control, conns: 0 }),
+            cv: Condvar::new(),
+            console: Mutex::new(Console { ring: VecDeque::new(), total: 0 }),
+            console_cv: Condvar::new(),
+        })
+    }
+
     /// A connection being served has finished.
     fn release_conn(&self) {
         let mut st = self.state.lock().unwrap();
@@ -152,19 +162,7 @@ fn run(_id: &str, dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
     let files = JailFiles::open(dir).map_err(|e| format!("open files in {}: {e}", dir.display()))?;
     wisp_vmm::Control::prepare_process();
     jail::enter(uid, mem)?;
-    let shared = Arc::new(Shared {
-        files: Mutex::new(Some(files)),
-        state: Mutex::new(State {
-            phase: WorkerState::Pooled,
-            exit: None,
-            boot_us: None,
-            control: None,
-            conns: 0,
-        }),
-        cv: Condvar::new(),
-        console: Mutex::new(Console { ring: VecDeque::new(), total: 0 }),
-        console_cv: Condvar::new(),
-    });
+    let shared = Shared::new(files, WorkerState::Pooled, None);
     // The server thread takes the control socket once the VM runs; until
     // then this thread answers requests itself, and a `start` makes it the
     // vCPU thread with no thread creation or hand-off on the boot path.
@@ -267,19 +265,7 @@ fn become_child_vm(uplink: Option<&std::os::fd::OwnedFd>, vm: &wisp_vmm::Vm) -> 
     let [dir, exit_tmp, console_tmp, listener]: [std::os::fd::OwnedFd; 4] =
         fds.try_into().map_err(|_| "the daemon's answer lacks descriptors")?;
     let files = JailFiles::from_fds(dir, File::from(exit_tmp), File::from(console_tmp));
-    let shared = Arc::new(Shared {
-        files: Mutex::new(Some(files)),
-        state: Mutex::new(State {
-            phase: WorkerState::Running,
-            exit: None,
-            boot_us: None,
-            control: Some(vm.control()),
-            conns: 0,
-        }),
-        cv: Condvar::new(),
-        console: Mutex::new(Console { ring: VecDeque::new(), total: 0 }),
-        console_cv: Condvar::new(),
-    });
+    let shared = Shared::new(files, WorkerState::Running, Some(vm.control()));
     let listener = UnixListener::from(listener);
     let s = shared.clone();
     std::thread::Builder::new()
