@@ -351,7 +351,7 @@ fn images_are_shared_copy_on_write_from_the_cache() {
 
 #[test]
 fn forked_vms_are_vms_of_the_toolstack() {
-    let d = Daemon::start("fork", "16M=1");
+    let mut d = Daemon::start("fork", "16M=1");
     let mut c = d.client();
     let root = create(&mut c, "family", &["nap", "2"], Some("napper"));
     // The two children show up as VMs of their own, with their parent.
@@ -370,6 +370,13 @@ fn forked_vms_are_vms_of_the_toolstack() {
         assert_eq!(k.family.as_deref(), Some(root.id.as_str()));
         assert_ne!(k.pid, root.pid);
         wait_console(&mut c, &k.id, "sleeping");
+    }
+    // A restarted daemon finds the forked VMs again, with their parent.
+    d.sigkill_and_restart("16M=1");
+    let mut c = d.client();
+    for k in &kids {
+        let v = c.get(&k.id).unwrap();
+        assert_eq!((v.state, v.parent.as_deref()), (VmState::Running, Some(root.id.as_str())), "{v:?}");
     }
     // Stopping one child gracefully and killing the other reach the parent
     // as exit statuses, like any child process.
