@@ -194,3 +194,10 @@ fn blocked_vms_use_no_cpu() {
     assert!(r.wall >= Duration::from_secs(1), "{:?}", r.wall);
     assert!(r.cpu < Duration::from_millis(300), "used {:?} of CPU in {:?}", r.cpu, r.wall);
 }
+
+#[test]
+fn a_dead_orphan_leaves_the_family() {
+    // Nobody reaps the grandchild, yet its pipe end is released.
+    let r = family(&["orphan-eof"]);
+    assert_ok(&r, &["orphan-eof: read returned 0", "orphan-eof ok"]);
+}

@@ -171,7 +171,9 @@ impl Control {
         st.acked = true;
         self.cv.notify_all();
         while st.want && self.halted() == Halt::None {
-            st = self.cv.wait(st).unwrap();
+            // With a timeout: a kill from the VM's family (another process)
+            // cannot notify this condition variable.
+            st = self.cv.wait_timeout(st, std::time::Duration::from_millis(100)).unwrap().0;
         }
         st.acked = false;
     }

@@ -605,6 +605,9 @@ impl Vm {
 
     /// In the forked child process: become the child VM.
     fn become_child(&mut self, slot: &crate::family::ForkSlot, mut st: CpuState, t: Instant) -> Result<()> {
+        // From here on this process is the child: a failure below ends the
+        // child's membership, never the parent's.
+        self.family.become_child(slot);
         if self.family.opts.orphans_die && crate::family::die_with_parent() != slot.parent_pid {
             std::process::exit(137); // the parent is gone already
         }
@@ -620,7 +623,6 @@ impl Vm {
             n.abandon_after_fork();
             self.net_orphaned = true;
         }
-        self.family.become_child(slot);
         self.control = Arc::new(Control::new(self.family.bell_ref()));
         self.control.set_vcpu_thread(Some(ThreadId::current()));
         self.boot = self.boot.min(Instant::now());

@@ -75,6 +75,10 @@ pub struct Bell {
     pub events: AtomicU64,
     /// Pending signals.
     pub signals: AtomicU64,
+    /// Held by the member's vCPU thread while the member lives: a robust
+    /// mutex, so the kernel marks it when that thread dies, however it
+    /// dies. Others find dead members with a `trylock`.
+    alive: std::cell::UnsafeCell<libc::pthread_mutex_t>,
 }
 
 impl Bell {
@@ -178,6 +182,48 @@ impl BellRef {
     }
 }
 
+/// What [`Family::blocking`] waits at most before looking for members
+/// that died without anyone noticing (no CPU to speak of: one wake-up).
+const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The `alive` mutex of member `idx`.
+fn alive(map: &SharedMap, idx: usize) -> *mut libc::pthread_mutex_t {
+    bell(map, idx).alive.get()
+}
+
+/// Make member `idx`'s `alive` mutex new and take it (the calling thread
+/// is the member's vCPU thread).
+fn claim_alive(map: &SharedMap, idx: usize) {
+    // SAFETY: the mutex lives in the family region for as long as `map`;
+    // slot `idx` was just given to this member, so no live thread uses it.
+    unsafe {
+        shared::mutex_init(alive(map, idx));
+        shared::mutex_lock(alive(map, idx));
+    }
+}
+
+/// End, as killed, every running member whose vCPU thread is gone (a
+/// monitor process killed with nobody to reap it: an orphan).
+fn reap_dead(map: &SharedMap, inner: &mut Inner, me: usize) {
+    for idx in 0..MAX_MEMBERS {
+        if idx == me || inner.members[idx].state != RUNNING || inner.members[idx].pid == 0 {
+            continue;
+        }
+        // SAFETY: an initialised robust mutex in the live region (a
+        // RUNNING member with a pid was set up by `fork_reserve`/`new_root`).
+        match unsafe { shared::mutex_trylock(alive(map, idx)) } {
+            shared::TryLock::Busy => {}
+            // SAFETY: this thread took it just now.
+            shared::TryLock::Acquired => unsafe { shared::mutex_unlock(alive(map, idx)) },
+            shared::TryLock::OwnerDied => {
+                // SAFETY: as above.
+                unsafe { shared::mutex_unlock(alive(map, idx)) };
+                exit_member(map, inner, idx, status::signaled(signal::SIGKILL));
+            }
+        }
+    }
+}
+
 fn bell(map: &SharedMap, idx: usize) -> &Bell {
     let r = map.as_ptr() as *const Region;
     // SAFETY: the map is at least `size_of::<Region>()` bytes (made by
@@ -253,6 +299,9 @@ impl Family {
             m.state = RUNNING;
             m.pid = pid;
         }
+        // The loading thread is the vCPU thread (wisp runs a VM on the
+        // thread that loaded it).
+        claim_alive(&map, 0);
         Ok(Family { map, arena: None, me: 0, pid, opts, attached: Vec::new(), reaper: None })
     }
 
@@ -299,8 +348,8 @@ impl Family {
     pub fn fork_reserve(&self) -> Result<ForkSlot, i64> {
         let l = lock(&self.map);
         let inner = &mut *l.inner;
-        let alive = inner.members.iter().filter(|m| m.state != FREE).count();
-        if alive >= inner.limit as usize {
+        let members = inner.members.iter().filter(|m| m.state != FREE).count();
+        if members >= inner.limit as usize {
             return Err(EAGAIN);
         }
         let Some(idx) = inner.members.iter().position(|m| m.state == FREE) else { return Err(EAGAIN) };
@@ -323,6 +372,10 @@ impl Family {
         b.tid.store(0, Ordering::Release);
         b.events.store(0, Ordering::Release);
         b.signals.store(0, Ordering::Release);
+        // Free until the child takes it (a previous member's may be stale).
+        // SAFETY: the slot is free (no live member uses its mutex) and the
+        // region lock is held, so no `reap_dead` looks at it meanwhile.
+        unsafe { shared::mutex_init(alive(&self.map, idx)) };
         Ok(ForkSlot { idx, parent_pid: self.pid })
     }
 
@@ -348,7 +401,9 @@ impl Family {
         std::mem::forget(self.reaper.take());
         self.me = slot.idx;
         self.pid = std::process::id() as i32;
-        lock(&self.map).inner.members[slot.idx].pid = self.pid;
+        let l = lock(&self.map);
+        claim_alive(&self.map, slot.idx);
+        l.inner.members[slot.idx].pid = self.pid;
     }
 
     /// Watch child `slot` (process `pid`): when the process ends without
@@ -378,6 +433,8 @@ impl Family {
         let l = lock(&self.map);
         if l.inner.members[self.me].pid == self.pid && l.inner.members[self.me].state == RUNNING {
             exit_member(&self.map, l.inner, self.me, st);
+            // SAFETY: this thread took it in `new_root`/`become_child`.
+            unsafe { shared::mutex_unlock(alive(&self.map, self.me)) };
         }
         drop(l);
         self.attached.clear();
@@ -400,7 +457,9 @@ impl Family {
             return Err(EINVAL);
         }
         let l = lock(&self.map);
-        let Some(idx) = l.inner.members.iter().position(|m| m.state != FREE && m.pid == pid) else {
+        reap_dead(&self.map, l.inner, self.me);
+        let found = l.inner.members.iter().position(|m| m.state == RUNNING && m.pid == pid);
+        let Some(idx) = found.or_else(|| l.inner.members.iter().position(|m| m.state == ZOMBIE && m.pid == pid)) else {
             drop(l);
             // Someone else's VM (or any process): refused; nothing at all: ESRCH.
             return Err(if shared::process_exists(pid) { EPERM } else { ESRCH });
@@ -441,6 +500,7 @@ impl Family {
             let seq = b.seq.load(Ordering::Acquire);
             {
                 let l = lock(&self.map);
+                reap_dead(&self.map, l.inner, self.me);
                 if let Some(r) = attempt(l.inner, self.me) {
                     l.inner.members[self.me].waiting = 0;
                     return r;
@@ -458,7 +518,7 @@ impl Family {
             // a little while before sleeping (the wake-up of a sleeping
             // thread costs more than that).
             spin_on(&b.seq, seq, SPIN);
-            futex_wait(&b.seq, seq, None);
+            futex_wait(&b.seq, seq, Some(RECHECK));
             (w.hold)();
         }
     }
@@ -515,6 +575,7 @@ impl Family {
                 Err(e) => return Some(Err(e)),
             };
             let pipe = &mut inner.pipes[p];
+            pipe.len = pipe.len.min(PIPE_CAPACITY as u32); // never trust shared state blindly
             if pipe.len == 0 {
                 return (pipe.writers == 0 || max == 0).then_some(Ok((0, 0)));
             }
@@ -545,6 +606,7 @@ impl Family {
                     return Some(Err(EPIPE));
                 }
                 let rest = &data[done..];
+                pipe.len = pipe.len.min(PIPE_CAPACITY as u32);
                 let space = PIPE_CAPACITY - pipe.len as usize;
                 let need = if rest.len() <= PIPE_BUF { rest.len() } else { 1 };
                 if space < need.max(1) {
@@ -566,7 +628,8 @@ impl Family {
                         return Ok((done as i64, 0));
                     }
                 }
-                Err(e) if done > 0 && e != EPIPE && e != EBADF => return Ok((done as i64, 0)),
+                // Like Linux: what was written counts, the error comes next time.
+                Err(e) if done > 0 && e != EBADF => return Ok((done as i64, 0)),
                 Err(e) => return Err(e),
             }
         }
@@ -636,7 +699,7 @@ impl Family {
         self.blocking(nowait.then_some(EAGAIN), w, |inner, _| {
             let Some(q) = Self::queue(inner, id) else { return Some(Err(if seen { EIDRM } else { EINVAL })) };
             seen = true;
-            if q.count as usize >= QUEUE_MESSAGES || q.bytes as usize + data.len() > QUEUE_BYTES {
+            if q.count as usize >= QUEUE_MESSAGES || q.bytes as usize >= QUEUE_BYTES || q.bytes as usize + data.len() > QUEUE_BYTES {
                 return None;
             }
             let off = q.bytes as usize;
@@ -656,12 +719,12 @@ impl Family {
         self.blocking(nowait.then_some(ENOMSG), w, |inner, _| {
             let Some(q) = Self::queue(inner, id) else { return Some(Err(if seen { EIDRM } else { EINVAL })) };
             seen = true;
-            let n = q.count as usize;
+            let n = (q.count as usize).min(QUEUE_MESSAGES);
             let pick = match msgtyp {
                 0 => (n > 0).then_some(0),
                 t if t > 0 => q.entries[..n].iter().position(|e| e.mtype == t),
                 t => {
-                    let lim = t.unsigned_abs() as i64;
+                    let lim = t.checked_neg().unwrap_or(i64::MAX);
                     let best = q.entries[..n].iter().enumerate().filter(|(_, e)| e.mtype <= lim).min_by_key(|(_, e)| e.mtype);
                     best.map(|(i, _)| i)
                 }
@@ -671,13 +734,18 @@ impl Family {
             if len > max && flg & flags::NOERROR == 0 {
                 return Some(Err(E2BIG));
             }
-            let off: usize = q.entries[..pick].iter().map(|e| e.len as usize).sum::<usize>().min(QUEUE_BYTES - len);
+            let off: usize = q.entries[..pick].iter().map(|e| (e.len as usize).min(MSG_MAX)).sum();
+            let bytes = (q.bytes as usize).min(QUEUE_BYTES);
+            if off + len > bytes {
+                // Torn by a member killed mid-update: drop the queue's contents.
+                (q.count, q.bytes) = (0, 0);
+                return Some(Err(EIDRM));
+            }
             out.extend_from_slice(&q.data[off..off + len.min(max)]);
-            let bytes = q.bytes as usize;
             q.data.copy_within(off + len..bytes, off);
             q.entries.copy_within(pick + 1..n, pick);
-            q.count -= 1;
-            q.bytes -= len as u32;
+            q.count = n as u32 - 1;
+            q.bytes = (bytes - len) as u32;
             wake_waiters(&self.map, inner);
             Some(Ok((len.min(max) as i64, e.mtype as u64)))
         })
@@ -733,6 +801,10 @@ impl Family {
             return Err(ENOMEM);
         }
         inner.gen = inner.gen.wrapping_add(1) & 0x7f_ffff;
+        // New segments read as zeros, whoever used those pages before.
+        if let Some(a) = &self.arena {
+            a.discard(at as usize, size as usize);
+        }
         let s = &mut inner.segments[i];
         *s = Segment { used: 1, gen: inner.gen, key, off: at, size, attached: 0, removed: 0 };
         Ok(((s.gen as i64) << 8 | i as i64, 0))
@@ -752,7 +824,7 @@ impl Family {
         }
         let (off, size) = (s.off, s.size);
         if let Some(a) = self.attached.iter_mut().find(|a| a.0 == idx) {
-            a.1 += 1;
+            a.1 = a.1.saturating_add(1);
             return Ok(((SHM_BASE + off) as i64, size));
         }
         if off + size > arena.len() as u64
@@ -856,7 +928,7 @@ fn release_member(inner: &mut Inner, idx: usize) {
         if shm & (1 << i) != 0 {
             s.attached = s.attached.saturating_sub(1);
             if s.attached == 0 && s.removed != 0 {
-                s.used = 0; // arena pages are given back by the next owner
+                s.used = 0; // its pages are discarded when the offset is handed out again
             }
         }
     }

@@ -103,6 +103,35 @@ pub unsafe fn mutex_lock(m: *mut libc::pthread_mutex_t) {
     }
 }
 
+/// Outcome of [`mutex_trylock`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TryLock {
+    /// Another live thread holds it.
+    Busy,
+    /// Taken (it was free).
+    Acquired,
+    /// Taken; its previous owner died holding it (now consistent again).
+    OwnerDied,
+}
+
+/// Try to lock the robust mutex at `m` without waiting.
+///
+/// # Safety
+/// As for [`mutex_lock`].
+pub unsafe fn mutex_trylock(m: *mut libc::pthread_mutex_t) -> TryLock {
+    // SAFETY: per the caller's contract.
+    unsafe {
+        match libc::pthread_mutex_trylock(m) {
+            0 => TryLock::Acquired,
+            libc::EOWNERDEAD => {
+                libc::pthread_mutex_consistent(m);
+                TryLock::OwnerDied
+            }
+            _ => TryLock::Busy,
+        }
+    }
+}
+
 /// Unlock the mutex at `m`, which the calling thread holds.
 ///
 /// # Safety

@@ -3,7 +3,7 @@
 //! expected, 1 otherwise.
 //!
 //! Modes: cow, tree, many N, pipe KIB, siblings, signals, msgq, shm,
-//! shm-after-detach, crash, bomb, victim, nap N, idle-wait, hold KEY, cross PID KEY, and `bench ROUNDS`
+//! shm-after-detach, crash, bomb, victim, nap N, idle-wait, orphan-eof, hold KEY, cross PID KEY, and `bench ROUNDS`
 //! (round-trip latencies for `make bench-fork`).
 #![no_std]
 #![no_main]
@@ -48,6 +48,7 @@ fn main() -> i32 {
         "victim" => victim(),
         "nap" => nap(n(2, 2) as u32),
         "idle-wait" => idle_wait(),
+        "orphan-eof" => orphan_eof(),
         "hold" => hold(n(2, 77) as i64),
         "cross" => cross(n(2, 0) as u32, n(3, 77) as i64),
         "bench" => bench(n(2, 1000)),
@@ -405,6 +406,30 @@ fn crash() -> R {
     ensure!(CHLD.load(Ordering::Relaxed) >= 1, "no SIGCHLD");
     println!("parent: still fine, global {}", global());
     println!("crash ok");
+    Ok(())
+}
+
+fn orphan_eof() -> R {
+    // A grandchild holds the pipe's only write end; its parent exits and it
+    // dies with it (direct mode) with nobody to reap it: the family still
+    // notices, and the reader gets end of file.
+    let (r, w) = f::pipe().map_err(e)?;
+    let a = f::fork().map_err(e)?;
+    if a == 0 {
+        let g = f::fork().map_err(e)?;
+        if g == 0 {
+            wisp::time::sleep(core::time::Duration::from_secs(60));
+            wisp::exit(0);
+        }
+        wisp::exit(0);
+    }
+    f::close(w).map_err(e)?;
+    ensure!(reap(a)? == 0, "child failed");
+    let mut b = [0u8; 8];
+    let n = f::read(r, &mut b).map_err(e)?;
+    println!("orphan-eof: read returned {}", n);
+    ensure!(n == 0, "no EOF");
+    println!("orphan-eof ok");
     Ok(())
 }
 
