@@ -393,3 +393,22 @@ fn forked_vms_are_vms_of_the_toolstack() {
     assert_eq!(d.wisp(&["rm", "--all"]).status.code(), Some(0));
     assert!(c.list().unwrap().is_empty());
 }
+
+#[test]
+fn a_forked_vm_outlives_a_parent_that_exits_at_once() {
+    let d = Daemon::start("daemonize", "16M=1");
+    let mut c = d.client();
+    let root = create(&mut c, "family", &["daemonize"], None);
+    assert_eq!(c.wait(&root.id).unwrap().code, 0);
+    let t = Instant::now();
+    let kid = loop {
+        if let Some(k) = c.list().unwrap().into_iter().find(|v| v.parent.as_deref() == Some(&root.id)) {
+            break k;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "the child was not registered: {:?}", c.list());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(c.wait(&kid.id).unwrap().code, 0);
+    let out = console(&mut c, &kid.id);
+    assert!(out.contains("outlived its parent true"), "{out}");
+}

@@ -301,9 +301,10 @@ impl Vm {
         self.family.pid()
     }
 
-    /// The pid of the VM that forked this one (0 for a family's root).
-    pub fn parent_pid(&self) -> i32 {
-        self.family.getpid().map_or(0, |(_, pp)| pp as i32)
+    /// The pid of the VM that forked this one (0 for a family's root),
+    /// even if it has ended since.
+    pub fn forked_from(&self) -> i32 {
+        self.family.forked_from()
     }
 
     /// Timings so far.

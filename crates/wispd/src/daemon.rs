@@ -83,6 +83,9 @@ struct Entry {
     uplink: Option<OwnedFd>,
 }
 
+/// Ended forked VMs kept per family (older ones are removed).
+const FORKED_KEEP: usize = 64;
+
 /// Epoll tokens of uplinks carry this bit (pidfds carry the bare id).
 const UPLINK: u64 = 1 << 63;
 
@@ -779,24 +782,40 @@ impl Daemon {
     /// Make process `note.child_pid`, forked by a VM of family `root`, a VM
     /// of the toolstack: id, directory, files, control socket, table entry.
     fn fork_child(&self, root: &str, note: &crate::proto::ForkNote) -> Result<(String, [OwnedFd; 4]), String> {
-        let (parent, dir_uid) = {
+        let (parent, dir_uid, old) = {
             let t = self.table.lock().unwrap();
+            let in_family = |e: &&Entry| e.info.id == root || e.info.family.as_deref() == Some(root);
+            // The forking VM may have ended already (fork, then exit at once).
             let e = t
                 .by_id
                 .values()
-                .find(|e| {
-                    e.info.pid == note.parent_pid
-                        && e.info.exit.is_none()
-                        && (e.info.id == root || e.info.family.as_deref() == Some(root))
-                })
-                .ok_or("the forking VM is not a running VM of this family")?;
-            (e.info.clone(), Self::dir_uid(&e.dir).ok_or("the family has no user id")?)
+                .filter(in_family)
+                .find(|e| e.info.pid == note.parent_pid)
+                .ok_or("the forking VM is not a VM of this family")?;
+            if t.by_id.values().any(|e| e.info.pid == note.child_pid && e.info.exit.is_none()) {
+                return Err(format!("process {} is a VM already", note.child_pid));
+            }
+            // Keep at most FORKED_KEEP ended forked VMs per family: the
+            // oldest go, so a guest forking in a loop cannot fill the host.
+            let mut ended: Vec<(u64, String)> = t
+                .by_id
+                .values()
+                .filter(in_family)
+                .filter(|e| e.info.family.is_some() && e.info.exit.is_some())
+                .map(|e| (e.info.created_ms, e.info.id.clone()))
+                .collect();
+            ended.sort();
+            let old: Vec<String> = ended.iter().rev().skip(FORKED_KEEP).map(|(_, id)| id.clone()).collect();
+            (e.info.clone(), Self::dir_uid(&e.dir).ok_or("the family has no user id")?, old)
         };
-        // The process must really be the parent's child (and so the family's).
-        let status = fs::read_to_string(format!("/proc/{}/status", note.child_pid)).map_err(|e| e.to_string())?;
-        let ppid = status.lines().find_map(|l| l.strip_prefix("PPid:")).map(|v| v.trim().parse::<u32>().ok());
-        if ppid != Some(Some(note.parent_pid)) {
-            return Err(format!("process {} is not a child of {}", note.child_pid, note.parent_pid));
+        for id in old {
+            let _ = self.remove(&id, false);
+        }
+        // The process must be one of the family's VMM processes (forked from
+        // the root's, so it carries the root's command line); its parent may
+        // be gone already, so that is not checked.
+        if !is_our_worker(note.child_pid, root) {
+            return Err(format!("process {} is not a VMM process of this family", note.child_pid));
         }
         let id = new_id();
         let dir = self.vms_dir().join(&id);

@@ -217,6 +217,9 @@ fn run(_id: &str, dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
             // The forked child's process. Everything above belongs to the
             // parent VM (and to threads that do not exist here): leave it
             // untouched and become a VM of our own.
+            // The attached client's connection is the parent's: close our
+            // copy (without the bookkeeping, which is the parent's too).
+            drop(sink.direct.take());
             std::mem::forget(sink);
             shared = match become_child_vm(cmd.uplink.as_ref(), &vm) {
                 Ok(s) => s,
@@ -249,7 +252,7 @@ fn become_child_vm(uplink: Option<&std::os::fd::OwnedFd>, vm: &wisp_vmm::Vm) -> 
         None,
     )
     .map_err(|e| format!("socketpair: {e}"))?;
-    let note = ForkNote { child_pid: std::process::id(), parent_pid: vm.parent_pid() as u32 };
+    let note = ForkNote { child_pid: std::process::id(), parent_pid: vm.forked_from() as u32 };
     send_packet(uplink.as_fd(), &note, &[theirs.as_fd()]).map_err(|e| format!("tell the daemon: {e}"))?;
     drop(theirs);
     let mut fds = [rustix::event::PollFd::new(&mine, rustix::event::PollFlags::IN)];

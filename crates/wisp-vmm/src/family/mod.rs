@@ -275,6 +275,8 @@ pub struct Family {
     attached: Vec<(usize, u32)>,
     /// Watches this process's children (made at the first fork).
     reaper: Option<Reaper>,
+    /// For a forked VM: the pid of the VM that forked it.
+    forked_from: i32,
 }
 
 /// Result of a family call: (ret, ret2) or a negative errno.
@@ -302,7 +304,7 @@ impl Family {
         // The loading thread is the vCPU thread (wisp runs a VM on the
         // thread that loaded it).
         claim_alive(&map, 0);
-        Ok(Family { map, arena: None, me: 0, pid, opts, attached: Vec::new(), reaper: None })
+        Ok(Family { map, arena: None, me: 0, pid, opts, attached: Vec::new(), reaper: None, forked_from: 0 })
     }
 
     pub fn set_options(&mut self, opts: FamilyOptions) {
@@ -312,6 +314,12 @@ impl Family {
 
     pub fn pid(&self) -> i32 {
         self.pid
+    }
+
+    /// For a forked VM, the pid of the VM that forked it (0 for a root),
+    /// even if that one has ended since.
+    pub fn forked_from(&self) -> i32 {
+        self.forked_from
     }
 
     /// True once this VM forked or was forked (it has family to hear from).
@@ -401,6 +409,7 @@ impl Family {
         std::mem::forget(self.reaper.take());
         self.me = slot.idx;
         self.pid = std::process::id() as i32;
+        self.forked_from = slot.parent_pid;
         let l = lock(&self.map);
         claim_alive(&self.map, slot.idx);
         l.inner.members[slot.idx].pid = self.pid;

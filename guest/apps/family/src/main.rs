@@ -3,7 +3,7 @@
 //! expected, 1 otherwise.
 //!
 //! Modes: cow, tree, many N, pipe KIB, siblings, signals, msgq, shm,
-//! shm-after-detach, crash, bomb, victim, nap N, idle-wait, orphan-eof, hold KEY, cross PID KEY, and `bench ROUNDS`
+//! shm-after-detach, crash, bomb, victim, nap N, idle-wait, orphan-eof, daemonize, hold KEY, cross PID KEY, and `bench ROUNDS`
 //! (round-trip latencies for `make bench-fork`).
 #![no_std]
 #![no_main]
@@ -49,6 +49,15 @@ fn main() -> i32 {
         "nap" => nap(n(2, 2) as u32),
         "idle-wait" => idle_wait(),
         "orphan-eof" => orphan_eof(),
+        "daemonize" => {
+            // The parent leaves at once; the child lives on.
+            if f::fork() == Ok(0) {
+                wisp::time::sleep(core::time::Duration::from_millis(300));
+                println!("daemonize: child {} outlived its parent {}", f::getpid(), f::getppid() == 0);
+                wisp::exit(0);
+            }
+            Ok(())
+        }
         "hold" => hold(n(2, 77) as i64),
         "cross" => cross(n(2, 0) as u32, n(3, 77) as i64),
         "bench" => bench(n(2, 1000)),
