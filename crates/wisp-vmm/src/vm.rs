@@ -362,13 +362,7 @@ impl Vm {
         }
         let ram = &self.shell.ram;
         let bad = |detail: String| StopReason::BadHypercall { call: name(hc), detail };
-        let block = |size: usize| {
-            if ram.contains(gpa, size as u64) {
-                Ok(())
-            } else {
-                Err(bad(format!("argument block at {gpa:#x} ({size} bytes) is outside guest RAM")))
-            }
-        };
+        let block = |size: usize| arg_block(ram, hc, gpa, size);
         match hc {
             Hypercall::ConsoleWrite => {
                 block(size_of::<args::ConsoleWrite>())?;
@@ -439,7 +433,7 @@ impl Vm {
             // briefly before sleeping, as blocking family calls do.
             crate::family::spin_on(&bell.seq, seq, wait);
         }
-        crate::family::futex_wait_on(&bell.seq, seq, wait);
+        crate::family::futex_wait(&bell.seq, seq, Some(wait));
         self.control.set_parked(false);
         self.control.take_events()
     }
@@ -451,16 +445,12 @@ impl Vm {
         let ram = self.shell.ram.view();
         let bad = |detail: String| StopReason::BadHypercall { call: name(hc), detail };
         if hc == Hypercall::Fork {
-            if !ram.contains(gpa, size_of::<args::Fork>() as u64) {
-                return Err(bad(format!("argument block at {gpa:#x} is outside guest RAM")));
-            }
+            arg_block(&ram, hc, gpa, size_of::<args::Fork>())?;
             let ret = self.fork();
             // In the child this writes its own (copy-on-write) RAM.
             return ram.write_obj(gpa, &args::Fork { ret }).map_err(|e| bad(e.to_string()));
         }
-        if !ram.contains(gpa, size_of::<Call>() as u64) {
-            return Err(bad(format!("argument block at {gpa:#x} is outside guest RAM")));
-        }
+        arg_block(&ram, hc, gpa, size_of::<Call>())?;
         let mut c: Call = ram.read_obj(gpa).map_err(|e| bad(e.to_string()))?;
         let [a0, a1, a2, a3] = c.a;
         let nowait = c.flags & flags::NOWAIT != 0;
@@ -641,6 +631,17 @@ impl Vm {
             },
             _ => StopReason::Kvm(format!("exception {vector}; registers unreadable")),
         }
+    }
+}
+
+/// Hypercall `hc`'s argument block (`size` bytes at `gpa`) must lie in
+/// guest RAM.
+fn arg_block(ram: &crate::memory::RamView, hc: Hypercall, gpa: u64, size: usize) -> std::result::Result<(), StopReason> {
+    if ram.contains(gpa, size as u64) {
+        Ok(())
+    } else {
+        let detail = format!("argument block at {gpa:#x} ({size} bytes) is outside guest RAM");
+        Err(StopReason::BadHypercall { call: name(hc), detail })
     }
 }
 

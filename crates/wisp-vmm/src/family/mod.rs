@@ -24,8 +24,8 @@ use wisp_abi::family::limits::*;
 use wisp_abi::family::{flags, signal, status};
 use wisp_abi::layout::{PAGE_SIZE, SHM_BASE, SHM_SIZE};
 
-pub(crate) use shared::{close_orphaned_fd, die_with_parent, fork, gettid};
-use shared::{futex_wait, futex_wake, SharedMap};
+pub(crate) use shared::{close_orphaned_fd, die_with_parent, fork, futex_wait, gettid};
+use shared::{futex_wake, SharedMap};
 
 /// Watch `word` for a change from `seq` for at most `SPIN` (and `limit`).
 pub(crate) fn spin_on(word: &AtomicU32, seq: u32, limit: std::time::Duration) {
@@ -33,11 +33,6 @@ pub(crate) fn spin_on(word: &AtomicU32, seq: u32, limit: std::time::Duration) {
     while word.load(Ordering::Acquire) == seq && std::time::Instant::now() < until {
         std::hint::spin_loop();
     }
-}
-
-/// Sleep on a bell's futex word while it still reads `seq`, at most `wait`.
-pub(crate) fn futex_wait_on(word: &AtomicU32, seq: u32, wait: std::time::Duration) {
-    futex_wait(word, seq, Some(wait));
 }
 
 /// How a VM's family behaves; set by whoever runs the VM.
@@ -203,8 +198,10 @@ fn claim_alive(map: &SharedMap, idx: usize) {
 }
 
 /// End, as killed, every running member whose vCPU thread is gone (a
-/// monitor process killed with nobody to reap it: an orphan).
-fn reap_dead(map: &SharedMap, inner: &mut Inner, me: usize) {
+/// monitor process killed with nobody to reap it: an orphan). True if it
+/// ended any.
+fn reap_dead(map: &SharedMap, inner: &mut Inner, me: usize) -> bool {
+    let mut any = false;
     for idx in 0..MAX_MEMBERS {
         if idx == me || inner.members[idx].state != RUNNING || inner.members[idx].pid == 0 {
             continue;
@@ -219,9 +216,11 @@ fn reap_dead(map: &SharedMap, inner: &mut Inner, me: usize) {
                 // SAFETY: as above.
                 unsafe { shared::mutex_unlock(alive(map, idx)) };
                 exit_member(map, inner, idx, status::signaled(signal::SIGKILL));
+                any = true;
             }
         }
     }
+    any
 }
 
 fn bell(map: &SharedMap, idx: usize) -> &Bell {
@@ -363,10 +362,8 @@ impl Family {
         let Some(idx) = inner.members.iter().position(|m| m.state == FREE) else { return Err(EAGAIN) };
         let fds = inner.members[self.me].fds;
         let shm = inner.members[self.me].shm;
-        for f in fds.iter().filter(|&&f| f != 0) {
-            if let Some(p) = inner.pipes.get_mut(((f - 1) / 2) as usize) {
-                if (f - 1) % 2 == 0 { p.readers += 1 } else { p.writers += 1 }
-            }
+        for (pipe, end) in fds.iter().filter_map(|&f| fd_pipe(f)) {
+            *end_refs(&mut inner.pipes[pipe], end) += 1;
         }
         for (i, s) in inner.segments.iter_mut().enumerate() {
             if shm & (1 << i) != 0 {
@@ -509,10 +506,14 @@ impl Family {
             let seq = b.seq.load(Ordering::Acquire);
             {
                 let l = lock(&self.map);
-                reap_dead(&self.map, l.inner, self.me);
                 if let Some(r) = attempt(l.inner, self.me) {
                     l.inner.members[self.me].waiting = 0;
                     return r;
+                }
+                // Before giving up or waiting: a member that died unnoticed
+                // may be what the call waits for (a pipe's last writer).
+                if reap_dead(&self.map, l.inner, self.me) {
+                    continue;
                 }
                 if let Some(e) = nowait {
                     return Err(e);
@@ -549,8 +550,8 @@ impl Family {
         let pipe = &mut inner.pipes[p];
         (pipe.used, pipe.readers, pipe.writers, pipe.head, pipe.len) = (1, 1, 1, 0, 0);
         let fds = &mut inner.members[self.me].fds;
-        fds[r] = 1 + 2 * p as u16;
-        fds[w] = 2 + 2 * p as u16;
+        fds[r] = fd_entry(p, 0);
+        fds[w] = fd_entry(p, 1);
         Ok((r as i64, w as u64))
     }
 
@@ -567,10 +568,8 @@ impl Family {
 
     /// The pipe behind descriptor `fd` if it is open on `end`.
     fn pipe_of(inner: &Inner, me: usize, fd: u64, end: u16) -> Result<usize, i64> {
-        match inner.members[me].fds.get(fd as usize).copied() {
-            Some(f) if f != 0 && (f - 1) % 2 == end && (((f - 1) / 2) as usize) < MAX_PIPES => {
-                Ok(((f - 1) / 2) as usize)
-            }
+        match inner.members[me].fds.get(fd as usize).and_then(|&f| fd_pipe(f)) {
+            Some((pipe, e)) if e == end => Ok(pipe),
             _ => Err(EBADF),
         }
     }
@@ -677,27 +676,26 @@ impl Family {
     pub fn msgget(&self, key: i64, flg: u64) -> CallResult {
         let l = lock(&self.map);
         let inner = &mut *l.inner;
-        if key != 0 {
-            if let Some(i) = inner.queues.iter().position(|q| q.used != 0 && q.key == key) {
-                if flg & flags::IPC_CREAT != 0 && flg & flags::IPC_EXCL != 0 {
-                    return Err(EEXIST);
-                }
-                return Ok(((inner.queues[i].gen as i64) << 8 | i as i64, 0));
-            }
-            if flg & flags::IPC_CREAT == 0 {
-                return Err(ENOENT);
-            }
+        if let Some(i) = by_key(key, flg, || inner.queues.iter().position(|q| q.used != 0 && q.key == key))? {
+            return Ok((ipc_id(inner.queues[i].gen, i), 0));
         }
         let Some(i) = inner.queues.iter().position(|q| q.used == 0) else { return Err(ENOSPC) };
-        inner.gen = inner.gen.wrapping_add(1) & 0x7f_ffff;
+        let gen = next_gen(inner);
         let q = &mut inner.queues[i];
-        (q.used, q.gen, q.key, q.count, q.bytes) = (1, inner.gen, key, 0, 0);
-        Ok(((q.gen as i64) << 8 | i as i64, 0))
+        (q.used, q.gen, q.key, q.count, q.bytes) = (1, gen, key, 0, 0);
+        Ok((ipc_id(gen, i), 0))
     }
 
     fn queue(inner: &mut Inner, id: u64) -> Option<&mut Queue> {
-        let q = inner.queues.get_mut((id & 0xff) as usize)?;
+        let q = inner.queues.get_mut(id_index(id))?;
         (q.used != 0 && q.gen as u64 == id >> 8).then_some(q)
+    }
+
+    /// The segment `id` names, and its index.
+    fn segment(inner: &mut Inner, id: u64) -> Option<(usize, &mut Segment)> {
+        let idx = id_index(id);
+        let s = inner.segments.get_mut(idx)?;
+        (s.used != 0 && s.gen as u64 == id >> 8).then_some((idx, s))
     }
 
     pub fn msgsnd(&self, id: u64, data: &[u8], mtype: i64, nowait: bool, w: &Waiter) -> CallResult {
@@ -776,19 +774,12 @@ impl Family {
         }
         let l = lock(&self.map);
         let inner = &mut *l.inner;
-        if key != 0 {
-            if let Some(i) = inner.segments.iter().position(|s| s.used != 0 && s.removed == 0 && s.key == key) {
-                if flg & flags::IPC_CREAT != 0 && flg & flags::IPC_EXCL != 0 {
-                    return Err(EEXIST);
-                }
-                if size > inner.segments[i].size {
-                    return Err(EINVAL);
-                }
-                return Ok(((inner.segments[i].gen as i64) << 8 | i as i64, 0));
+        let existing = || inner.segments.iter().position(|s| s.used != 0 && s.removed == 0 && s.key == key);
+        if let Some(i) = by_key(key, flg, existing)? {
+            if size > inner.segments[i].size {
+                return Err(EINVAL);
             }
-            if flg & flags::IPC_CREAT == 0 {
-                return Err(ENOENT);
-            }
+            return Ok((ipc_id(inner.segments[i].gen, i), 0));
         }
         if size == 0 || size > SHM_SIZE {
             return Err(EINVAL);
@@ -809,14 +800,13 @@ impl Family {
         if at + size > SHM_SIZE {
             return Err(ENOMEM);
         }
-        inner.gen = inner.gen.wrapping_add(1) & 0x7f_ffff;
+        let gen = next_gen(inner);
         // New segments read as zeros, whoever used those pages before.
         if let Some(a) = &self.arena {
             a.discard(at as usize, size as usize);
         }
-        let s = &mut inner.segments[i];
-        *s = Segment { used: 1, gen: inner.gen, key, off: at, size, attached: 0, removed: 0 };
-        Ok(((s.gen as i64) << 8 | i as i64, 0))
+        inner.segments[i] = Segment { used: 1, gen, key, off: at, size, attached: 0, removed: 0 };
+        Ok((ipc_id(gen, i), 0))
     }
 
     /// Attach segment `id`: `map_slot(slot, guest address, host address,
@@ -824,10 +814,7 @@ impl Family {
     pub fn shmat(&mut self, id: u64, map_slot: &mut dyn FnMut(u32, u64, u64, u64) -> bool) -> CallResult {
         let Some(arena) = self.arena.clone() else { return Err(EINVAL) };
         let l = lock(&self.map);
-        let idx = (id & 0xff) as usize;
-        let Some(s) = l.inner.segments.get_mut(idx).filter(|s| s.used != 0 && s.gen as u64 == id >> 8) else {
-            return Err(EINVAL);
-        };
+        let Some((idx, s)) = Self::segment(l.inner, id) else { return Err(EINVAL) };
         if s.removed != 0 {
             return Err(EIDRM);
         }
@@ -863,16 +850,13 @@ impl Family {
         self.attached.swap_remove(pos);
         unmap_slot(1 + idx as u32, addr);
         l.inner.members[self.me].shm &= !(1 << idx);
-        detach_segment(&self.map, self.arena.as_deref(), l.inner, idx);
+        detach_segment(self.arena.as_deref(), l.inner, idx);
         Ok((0, 0))
     }
 
     pub fn shmrmid(&self, id: u64) -> CallResult {
         let l = lock(&self.map);
-        let idx = (id & 0xff) as usize;
-        let Some(s) = l.inner.segments.get_mut(idx).filter(|s| s.used != 0 && s.gen as u64 == id >> 8) else {
-            return Err(EINVAL);
-        };
+        let Some((_, s)) = Self::segment(l.inner, id) else { return Err(EINVAL) };
         s.removed = 1;
         if s.attached == 0 {
             free_segment(self.arena.as_deref(), s);
@@ -903,6 +887,38 @@ pub struct Waiter<'a> {
     pub hold: &'a dyn Fn(),
 }
 
+/// The id of IPC object `idx` of generation `gen` (stale ids do not match
+/// a reused slot).
+fn ipc_id(gen: u32, idx: usize) -> i64 {
+    (gen as i64) << 8 | idx as i64
+}
+
+/// The slot an IPC id names.
+fn id_index(id: u64) -> usize {
+    (id & 0xff) as usize
+}
+
+/// A new IPC object generation.
+fn next_gen(inner: &mut Inner) -> u32 {
+    inner.gen = inner.gen.wrapping_add(1) & 0x7f_ffff;
+    inner.gen
+}
+
+/// The System V `*get` rules for `key` and flags `flg`: `Ok(Some(i))` for
+/// the existing object `i` (found by `existing`), `Ok(None)` to make one.
+fn by_key(key: i64, flg: u64, existing: impl FnOnce() -> Option<usize>) -> Result<Option<usize>, i64> {
+    if key == 0 {
+        return Ok(None); // IPC_PRIVATE
+    }
+    let create = flg & flags::IPC_CREAT != 0;
+    match existing() {
+        Some(_) if create && flg & flags::IPC_EXCL != 0 => Err(EEXIST),
+        Some(i) => Ok(Some(i)),
+        None if !create => Err(ENOENT),
+        None => Ok(None),
+    }
+}
+
 /// Ring every member blocked in a family call.
 fn wake_waiters(map: &SharedMap, inner: &mut Inner) {
     for (i, m) in inner.members.iter_mut().enumerate() {
@@ -913,14 +929,32 @@ fn wake_waiters(map: &SharedMap, inner: &mut Inner) {
     }
 }
 
+/// A descriptor table entry for `end` (0 read, 1 write) of pipe `pipe`.
+fn fd_entry(pipe: usize, end: u16) -> u16 {
+    1 + 2 * pipe as u16 + end
+}
+
+/// The (pipe, end) a descriptor table entry names, if any.
+fn fd_pipe(f: u16) -> Option<(usize, u16)> {
+    let v = f.checked_sub(1)?;
+    (((v / 2) as usize) < MAX_PIPES).then_some(((v / 2) as usize, v % 2))
+}
+
+/// The reference count of `end` of `p`.
+fn end_refs(p: &mut Pipe, end: u16) -> &mut u32 {
+    if end == 0 {
+        &mut p.readers
+    } else {
+        &mut p.writers
+    }
+}
+
 /// Drop one reference to a pipe end (`f` as stored in a descriptor table).
 fn release_end(inner: &mut Inner, f: u16) {
-    let Some(p) = inner.pipes.get_mut(((f.wrapping_sub(1)) / 2) as usize) else { return };
-    if (f - 1) % 2 == 0 {
-        p.readers = p.readers.saturating_sub(1);
-    } else {
-        p.writers = p.writers.saturating_sub(1);
-    }
+    let Some((pipe, end)) = fd_pipe(f) else { return };
+    let p = &mut inner.pipes[pipe];
+    let refs = end_refs(p, end);
+    *refs = refs.saturating_sub(1);
     if p.readers == 0 && p.writers == 0 {
         p.used = 0;
     }
@@ -932,24 +966,23 @@ fn release_member(inner: &mut Inner, idx: usize) {
     for f in fds.into_iter().filter(|&f| f != 0) {
         release_end(inner, f);
     }
+    // No arena handle here (a reaper may be ending someone else's
+    // membership): freed pages are discarded when the offset is handed out
+    // again.
     let shm = std::mem::take(&mut inner.members[idx].shm);
-    for (i, s) in inner.segments.iter_mut().enumerate() {
-        if shm & (1 << i) != 0 {
-            s.attached = s.attached.saturating_sub(1);
-            if s.attached == 0 && s.removed != 0 {
-                s.used = 0; // its pages are discarded when the offset is handed out again
-            }
-        }
+    for i in (0..MAX_SEGMENTS).filter(|i| shm & (1 << i) != 0) {
+        detach_segment(None, inner, i);
     }
 }
 
-fn detach_segment(map: &SharedMap, arena: Option<&SharedMap>, inner: &mut Inner, idx: usize) {
+/// Drop one attachment of segment `idx`; the last one of a removed segment
+/// frees it.
+fn detach_segment(arena: Option<&SharedMap>, inner: &mut Inner, idx: usize) {
     let s = &mut inner.segments[idx];
     s.attached = s.attached.saturating_sub(1);
     if s.attached == 0 && s.removed != 0 {
         free_segment(arena, s);
     }
-    let _ = map;
 }
 
 fn free_segment(arena: Option<&SharedMap>, s: &mut Segment) {
@@ -1050,5 +1083,34 @@ impl Reaper {
         }
         let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptor_entries_round_trip() {
+        for pipe in [0, 1, MAX_PIPES - 1] {
+            for end in [0, 1] {
+                assert_eq!(fd_pipe(fd_entry(pipe, end)), Some((pipe, end)));
+            }
+        }
+        assert_eq!(fd_pipe(0), None);
+        assert_eq!(fd_pipe(fd_entry(MAX_PIPES, 0)), None);
+        assert_eq!(fd_pipe(u16::MAX), None);
+    }
+
+    #[test]
+    fn get_by_key_follows_system_v() {
+        let c = flags::IPC_CREAT;
+        let x = flags::IPC_EXCL;
+        assert_eq!(by_key(0, 0, || Some(3)), Ok(None)); // private: always new
+        assert_eq!(by_key(7, 0, || Some(3)), Ok(Some(3)));
+        assert_eq!(by_key(7, c, || Some(3)), Ok(Some(3)));
+        assert_eq!(by_key(7, c | x, || Some(3)), Err(EEXIST));
+        assert_eq!(by_key(7, 0, || None), Err(ENOENT));
+        assert_eq!(by_key(7, c, || None), Ok(None));
     }
 }
