@@ -177,16 +177,22 @@ impl Daemon {
         self.cfg.state_dir.join("vms")
     }
 
-    /// Spawn a VMM process with a prepared shell of `mem` bytes and wait
-    /// until it is ready.
-    pub fn spawn_worker(&self, mem: u64) -> Result<Worker, String> {
+    /// A new VM id and its directory, owned by `uid` and private to it.
+    fn new_vm_dir(&self, uid: u32) -> Result<(String, PathBuf), String> {
         let id = new_id();
         let dir = self.vms_dir().join(&id);
         fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let uid = self.alloc_uid()?;
         let owner = (Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(uid)));
         rustix::fs::chown(&dir, owner.0, owner.1).map_err(|e| format!("chown {}: {e}", dir.display()))?;
         rustix::fs::chmod(&dir, rustix::fs::Mode::from_raw_mode(0o700)).map_err(|e| format!("chmod: {e}"))?;
+        Ok((id, dir))
+    }
+
+    /// Spawn a VMM process with a prepared shell of `mem` bytes and wait
+    /// until it is ready.
+    pub fn spawn_worker(&self, mem: u64) -> Result<Worker, String> {
+        let uid = self.alloc_uid()?;
+        let (id, dir) = self.new_vm_dir(uid).inspect_err(|_| self.free_uid(uid))?;
         let log = fs::File::create(dir.join("vmm.log")).map_err(|e| e.to_string())?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut cmd = Command::new(exe);
@@ -817,12 +823,7 @@ impl Daemon {
         if !is_our_worker(note.child_pid, root) {
             return Err(format!("process {} is not a VMM process of this family", note.child_pid));
         }
-        let id = new_id();
-        let dir = self.vms_dir().join(&id);
-        fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let owner = (Some(rustix::fs::Uid::from_raw(dir_uid)), Some(rustix::fs::Gid::from_raw(dir_uid)));
-        rustix::fs::chown(&dir, owner.0, owner.1).map_err(|e| format!("chown {}: {e}", dir.display()))?;
-        rustix::fs::chmod(&dir, rustix::fs::Mode::from_raw_mode(0o700)).map_err(|e| format!("chmod: {e}"))?;
+        let (id, dir) = self.new_vm_dir(dir_uid)?;
         let files = crate::jail::JailFiles::open(&dir).map_err(|e| format!("files: {e}"))?;
         let listener = std::os::unix::net::UnixListener::bind(dir.join("ctl.sock")).map_err(|e| format!("bind: {e}"))?;
         let _ = fs::write(dir.join("pid"), note.child_pid.to_string());
