@@ -24,19 +24,12 @@ fn main() -> i32 {
     // thousands of connections fit in a few MiB. A deep backlog keeps
     // bursts of clients from being refused.
     let opts = TcpOptions { backlog: 64, rx_buffer: 256, tx_buffer: 256, nodelay: true, ..TcpOptions::default() };
-    let listener = match TcpListener::bind_with(port, opts) {
+    let listener = match TcpListener::bind_app("daytime", port, opts) {
         Ok(l) => l,
-        Err(e) => {
-            wisp::println!("daytime: cannot listen on port {}: {}", port, e);
-            return 1;
-        }
+        Err(code) => return code,
     };
     wisp::println!("daytime: listening on {}:{}", cfg.ip, port);
-    wisp::exec::block_on(async move {
-        let e = listener.serve(serve).await;
-        wisp::println!("daytime: accept: {}", e);
-        1
-    })
+    listener.serve_app("daytime", serve)
 }
 
 /// Answer one connection; dropping it closes it after the answer is sent.

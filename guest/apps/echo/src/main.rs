@@ -25,12 +25,9 @@ fn main() -> i32 {
     };
     // Echoes are answers: send them at once rather than coalescing.
     let opts = TcpOptions { nodelay: true, ..TcpOptions::default() };
-    let listener = match TcpListener::bind_with(port, opts) {
+    let listener = match TcpListener::bind_app("echo", port, opts) {
         Ok(l) => l,
-        Err(e) => {
-            wisp::println!("echo: cannot listen on TCP port {}: {}", port, e);
-            return 1;
-        }
+        Err(code) => return code,
     };
     let udp = match UdpSocket::bind(port) {
         Ok(s) => s,
@@ -54,11 +51,7 @@ fn main() -> i32 {
             }
         }
     });
-    wisp::exec::block_on(async move {
-        let e = listener.serve(serve).await;
-        wisp::println!("echo: accept: {}", e);
-        1
-    })
+    listener.serve_app("echo", serve)
 }
 
 /// Echo one TCP connection until the peer closes it (then close ours).

@@ -98,25 +98,16 @@ fn main() -> i32 {
     };
     let opts =
         TcpOptions { backlog: BACKLOG, rx_buffer: SOCKET_BUFFER, tx_buffer: SOCKET_BUFFER, ..TcpOptions::default() };
-    let listener = match TcpListener::bind_with(port, opts) {
+    let listener = match TcpListener::bind_app("iperf", port, opts) {
         Ok(l) => l,
-        Err(e) => {
-            wisp::println!("iperf: cannot listen on TCP port {}: {}", port, e);
-            return 1;
-        }
+        Err(code) => return code,
     };
     wisp::println!("iperf: listening on {}:{}", cfg.ip, port);
     let server = Rc::new(Server { port, current: RefCell::new(None), next_seq: Cell::new(0) });
-    wisp::exec::block_on(async move {
-        let e = listener
-            .serve(|conn| {
-                let seq = server.next_seq.get();
-                server.next_seq.set(seq + 1);
-                handle(server.clone(), conn, seq)
-            })
-            .await;
-        wisp::println!("iperf: accept: {}", e);
-        1
+    listener.serve_app("iperf", move |conn| {
+        let seq = server.next_seq.get();
+        server.next_seq.set(seq + 1);
+        handle(server.clone(), conn, seq)
     })
 }
 

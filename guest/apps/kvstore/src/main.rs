@@ -76,19 +76,12 @@ fn main() -> i32 {
             });
         }
     });
-    let listener = match TcpListener::bind_with(port, TcpOptions { nodelay: true, ..TcpOptions::default() }) {
+    let listener = match TcpListener::bind_app("kvstore", port, TcpOptions { nodelay: true, ..TcpOptions::default() }) {
         Ok(l) => l,
-        Err(e) => {
-            wisp::println!("kvstore: cannot listen on port {}: {}", port, e);
-            return 1;
-        }
+        Err(code) => return code,
     };
     wisp::println!("kvstore: listening on {}:{}", cfg.ip, port);
-    wisp::exec::block_on(async move {
-        let e = listener.serve(serve).await;
-        wisp::println!("kvstore: accept: {}", e);
-        1
-    })
+    listener.serve_app("kvstore", serve)
 }
 
 /// Serve one client until it quits or goes away.

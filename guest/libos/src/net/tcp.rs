@@ -187,6 +187,30 @@ impl TcpListener {
         })?
     }
 
+    /// For a server app's `main`: listen on `port` with `opts`, or say why
+    /// not (prefixed with `app`) and give the exit code to use (1).
+    pub fn bind_app(app: &str, port: u16, opts: TcpOptions) -> core::result::Result<TcpListener, i32> {
+        TcpListener::bind_with(port, opts).map_err(|e| {
+            crate::println!("{}: cannot listen on TCP port {}: {}", app, port, e);
+            1
+        })
+    }
+
+    /// For a server app's `main`: serve connections with `handler` (see
+    /// [`TcpListener::serve`]) until accepting fails, say why (prefixed with
+    /// `app`) and give the exit code to use (1).
+    pub fn serve_app<F, Fut>(self, app: &'static str, handler: F) -> i32
+    where
+        F: FnMut(TcpStream) -> Fut + 'static,
+        Fut: Future<Output = ()> + 'static,
+    {
+        crate::exec::block_on(async move {
+            let e = self.serve(handler).await;
+            crate::println!("{}: accept: {}", app, e);
+            1
+        })
+    }
+
     /// The port it listens on.
     pub fn local_port(&self) -> u16 {
         self.port
