@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{console, wait_console};
+use common::{console, eventually, wait_console};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -222,21 +222,15 @@ fn names_and_bad_requests_get_4xx() {
 fn pool_refills_after_a_burst_larger_than_the_pool() {
     let d = Daemon::start("pool", "16M=2");
     let mut c = d.client();
-    let t = Instant::now();
-    while c.pool().unwrap().ready.iter().map(|r| r.count).sum::<u32>() < 2 {
-        assert!(t.elapsed() < Duration::from_secs(10));
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let ten = Duration::from_secs(10);
+    let ready = |c: &mut Client| c.pool().unwrap().ready.iter().map(|r| r.count).sum::<u32>() >= 2;
+    eventually(ten, || "pool not filled".into(), || ready(&mut c).then_some(()));
     let ids: Vec<String> = (0..6).map(|i| create(&mut c, "hello", &[&i.to_string()], None).id).collect();
     for (i, id) in ids.iter().enumerate() {
         assert_eq!(c.wait(id).unwrap().code, 0);
         assert!(console(&mut c, id).contains(&format!("args: [\"{i}\"]")));
     }
-    let t = Instant::now();
-    while c.pool().unwrap().ready.iter().map(|r| r.count).sum::<u32>() < 2 {
-        assert!(t.elapsed() < Duration::from_secs(10), "pool not refilled");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    eventually(ten, || "pool not refilled".into(), || ready(&mut c).then_some(()));
     // Another size on demand.
     let vm = c.create(&CreateVm { image: "hello".into(), mem: Some(32 << 20), ..Default::default() }).unwrap();
     assert_eq!(c.wait(&vm.id).unwrap().code, 0);
@@ -355,15 +349,10 @@ fn forked_vms_are_vms_of_the_toolstack() {
     let mut c = d.client();
     let root = create(&mut c, "family", &["nap", "2"], Some("napper"));
     // The two children show up as VMs of their own, with their parent.
-    let t = Instant::now();
-    let kids = loop {
+    let kids = eventually(Duration::from_secs(10), || "the children did not appear".into(), || {
         let kids: Vec<_> = c.list().unwrap().into_iter().filter(|v| v.parent.as_deref() == Some(&root.id)).collect();
-        if kids.len() == 2 {
-            break kids;
-        }
-        assert!(t.elapsed() < Duration::from_secs(10), "children did not appear: {:?}", c.list());
-        std::thread::sleep(Duration::from_millis(20));
-    };
+        (kids.len() == 2).then_some(kids)
+    });
     let (ps, _) = text(&d.wisp(&["ps"]));
     assert_eq!(ps.lines().filter(|l| l.contains(&root.id)).count(), 3, "{ps}");
     for k in &kids {
@@ -400,14 +389,9 @@ fn a_forked_vm_outlives_a_parent_that_exits_at_once() {
     let mut c = d.client();
     let root = create(&mut c, "family", &["daemonize"], None);
     assert_eq!(c.wait(&root.id).unwrap().code, 0);
-    let t = Instant::now();
-    let kid = loop {
-        if let Some(k) = c.list().unwrap().into_iter().find(|v| v.parent.as_deref() == Some(&root.id)) {
-            break k;
-        }
-        assert!(t.elapsed() < Duration::from_secs(10), "the child was not registered: {:?}", c.list());
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let kid = eventually(Duration::from_secs(10), || "the child was not registered".into(), || {
+        c.list().unwrap().into_iter().find(|v| v.parent.as_deref() == Some(&root.id))
+    });
     assert_eq!(c.wait(&kid.id).unwrap().code, 0);
     let out = console(&mut c, &kid.id);
     assert!(out.contains("outlived its parent true"), "{out}");

@@ -115,11 +115,21 @@ pub fn console(c: &mut wisp_api::client::Client, id: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Wait (20 s at most) until a VM's console contains `needle`.
-pub fn wait_console(c: &mut wisp_api::client::Client, id: &str, needle: &str) {
+/// Poll `f` until it gives a value; fail (saying `what` did not happen)
+/// after `limit`.
+pub fn eventually<T>(limit: Duration, what: impl Fn() -> String, mut f: impl FnMut() -> Option<T>) -> T {
     let t = Instant::now();
-    while !console(c, id).contains(needle) {
-        assert!(t.elapsed() < Duration::from_secs(20), "'{needle}' never appeared on {id}'s console");
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(t.elapsed() < limit, "{}", what());
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Wait (20 s at most) until a VM's console contains `needle`.
+pub fn wait_console(c: &mut wisp_api::client::Client, id: &str, needle: &str) {
+    let what = || format!("'{needle}' never appeared on {id}'s console");
+    eventually(Duration::from_secs(20), what, || console(c, id).contains(needle).then_some(()));
 }
