@@ -39,6 +39,7 @@ bench-net: all
 	python3 bench/net.py --wisp $(WISP) --out bench/results/net.json
 
 bench-fork: all
+	scripts/install-bench-deps.sh
 	python3 bench/fork.py --wisp $(WISP) --out bench/results/fork.json
 
 bench-density: all

@@ -950,13 +950,18 @@ def main():
 
 
 def plot_elsewhere(json_path, png):
+    """Plot from the JSON with the system Python (see `with_system_python`)."""
+    return with_system_python(__file__, "--plot-from", json_path, "--plot", png)
+
+
+def with_system_python(script, *args):
     """matplotlib may live only in the system Python (e.g. python3 is a pyenv
-    shim); plot from the JSON with that interpreter if so."""
+    shim): run `script ARGS` with that interpreter if it is another one.
+    True if it ran and succeeded."""
     sys_py = "/usr/bin/python3"
     if not os.path.exists(sys_py) or os.path.realpath(sys_py) == os.path.realpath(sys.executable):
         return False
-    r = subprocess.run([sys_py, os.path.abspath(__file__), "--plot-from", json_path, "--plot", png],
-                       capture_output=True, text=True)
+    r = subprocess.run([sys_py, os.path.abspath(script)] + list(args), capture_output=True, text=True)
     return r.returncode == 0
 
 

@@ -34,6 +34,34 @@ RATIOS = {"fork_vs_process_fork": "fork", "pipe_vs_unix": "pipe", "msgq_vs_unix"
           "kill_vs_unix": "kill", "wait_vs_unix": "fork_exit_wait", "shm_vs_unix": "shm"}
 
 
+LABELS = {"fork": "fork", "fork_exit_wait": "fork+exit+wait", "pipe": "pipe RTT", "msgq": "msgq RTT",
+          "kill": "kill RTT", "shm": "shm RTT"}
+
+
+def plot(doc, png):
+    """Grouped bars, wisp VMs vs UNIX processes (log scale). False without
+    matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    w, u = doc["peers"]["wisp"]["median_ns"], doc["peers"]["unix"]["median_ns"]
+    xs = range(len(METRICS))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ax.bar([x - 0.2 for x in xs], [w[k] / 1e3 for k in METRICS], 0.4, label="wisp VMs (parent/child)", color="tab:red")
+    ax.bar([x + 0.2 for x in xs], [u[k] / 1e3 for k in METRICS], 0.4, label="UNIX processes", color="tab:blue")
+    ax.set_xticks(list(xs), [LABELS[k] for k in METRICS])
+    ax.set_yscale("log")
+    ax.set_ylabel("µs (median of the repetitions' means)")
+    ax.set_title("fork and family IPC, %s" % doc["machine"].get("cpu_model", ""), fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    return True
+
+
 def parse(out):
     vals = dict((m.group(1), int(m.group(2))) for m in re.finditer(r"^bench (\w+) (\d+)$", out, re.M))
     missing = [k for k in METRICS if k not in vals]
@@ -48,7 +76,11 @@ def main():
     ap.add_argument("--out", default=os.path.join(BENCH, "results", "fork.json"))
     ap.add_argument("--rounds", type=int, default=2000)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--plot-only", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.plot_only:
+        with open(a.plot_only) as f:
+            return 0 if plot(json.load(f), a.plot_only[:-len(".json")] + ".png") else 1
     os.makedirs(boot.BUILD, exist_ok=True)
     unix = boot.cc(os.path.join(boot.TOOLS, "ipcbench.c"), os.path.join(boot.BUILD, "ipcbench"))
     env = dict(os.environ, WISP_SOCKET="/nonexistent/no-daemon.sock")
@@ -78,8 +110,13 @@ def main():
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")
+    png = a.out[:-len(".json")] + ".png"
+    if plot(doc, png) or boot.with_system_python(__file__, "--plot-only", a.out):
+        boot.log("wrote %s" % png)
+    else:
+        boot.log("no plot: matplotlib is not importable (python3-matplotlib)")
     print(json.dumps(doc["ratios"], indent=2))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

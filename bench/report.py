@@ -137,7 +137,7 @@ def fork_section(k):
             ("kill", "kill round trip (signal, signal back)", "kill_vs_unix"),
             ("shm", "shared-memory round trip (spinning on a word)", "shm_vs_unix")]
     fmt = lambda ns: "%.1f µs" % (ns / 1e3) if ns >= 1000 else "%d ns" % ns
-    out = ["## Fork and family IPC (`make bench-fork`, `bench/results/fork.json`)", "",
+    out = ["## Fork and family IPC (`make bench-fork`, `bench/results/fork.json`, `fork.png`)", "",
            "KylinX's Table 3 side by side in one run: a VM and its forked child VM (`family bench`,",
            "direct mode) against a process and its forked child (`bench/tools/ipcbench.c`), same",
            "method, %d round trips per measurement, median of %d alternating repetitions, run of %s:" % (

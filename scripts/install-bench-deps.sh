@@ -1,5 +1,5 @@
 #!/bin/sh
-# Install the Debian packages bench/boot.py and bench/net.py need. Idempotent: installs only
+# Install the Debian packages bench/boot.py, bench/net.py and bench/fork.py need. Idempotent: installs only
 # what is missing and runs `apt-get update` at most once, only if needed.
 #
 #   qemu-system-x86          linux_vm peer (QEMU TCG, -M microvm)
