@@ -13,15 +13,15 @@
 use core::fmt;
 
 use wisp_abi::errno;
-use wisp_abi::family::{flags, op, Call};
+use wisp_abi::family::{flags, op};
 use wisp_abi::Hypercall;
 
 pub use wisp_abi::family::flags::{IPC_CREAT, IPC_EXCL};
 pub use wisp_abi::family::signal::*;
 pub use wisp_abi::family::status;
 
-use crate::global::Global;
 use crate::hypercall;
+use crate::signals::family_call;
 
 /// A failed call: the negative errno of the ABI, as a positive number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,16 +95,8 @@ fn check(ret: i64) -> Result<i64> {
 
 /// One family hypercall; runs the handlers of the signals it returns.
 fn raw(opcode: u32, flg: u32, a: [u64; 4]) -> (i64, u64) {
-    let (r, r2, _) = raw_signals(opcode, flg, a);
+    let (r, r2, _) = family_call(opcode, flg, a);
     (r, r2)
-}
-
-/// [`raw`], also saying which signals it delivered.
-fn raw_signals(opcode: u32, flg: u32, a: [u64; 4]) -> (i64, u64, u64) {
-    let mut c = Call { op: opcode, flags: flg, a, ..Default::default() };
-    hypercall::call(Hypercall::Family, &mut c);
-    deliver(c.signals);
-    (c.ret, c.ret2, c.signals)
 }
 
 /// A family call, restarted while it is interrupted (after the stop
@@ -157,15 +149,9 @@ pub fn waitpid(pid: i64, nohang: bool) -> Result<Option<(Pid, u64)>> {
 
 // ----- signals -----
 
-static HANDLERS: Global<[Option<fn(u32)>; 64]> = Global::new([None; 64]);
-
 /// Run `handler` when signal `sig` arrives (instead of the default action).
 pub fn signal(sig: u32, handler: fn(u32)) {
-    HANDLERS.with(|h| {
-        if let Some(s) = h.get_mut(sig as usize) {
-            *s = Some(handler);
-        }
-    });
+    crate::signals::set_handler(sig, handler);
 }
 
 /// Send signal `sig` to `pid`, a VM of this family (`EPERM` for a VM of
@@ -178,36 +164,13 @@ pub fn kill(pid: Pid, sig: u32) -> Result<()> {
 /// Park until a signal arrives (and its handler ran), like `pause(2)`.
 pub fn pause() {
     loop {
-        let (_, _, sigs) = raw_signals(op::PAUSE, 0, [0; 4]);
+        let (_, _, sigs) = family_call(op::PAUSE, 0, [0; 4]);
         if sigs != 0 {
             return;
         }
         // Interrupted by something else (a stop request): handle it.
         crate::process::dispatch_events(hypercall::idle(0));
     }
-}
-
-/// Run handlers (or default actions) for the signals in `bits`.
-fn deliver(bits: u64) {
-    if bits == 0 {
-        return;
-    }
-    for sig in 1..64u32 {
-        if bits & (1 << sig) == 0 {
-            continue;
-        }
-        match HANDLERS.with(|h| h[sig as usize]) {
-            Some(f) => f(sig),
-            None if sig == SIGCHLD => {}
-            None => crate::process::exit(128 + sig as i32),
-        }
-    }
-}
-
-/// Take and deliver pending signals (the executor calls this when the idle
-/// hypercall reports `events::FAMILY`).
-pub(crate) fn poll_signals() {
-    raw(op::SIGNALS, 0, [0; 4]);
 }
 
 // ----- pipes -----

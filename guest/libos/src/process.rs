@@ -18,7 +18,7 @@ pub fn on_stop(f: fn()) {
 /// after every wake-up, whatever woke it.
 pub(crate) fn dispatch_events(bits: u64) {
     if bits & wisp_abi::events::FAMILY != 0 {
-        crate::family::poll_signals();
+        crate::signals::poll();
     }
     if bits & wisp_abi::events::STOP != 0 {
         match STOP_HANDLER.with(|h| *h) {

@@ -1,0 +1,119 @@
+//! Host helpers the monitor needs that the standard library lacks: futex
+//! waits and wakes across processes, short spins, thread ids and kicks,
+//! `fork(2)` and waiting for children, parent-death signals. Each is one
+//! system call (or a loop around one) and knows nothing of its users.
+
+use std::io;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a blocked wait watches its word before sleeping on it (a
+/// wake-up from sleep costs more than that on the hosts wisp runs on).
+pub(crate) const SPIN: Duration = Duration::from_micros(50);
+
+/// Watch `word` for a change from `seq` for at most `SPIN` (and `limit`).
+pub(crate) fn spin_on(word: &AtomicU32, seq: u32, limit: Duration) {
+    let until = Instant::now() + SPIN.min(limit);
+    while word.load(Ordering::Acquire) == seq && Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}
+
+/// Sleep while `*word == expected` (at most `timeout`), woken by
+/// [`futex_wake`] from any process sharing the word's memory.
+pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: t.subsec_nanos() as _,
+    });
+    let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `word` is a valid, aligned u32 for the duration of the call;
+    // FUTEX_WAIT (shared) only reads it. `tsp` is null or points to `ts`.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, tsp, 0, 0);
+    }
+}
+
+/// Wake every waiter on `word`.
+pub(crate) fn futex_wake(word: &AtomicU32) {
+    // SAFETY: as for `futex_wait`; FUTEX_WAKE does not access the word.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX, 0, 0, 0);
+    }
+}
+
+/// `fork(2)`: Ok(0) in the child, Ok(pid) in the parent.
+///
+/// # Safety
+/// Only the calling thread exists in the child. The caller must not, in the
+/// child, use any lock or object another thread of this process may have
+/// held or owned at the time of the call (glibc keeps `malloc` usable).
+pub(crate) unsafe fn fork() -> io::Result<i32> {
+    // SAFETY: per the caller's contract.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(pid)
+    }
+}
+
+/// Close a descriptor owned by an object whose thread does not exist in
+/// this (forked) process and which will never be dropped here.
+///
+/// # Safety
+/// Nothing in this process may use or close `fd` afterwards.
+pub(crate) unsafe fn close_orphaned_fd(fd: i32) {
+    // SAFETY: per the caller's contract.
+    unsafe {
+        libc::close(fd);
+    }
+}
+
+/// Ask for SIGKILL when the parent process ends (direct mode: a family
+/// lives and dies with `wisp run`). Returns the parent's pid afterwards, to
+/// compare with the expected one (the parent may have died already).
+pub(crate) fn die_with_parent() -> i32 {
+    // SAFETY: prctl(PR_SET_PDEATHSIG) and getppid have no memory effects.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+        libc::getppid()
+    }
+}
+
+/// Wait for child process `pid` to end; returns its raw wait status.
+pub(crate) fn wait_child(pid: i32) -> Option<i32> {
+    let mut status = 0;
+    loop {
+        // SAFETY: `status` is a valid out pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
+        if r == pid {
+            return Some(status);
+        }
+        if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return None;
+        }
+    }
+}
+
+/// True if a process with this pid exists (whoever owns it).
+pub(crate) fn process_exists(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks existence and permission.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Kick thread `tid` of process `pid` with signal `sig` (the monitor's
+/// vCPU kick): brings it out of KVM_RUN.
+pub(crate) fn kick_thread(pid: i32, tid: i32, sig: i32) {
+    // SAFETY: tgkill has no memory effects; a stale tid fails with ESRCH.
+    unsafe {
+        libc::syscall(libc::SYS_tgkill, pid, tid, sig);
+    }
+}
+
+/// The calling thread's kernel id.
+pub(crate) fn gettid() -> i32 {
+    // SAFETY: no preconditions.
+    unsafe { libc::gettid() }
+}

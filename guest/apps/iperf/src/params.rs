@@ -1,0 +1,168 @@
+//! A test's parameters (the client's PARAM_EXCHANGE message), and the
+//! server's sizes that bound them and decide what a test costs.
+
+use alloc::format;
+use alloc::string::String;
+
+use crate::json;
+use crate::protocol::{IEBLOCKSIZE, IENOSCTP};
+
+/// Largest UDP payload that fits one frame (the stack does not reassemble
+/// IP fragments).
+pub const MAX_DATAGRAM: usize = wisp::abi::net::MTU as usize - 20 - 8;
+/// TCP socket buffers (the largest window we advertise).
+pub const SOCKET_BUFFER: usize = 128 << 10;
+/// Largest block a TCP sending stream writes at once.
+pub const SEND_BLOCK: usize = 128 << 10;
+/// A TCP receiving stream's read buffer.
+pub const RECV_BUFFER: usize = 32 << 10;
+/// Heap a test leaves free (control connection, refilled listening
+/// sockets, messages).
+const HEAP_RESERVE: usize = 2 << 20;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
+/// Which way data flows, from the server's point of view.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Mode {
+    /// The client sends (the default).
+    Receive,
+    /// The server sends (`-R`).
+    Send,
+    /// Both (`--bidir`): the first half of the streams carry data from the
+    /// client, the second half to it.
+    Both,
+}
+
+/// A test's parameters, from the client's PARAM_EXCHANGE message.
+#[derive(Clone, Copy, Debug)]
+pub struct Params {
+    pub proto: Proto,
+    pub mode: Mode,
+    /// Streams per direction (`-P`).
+    pub parallel: usize,
+    /// Seconds (`-t`; 0 when the test ends by bytes or blocks).
+    pub time: u64,
+    pub omit: u64,
+    /// Bytes to send in all (`-n`), 0 for no limit.
+    num: u64,
+    /// Blocks to send in all (`-k`), 0 for no limit.
+    blocks: u64,
+    /// Block (TCP) or datagram (UDP) size (`-l`).
+    pub len: usize,
+    /// Bits per second per sending stream (`-b`), 0 for unlimited.
+    pub rate: u64,
+    /// Pacing interval of a rate-limited sender.
+    pub pacing_us: u64,
+    /// Requested socket buffer size (`-w`); informational.
+    window: u64,
+    pub nodelay: bool,
+    counters64: bool,
+    pub server_output: bool,
+}
+
+impl Params {
+    /// The parameters of `j`, or the iperf3 error code to refuse them with.
+    pub fn from_json(j: &json::Object) -> Result<Params, i32> {
+        let proto = if j.flag("udp") {
+            Proto::Udp
+        } else if j.flag("sctp") {
+            return Err(IENOSCTP);
+        } else {
+            Proto::Tcp
+        };
+        let mode = match (j.has("reverse"), j.has("bidirectional")) {
+            (_, true) => Mode::Both,
+            (true, false) => Mode::Send,
+            _ => Mode::Receive,
+        };
+        let int = |k: &str, default: i64| j.int(k).unwrap_or(default).max(0) as u64;
+        let default_len = match proto {
+            Proto::Tcp => 128 << 10,
+            Proto::Udp => 1460,
+        };
+        let p = Params {
+            proto,
+            mode,
+            parallel: int("parallel", 1).clamp(1, 128) as usize,
+            time: int("time", 10),
+            omit: int("omit", 0),
+            num: int("num", 0),
+            blocks: int("blockcount", 0),
+            len: match int("len", 0) {
+                0 => default_len,
+                n => n.min(1 << 30) as usize,
+            },
+            rate: int("bandwidth", 0),
+            pacing_us: int("pacing_timer", 1000).clamp(100, 1_000_000),
+            window: int("window", 0),
+            nodelay: j.has("nodelay"),
+            counters64: j.has("udp_counters_64bit"),
+            server_output: j.has("get_server_output"),
+        };
+        if p.proto == Proto::Udp && (p.len > MAX_DATAGRAM || p.len < p.udp_header()) {
+            // The stack neither fragments nor reassembles datagrams.
+            return Err(IEBLOCKSIZE);
+        }
+        Ok(p)
+    }
+
+    /// Streams in all.
+    pub fn streams(&self) -> usize {
+        match self.mode {
+            Mode::Both => 2 * self.parallel,
+            _ => self.parallel,
+        }
+    }
+
+    /// Bytes the server sends in all before it stops, if limited.
+    pub fn send_limit(&self) -> Option<u64> {
+        match (self.num, self.blocks) {
+            (0, 0) => None,
+            (0, k) => Some(k.saturating_mul(self.len as u64)),
+            (n, _) => Some(n),
+        }
+    }
+
+    /// Heap the test needs: each TCP stream holds its socket's buffers and
+    /// one block, and the server keeps some in reserve.
+    pub fn memory(&self) -> usize {
+        let per_stream = match self.proto {
+            Proto::Tcp => 2 * SOCKET_BUFFER + self.len.clamp(RECV_BUFFER, SEND_BLOCK),
+            Proto::Udp => 256,
+        };
+        self.streams() * per_stream + HEAP_RESERVE
+    }
+
+    /// Size of the UDP header: seconds, microseconds, packet counter.
+    pub fn udp_header(&self) -> usize {
+        if self.counters64 {
+            16
+        } else {
+            12
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        let dir = match self.mode {
+            Mode::Receive => "receiving",
+            Mode::Send => "sending (reverse)",
+            Mode::Both => "both ways",
+        };
+        let mut s = format!("{:?}, {} stream(s), {}, {} byte blocks", self.proto, self.parallel, dir, self.len);
+        if self.time > 0 {
+            s += &format!(", {} s", self.time);
+        }
+        if self.rate > 0 {
+            s += &format!(", {} bit/s", self.rate);
+        }
+        if self.window > 0 {
+            s += &format!(", window {} requested (buffers are {} KiB)", self.window, SOCKET_BUFFER >> 10);
+        }
+        s
+    }
+}
