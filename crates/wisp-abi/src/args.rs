@@ -50,6 +50,16 @@ pub struct Idle {
     pub events: u64,
 }
 
+/// [`crate::Hypercall::Notify`]: kick a device.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct Notify {
+    /// Index of the device in the boot-info device table.
+    pub device: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+}
+
 /// [`crate::Hypercall::Fork`]: fork this VM.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]

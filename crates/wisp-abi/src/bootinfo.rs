@@ -23,6 +23,25 @@ pub enum DeviceKind {
     Net = 1,
 }
 
+impl DeviceKind {
+    /// The kind a table or manifest entry names, if this ABI defines it.
+    pub const fn from_u32(v: u32) -> Option<DeviceKind> {
+        match v {
+            0 => Some(DeviceKind::None),
+            1 => Some(DeviceKind::Net),
+            _ => None,
+        }
+    }
+
+    /// A short name for people ("net").
+    pub const fn name(self) -> &'static str {
+        match self {
+            DeviceKind::None => "none",
+            DeviceKind::Net => "net",
+        }
+    }
+}
+
 /// One entry of the device table. The meaning of `base`, `size` and `params`
 /// depends on `kind`; an entry with `kind == 0` is unused.
 #[repr(C)]

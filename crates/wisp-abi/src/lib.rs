@@ -20,8 +20,10 @@
 //! # Image note
 //!
 //! Every image carries an ELF note (`PT_NOTE`) named [`NOTE_NAME`] of type
-//! [`NOTE_TYPE_ABI`] whose descriptor is an [`ImageNote`]. The monitor refuses
-//! images without it or with another ABI version.
+//! [`NOTE_TYPE_ABI`] whose descriptor is an [`ImageNote`]: the ABI version
+//! and the image's manifest (the features and devices it needs). The
+//! monitor refuses images without it, with another ABI version, or needing
+//! what it cannot give; the version and feature rules are in [`manifest`].
 #![no_std]
 #![forbid(unsafe_code)]
 
@@ -29,13 +31,21 @@ pub mod args;
 pub mod bootinfo;
 pub mod family;
 pub mod layout;
+pub mod manifest;
 pub mod net;
 
 pub use bootinfo::{BootInfo, DeviceDesc, DeviceKind};
+pub use manifest::{features, ImageNote, IMAGE_NOTE_SIZE};
 
-/// Version of this ABI. Bumped on any incompatible change; the monitor
+/// Version of this ABI. Bumped only when an existing contract changes
+/// incompatibly; additions are feature bits (see [`manifest`]). The monitor
 /// refuses an image built against another version.
-pub const ABI_VERSION: u32 = 1;
+///
+/// - v1: console, exit, clock, idle, NIC notify.
+/// - v2: the image note carries a manifest (features, devices); hypercall 4
+///   notifies any device of the boot-info table; fork and family IPC are
+///   the features `fork` and `family`.
+pub const ABI_VERSION: u32 = 2;
 
 /// First I/O port of the hypercall window.
 pub const HYPERCALL_PORT_BASE: u16 = 0x500;
@@ -58,14 +68,17 @@ pub enum Hypercall {
     /// Park the vCPU until a timeout passes or an event arrives.
     /// Args: [`args::Idle`].
     Idle = 3,
-    /// Tell the monitor the NIC's TX ring has frames (only needed while
-    /// `NetHeader::monitor_idle` is 1). Args: [`net::NetNotify`].
-    NetNotify = 4,
+    /// Kick a device of the boot-info table (for a NIC: its TX ring has
+    /// frames; only needed while `NetHeader::monitor_idle` is 1).
+    /// Args: [`args::Notify`].
+    Notify = 4,
     /// Fork this VM: the child is a new VM with a copy-on-write copy of
-    /// guest RAM and the same registers. Args: [`args::Fork`].
+    /// guest RAM and the same registers. Feature [`features::FORK`].
+    /// Args: [`args::Fork`].
     Fork = 5,
     /// Family IPC (pipes, signals, wait, message queues, shared memory);
-    /// the operation is in the block. Args: [`family::Call`].
+    /// the operation is in the block. Feature [`features::FAMILY`].
+    /// Args: [`family::Call`].
     Family = 6,
 }
 
@@ -77,7 +90,7 @@ impl Hypercall {
             1 => Some(Hypercall::Exit),
             2 => Some(Hypercall::Clock),
             3 => Some(Hypercall::Idle),
-            4 => Some(Hypercall::NetNotify),
+            4 => Some(Hypercall::Notify),
             5 => Some(Hypercall::Fork),
             6 => Some(Hypercall::Family),
             _ => None,
@@ -87,6 +100,29 @@ impl Hypercall {
     /// The I/O port of this hypercall.
     pub const fn port(self) -> u16 {
         HYPERCALL_PORT_BASE + self as u16
+    }
+
+    /// The feature bit an image must declare to use this hypercall (0: none,
+    /// part of every monitor of this ABI version).
+    pub const fn feature(self) -> u64 {
+        match self {
+            Hypercall::Fork => features::FORK,
+            Hypercall::Family => features::FAMILY,
+            _ => 0,
+        }
+    }
+
+    /// The hypercall's name (in stop reasons and logs).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Hypercall::ConsoleWrite => "console_write",
+            Hypercall::Exit => "exit",
+            Hypercall::Clock => "clock",
+            Hypercall::Idle => "idle",
+            Hypercall::Notify => "notify",
+            Hypercall::Fork => "fork",
+            Hypercall::Family => "family",
+        }
     }
 }
 
@@ -151,32 +187,6 @@ pub const NOTE_NAME: &[u8; 5] = b"wisp\0";
 /// ELF note type of the ABI note.
 pub const NOTE_TYPE_ABI: u32 = 0x5749_5350; // "WISP"
 
-/// Descriptor of the ABI note every image carries.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ImageNote {
-    /// [`ABI_VERSION`] the image was built against.
-    pub abi_version: u32,
-    /// Reserved, zero.
-    pub flags: u32,
-}
-
-/// Size in bytes of an [`ImageNote`] descriptor.
-pub const IMAGE_NOTE_SIZE: usize = 8;
-
-impl ImageNote {
-    /// Parse the note descriptor (little endian).
-    pub fn parse(desc: &[u8]) -> Option<ImageNote> {
-        if desc.len() < IMAGE_NOTE_SIZE {
-            return None;
-        }
-        Some(ImageNote {
-            abi_version: u32::from_le_bytes([desc[0], desc[1], desc[2], desc[3]]),
-            flags: u32::from_le_bytes([desc[4], desc[5], desc[6], desc[7]]),
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,7 +198,7 @@ mod tests {
             Hypercall::Exit,
             Hypercall::Clock,
             Hypercall::Idle,
-            Hypercall::NetNotify,
+            Hypercall::Notify,
             Hypercall::Fork,
             Hypercall::Family,
         ] {
@@ -201,9 +211,10 @@ mod tests {
     }
 
     #[test]
-    fn note_parses() {
-        let n = ImageNote::parse(&[1, 0, 0, 0, 0, 0, 0, 0]).unwrap();
-        assert_eq!(n.abi_version, 1);
-        assert!(ImageNote::parse(&[1, 0, 0]).is_none());
+    fn features_of_hypercalls_are_defined() {
+        assert_eq!(Hypercall::Fork.feature(), features::FORK);
+        assert_eq!(Hypercall::Family.feature(), features::FAMILY);
+        assert_eq!(Hypercall::Idle.feature(), 0);
+        assert_eq!(features::ALL & Hypercall::Fork.feature(), features::FORK);
     }
 }

@@ -2,7 +2,7 @@
 //! shared with the monitor, described by a `DeviceKind::Net` entry in the
 //! boot-info device table. No exit per packet: the monitor's I/O thread
 //! polls the TX ring and fills the RX ring; the guest kicks it
-//! ([`crate::Hypercall::NetNotify`]) only when it has queued frames *and*
+//! ([`crate::Hypercall::Notify`] with this NIC's device index) only when it has queued frames *and*
 //! the monitor said it sleeps ([`NetHeader::monitor_idle`]), and the
 //! monitor wakes an idle guest with the [`crate::events::NET`] event — one
 //! crossing per batch in each direction at most.
@@ -121,16 +121,6 @@ pub fn encode_mac(mac: [u8; 6]) -> u64 {
 pub fn decode_mac(v: u64) -> [u8; 6] {
     let b = v.to_le_bytes();
     [b[0], b[1], b[2], b[3], b[4], b[5]]
-}
-
-/// Arguments of [`crate::Hypercall::NetNotify`].
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
-pub struct NetNotify {
-    /// Index of the NIC in the device table.
-    pub device: u32,
-    /// Reserved, zero.
-    pub reserved: u32,
 }
 
 #[cfg(test)]

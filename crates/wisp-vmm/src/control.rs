@@ -179,7 +179,7 @@ impl Control {
     }
 
     pub(crate) fn set_vcpu_thread(&self, t: Option<ThreadId>) {
-        let tid = if t.is_some() { crate::family::gettid() as u32 } else { 0 };
+        let tid = if t.is_some() { crate::sys::gettid() as u32 } else { 0 };
         self.bell.get().tid.store(tid, Ordering::Release);
         *self.vcpu.lock().unwrap() = t;
         self.cv.notify_all();

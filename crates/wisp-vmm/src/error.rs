@@ -46,6 +46,16 @@ pub enum Error {
     /// An argument contains a NUL byte.
     #[error("an argument contains a NUL byte")]
     ArgNul,
+    /// The image needs something this monitor or this run cannot give
+    /// (a feature, a device).
+    #[error("{0}")]
+    Unsupported(String),
+    /// The devices given to a VM do not fit together.
+    #[error("devices: {0}")]
+    Devices(String),
+    /// A forked child's VM could not be made.
+    #[error("fork: {0}")]
+    Fork(&'static str),
     /// A guest-physical range lies outside guest RAM.
     #[error("guest range {addr:#x}+{len:#x} is outside guest RAM")]
     OutOfRange {

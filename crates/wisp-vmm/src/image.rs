@@ -69,6 +69,8 @@ pub struct Image {
     pub segments: Vec<Segment>,
     /// ABI version from the image note.
     pub abi_version: u32,
+    /// The image's manifest (features and devices it needs), from its note.
+    pub manifest: ImageNote,
     /// A descriptor of the file (e.g. the image cache's sealed memfd): if
     /// set, whole pages of segments are mapped copy-on-write from it
     /// instead of copied.
@@ -191,7 +193,7 @@ impl Image {
                 }
                 PT_NOTE if in_file => {
                     if let Some(n) = find_wisp_note(&b[offset as usize..(offset + filesz) as usize]) {
-                        note = Some(n);
+                        note = Some(n.ok_or_else(|| Error::BadImage("malformed wisp ABI note (manifest)".into()))?);
                     }
                 }
                 _ => {}
@@ -215,7 +217,7 @@ impl Image {
         if note.abi_version != ABI_VERSION {
             return Err(Error::AbiMismatch { image: note.abi_version, monitor: ABI_VERSION });
         }
-        Ok(Image { name: name.to_string(), bytes, entry, segments, abi_version: note.abi_version, file: None })
+        Ok(Image { name: name.to_string(), bytes, entry, segments, abi_version: note.abi_version, manifest: note, file: None })
     }
 
     /// Parse an image held in a file descriptor (read by position, so a
@@ -252,8 +254,9 @@ impl Image {
     }
 }
 
-/// Walk an ELF note area looking for the wisp ABI note.
-fn find_wisp_note(mut area: &[u8]) -> Option<ImageNote> {
+/// Walk an ELF note area looking for the wisp ABI note: `Some(None)` if
+/// there is one but its descriptor does not parse.
+fn find_wisp_note(mut area: &[u8]) -> Option<Option<ImageNote>> {
     while area.len() >= 12 {
         let namesz = u32_at(area, 0) as usize;
         let descsz = u32_at(area, 4) as usize;
@@ -264,7 +267,7 @@ fn find_wisp_note(mut area: &[u8]) -> Option<ImageNote> {
             return None;
         }
         if ntype == NOTE_TYPE_ABI && &area[12..12 + namesz] == NOTE_NAME {
-            return ImageNote::parse(&area[name_end..name_end + descsz]);
+            return Some(ImageNote::parse(&area[name_end..name_end + descsz]));
         }
         area = &area[desc_end..];
     }
@@ -279,7 +282,8 @@ fn align4(x: usize) -> Option<usize> {
 mod tests {
     use super::*;
 
-    /// A minimal valid image: one RX segment at 1 MiB and the ABI note.
+    /// A minimal valid image: one RX segment at 1 MiB and the ABI note
+    /// (a manifest that needs nothing).
     pub(crate) fn tiny_image(abi: u32) -> Vec<u8> {
         let mut f = vec![0u8; 0x1000];
         f[..4].copy_from_slice(b"\x7fELF");
@@ -301,9 +305,9 @@ mod tests {
             f[at + 40..at + 48].copy_from_slice(&sz.to_le_bytes());
         };
         ph(&mut f, 64, PT_LOAD, PF_R | PF_X, 0x800, 0x10_0000, 0x10);
-        ph(&mut f, 120, PT_NOTE, PF_R, 0x200, 0, 28);
+        ph(&mut f, 120, PT_NOTE, PF_R, 0x200, 0, 20 + wisp_abi::IMAGE_NOTE_SIZE as u64);
         f[0x200..0x204].copy_from_slice(&5u32.to_le_bytes());
-        f[0x204..0x208].copy_from_slice(&8u32.to_le_bytes());
+        f[0x204..0x208].copy_from_slice(&(wisp_abi::IMAGE_NOTE_SIZE as u32).to_le_bytes());
         f[0x208..0x20c].copy_from_slice(&NOTE_TYPE_ABI.to_le_bytes());
         f[0x20c..0x211].copy_from_slice(NOTE_NAME);
         f[0x214..0x218].copy_from_slice(&abi.to_le_bytes());
@@ -359,6 +363,10 @@ mod tests {
         let mut b = tiny_image(ABI_VERSION);
         b[0x208] ^= 1;
         assert!(matches!(parse(b), Err(Error::BadImage(m)) if m.contains("ABI note")));
+        // A manifest with more devices than the table holds.
+        let mut b = tiny_image(ABI_VERSION);
+        b[0x218] = 99;
+        assert!(matches!(parse(b), Err(Error::BadImage(m)) if m.contains("malformed")));
         // Hostile note sizes.
         let mut b = tiny_image(ABI_VERSION);
         b[0x200..0x204].copy_from_slice(&u32::MAX.to_le_bytes());

@@ -13,6 +13,7 @@ use wisp_abi::layout::{align_up, LARGE_PAGE_SIZE, MAX_MEM, MIN_MEM};
 use crate::arch;
 use crate::error::{Error, Result};
 use crate::memory::GuestRam;
+use crate::state::{self, VcpuState};
 use crate::stats::Stats;
 
 /// Default guest RAM.
@@ -53,14 +54,6 @@ pub struct Shell {
     pub(crate) warmed: bool,
     /// Our own handle on `/dev/kvm`, to make a forked child's VM.
     pub(crate) kvm: Option<Kvm>,
-}
-
-/// The vCPU state a forked child starts from.
-pub(crate) struct CpuState {
-    pub regs: kvm_bindings::kvm_regs,
-    pub sregs: kvm_bindings::kvm_sregs,
-    pub fpu: kvm_bindings::kvm_fpu,
-    pub tsc: u64,
 }
 
 /// A second handle on the same `/dev/kvm` open file.
@@ -123,23 +116,20 @@ impl Shell {
         r
     }
 
+    /// Whether this shell can make a forked child's VM (it holds its own
+    /// handle on `/dev/kvm`).
+    pub(crate) fn can_fork(&self) -> bool {
+        self.kvm.is_some()
+    }
+
     /// In a forked child: replace the parent's KVM VM (unusable from this
     /// process) by a new one over the same (now copy-on-write) guest RAM,
     /// with the parent's vCPU state.
-    pub(crate) fn rebuild_after_fork(&mut self, st: &CpuState) -> Result<()> {
-        let kvm = self.kvm.as_ref().ok_or(Error::BadMemory("no KVM handle to fork with".into()))?;
+    pub(crate) fn rebuild_after_fork(&mut self, st: &VcpuState) -> Result<()> {
+        let kvm = self.kvm.as_ref().ok_or(Error::Fork("this monitor has no handle on /dev/kvm to make the child's VM"))?;
         let (vm, vcpu) = new_vm(kvm)?;
         register_ram(&vm, &self.ram)?;
-        vcpu.set_sregs(&st.sregs).map_err(|e| Error::Kvm("set sregs", e.into()))?;
-        vcpu.set_regs(&st.regs).map_err(|e| Error::Kvm("set registers", e.into()))?;
-        vcpu.set_fpu(&st.fpu).map_err(|e| Error::Kvm("set FPU", e.into()))?;
-        let msrs = kvm_bindings::Msrs::from_entries(&[kvm_bindings::kvm_msr_entry {
-            index: crate::vm::MSR_IA32_TSC,
-            data: st.tsc,
-            ..Default::default()
-        }])
-        .map_err(|e| Error::Host("MSR list", std::io::Error::other(format!("{e:?}"))))?;
-        vcpu.set_msrs(&msrs).map_err(|e| Error::Kvm("set TSC", e.into()))?;
+        state::restore_vcpu(&vcpu, st)?;
         // The parent's descriptors close here; its VM lives on in the parent.
         self.vcpu = vcpu;
         self.vm = vm;

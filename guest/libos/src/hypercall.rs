@@ -53,10 +53,10 @@ pub fn idle(timeout_ns: u64) -> u64 {
     a.events
 }
 
-/// Tell the monitor that NIC `device` (its index in the boot-info device
-/// table) has frames in its TX ring. Only needed while the NIC header's
+/// Kick device `device` (its index in the boot-info device table): for a
+/// NIC, its TX ring has frames. Only needed while the NIC header's
 /// `monitor_idle` is 1; the network stack issues at most one per poll.
-pub fn net_notify(device: u32) {
-    let mut a = wisp_abi::net::NetNotify { device, reserved: 0 };
-    call(Hypercall::NetNotify, &mut a);
+pub fn notify(device: u32) {
+    let mut a = args::Notify { device, reserved: 0 };
+    call(Hypercall::Notify, &mut a);
 }

@@ -5,13 +5,16 @@
 //! reads its machine from the boot-info page, keeps time with `rdtsc`, and
 //! talks to the monitor only through hypercalls (one `out` each) and, for a
 //! NIC ([`net`], TCP/UDP on smoltcp), two shared-memory rings. An app
-//! names its entry point with [`main!`]:
+//! names its entry point with [`main!`], and with it, its manifest: the
+//! features and devices it needs (checked by the monitor at load):
 //!
 //! ```ignore
 //! #![no_std]
 //! #![no_main]
 //! wisp::main!(main);
 //! fn main() -> i32 { wisp::println!("hi"); 0 }
+//! // A server that needs a NIC and forks:
+//! wisp::main!(serve, wisp::Manifest::new().features(wisp::features::FORK).nic(true));
 //! ```
 #![no_std]
 
@@ -26,20 +29,35 @@ pub mod heap;
 pub mod hypercall;
 pub mod net;
 pub mod process;
+mod signals;
 mod start;
 pub mod time;
 
 pub use process::{exit, ExitCode};
 pub use wisp_abi as abi;
+pub use wisp_abi::features;
+/// The image manifest [`main!`] takes (`wisp_abi::manifest`).
+pub use wisp_abi::ImageNote as Manifest;
 
-/// Declare the application's entry point: a function taking no arguments
-/// and returning `()` or an `i32` exit code.
+/// Declare the application's entry point — a function taking no arguments
+/// and returning `()` or an `i32` exit code — and the image's manifest (a
+/// `const` [`Manifest`]: features and devices; none if left out), which
+/// goes into the image's ABI note.
 #[macro_export]
 macro_rules! main {
     ($f:path) => {
+        $crate::main!($f, $crate::Manifest::new());
+    };
+    ($f:path, $manifest:expr) => {
         #[no_mangle]
         extern "Rust" fn __wisp_main() -> i32 {
             $crate::ExitCode::code($f())
         }
+
+        // The ABI note with the manifest, read by the monitor at load
+        // (an ELF note section: the linker keeps it and makes it PT_NOTE).
+        #[used]
+        #[link_section = ".note.wisp"]
+        static __WISP_NOTE: $crate::abi::manifest::Note = $crate::abi::manifest::Note::new($manifest);
     };
 }

@@ -1,26 +1,10 @@
-//! Entry point, the image's ABI note, and the panic handler.
+//! Entry point and the panic handler. (The image's ABI note and manifest
+//! come from `wisp::main!`.)
 
 use core::arch::global_asm;
 use core::panic::PanicInfo;
 
-use wisp_abi::{BootInfo, ABI_VERSION, NOTE_TYPE_ABI};
-
-// The ABI note the monitor checks before loading the image.
-global_asm!(
-    ".pushsection .note.wisp, \"a\", @note",
-    ".balign 4",
-    ".long 5",
-    ".long 8",
-    ".long {ty}",
-    ".asciz \"wisp\"",
-    ".balign 4",
-    ".long {ver}",
-    ".long 0",
-    ".balign 4",
-    ".popsection",
-    ty = const NOTE_TYPE_ABI,
-    ver = const ABI_VERSION,
-);
+use wisp_abi::BootInfo;
 
 // Entered at CPL 3 with rsp at the top of the stack and rdi pointing at the
 // boot-info page.

@@ -1,4 +1,4 @@
-//! The virtual NIC's monitor side: an I/O thread per NIC that moves frames
+//! The virtual NIC, a [`Device`]: an I/O thread per NIC that moves frames
 //! between the shared rings (see `wisp_abi::net`) and a tap device, with no
 //! exit per packet and no per-frame allocation. It sends everything the
 //! guest queued, fills the RX ring from the tap, wakes an idle guest once
@@ -16,11 +16,15 @@ use std::thread::JoinHandle;
 
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags};
 use wisp_abi::net::{hdr, SlotDesc, REGION_SIZE, RX_BUF_OFF, RX_DESC_OFF, SLOTS, SLOT_SIZE, TX_BUF_OFF, TX_DESC_OFF};
+use wisp_abi::DeviceKind;
 
+use super::{Device, DeviceState};
 use crate::control::Control;
+use crate::error::{Error, Result as VmmResult};
 use crate::memory::RamView;
 
 /// Configuration of a NIC, given at load time.
+#[derive(Debug)]
 pub struct NetConfig {
     /// The tap device the NIC is connected to.
     pub tap: OwnedFd,
@@ -43,8 +47,31 @@ pub struct NetStats {
     pub rx_dropped: u64,
 }
 
-/// A running NIC: its I/O thread and how to kick it.
-pub struct NetDevice {
+/// The MAC address wisp gives a NIC with IPv4 address `ip` when none is
+/// asked for: locally administered `52:54:00` and the address's last
+/// three bytes (unique within a /8).
+pub fn mac_for_ipv4(ip: [u8; 4]) -> [u8; 6] {
+    [0x52, 0x54, 0x00, ip[1], ip[2], ip[3]]
+}
+
+/// A NIC: its configuration, then (once activated) its I/O thread.
+pub struct Nic {
+    mac: [u8; 6],
+    ip: ([u8; 4], u8),
+    gateway: Option<[u8; 4]>,
+    state: NicState,
+}
+
+enum NicState {
+    /// Not activated yet.
+    Ready(OwnedFd),
+    Running(Running),
+    /// In a forked child: the NIC stayed with the parent.
+    Detached,
+}
+
+/// A running NIC's I/O thread and how to kick it.
+struct Running {
     /// The tap's descriptor number (owned by the I/O thread's state).
     tap_raw: std::os::fd::RawFd,
     kick: Arc<OwnedFd>,
@@ -52,41 +79,104 @@ pub struct NetDevice {
     thread: Option<JoinHandle<Result<NetStats, String>>>,
 }
 
-impl NetDevice {
-    /// Start the I/O thread for the NIC whose region is at `base`.
-    pub fn start(ram: RamView, base: u64, tap: OwnedFd, control: Arc<Control>) -> std::io::Result<NetDevice> {
+impl Nic {
+    /// A NIC on `cfg.tap`.
+    pub fn new(cfg: NetConfig) -> Nic {
+        Nic { mac: cfg.mac, ip: cfg.ip, gateway: cfg.gateway, state: NicState::Ready(cfg.tap) }
+    }
+
+    /// Stop the I/O thread; returns its counters, or why it stopped the NIC.
+    pub fn shutdown(&mut self) -> Option<Result<NetStats, String>> {
+        match &mut self.state {
+            NicState::Running(r) => r.shutdown(),
+            _ => None,
+        }
+    }
+}
+
+impl Device for Nic {
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Net
+    }
+
+    fn region_size(&self) -> u64 {
+        REGION_SIZE
+    }
+
+    fn params(&self) -> [u64; 5] {
+        use wisp_abi::net as n;
+        [
+            n::encode_mac(self.mac),
+            n::encode_ipv4(self.ip.0, self.ip.1),
+            self.gateway.map_or(0, |g| n::encode_ipv4(g, 0)),
+            SLOTS as u64,
+            SLOT_SIZE as u64,
+        ]
+    }
+
+    fn activate(&mut self, ram: RamView, base: u64, control: Arc<Control>) -> std::io::Result<()> {
+        let NicState::Ready(tap) = std::mem::replace(&mut self.state, NicState::Detached) else {
+            return Err(std::io::Error::other("the NIC is already active"));
+        };
         let kick = Arc::new(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
         let stop = Arc::new(AtomicBool::new(false));
         let tap_raw = std::os::fd::AsRawFd::as_raw_fd(&tap);
         let io = Io { ram, base, tap, kick: kick.clone(), stop: stop.clone(), control, stats: NetStats::default() };
         let thread = std::thread::Builder::new().name("net0".into()).stack_size(256 << 10).spawn(move || io.run())?;
-        Ok(NetDevice { tap_raw, kick, stop, thread: Some(thread) })
+        self.state = NicState::Running(Running { tap_raw, kick, stop, thread: Some(thread) });
+        Ok(())
     }
 
-    /// The guest queued frames (the `net_notify` hypercall).
-    pub fn kick(&self) {
+    fn notify(&self) {
+        if let NicState::Running(r) = &self.state {
+            r.kick();
+        }
+    }
+
+    fn on_fork_child(&mut self) {
+        match std::mem::replace(&mut self.state, NicState::Detached) {
+            NicState::Running(r) => r.abandon_after_fork(),
+            NicState::Ready(tap) => drop(tap),
+            NicState::Detached => {}
+        }
+    }
+
+    fn restore_state(&mut self, state: &DeviceState) -> VmmResult<()> {
+        use wisp_abi::net as n;
+        let [mac, ip, gw, slots, slot_size] = state.params;
+        if slots != SLOTS as u64 || slot_size != SLOT_SIZE as u64 {
+            return Err(Error::Devices(format!("saved NIC has {slots} slots of {slot_size} bytes; this monitor's have {SLOTS} of {SLOT_SIZE}")));
+        }
+        self.mac = n::decode_mac(mac);
+        self.ip = n::decode_ipv4(ip);
+        self.gateway = (gw != 0).then(|| n::decode_ipv4(gw).0);
+        Ok(())
+    }
+}
+
+impl Running {
+    fn kick(&self) {
         let _ = rustix::io::write(self.kick.as_fd(), &1u64.to_ne_bytes());
     }
 
     /// In a forked child, where the I/O thread does not exist: close the
     /// tap (the NIC stays the parent's) and forget the rest.
-    pub(crate) fn abandon_after_fork(self) {
+    fn abandon_after_fork(self) {
         // SAFETY: the thread owning the tap descriptor exists only in the
         // parent; in this process its state is never dropped (forgotten
         // below), so nothing else closes or uses the number.
-        unsafe { crate::family::close_orphaned_fd(self.tap_raw) };
+        unsafe { crate::sys::close_orphaned_fd(self.tap_raw) };
         std::mem::forget(self);
     }
 
-    /// Stop the I/O thread; returns its counters, or why it stopped the NIC.
-    pub fn shutdown(&mut self) -> Option<Result<NetStats, String>> {
+    fn shutdown(&mut self) -> Option<Result<NetStats, String>> {
         self.stop.store(true, Ordering::Release);
         self.kick();
         self.thread.take().and_then(|t| t.join().ok())
     }
 }
 
-impl Drop for NetDevice {
+impl Drop for Running {
     fn drop(&mut self) {
         let _ = self.shutdown();
     }
@@ -220,9 +310,4 @@ impl Io {
             got += 1;
         }
     }
-}
-
-/// Bytes of guest RAM a NIC takes (at the top of RAM).
-pub const fn region_size() -> u64 {
-    REGION_SIZE
 }

@@ -13,7 +13,7 @@ use alloc::string::String;
 
 use wisp::net::{TcpListener, TcpOptions, TcpStream};
 
-wisp::main!(main);
+wisp::main!(main, wisp::Manifest::new().nic(true));
 
 fn main() -> i32 {
     let (port, cfg) = match wisp::net::server_args("daytime", 1, 13) {

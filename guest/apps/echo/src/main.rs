@@ -13,7 +13,7 @@ extern crate alloc;
 
 use wisp::net::{TcpListener, TcpOptions, TcpStream, UdpSocket};
 
-wisp::main!(main);
+wisp::main!(main, wisp::Manifest::new().nic(true));
 
 fn main() -> i32 {
     if wisp::env::arg(1) == Some("client") {

@@ -16,7 +16,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use wisp::family::{self as f, status, Errno};
 use wisp::println;
 
-wisp::main!(main);
+wisp::main!(main, wisp::Manifest::new().features(wisp::features::FORK | wisp::features::FAMILY));
 
 static mut GLOBAL: u64 = 1;
 

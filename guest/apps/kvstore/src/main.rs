@@ -30,7 +30,7 @@ use core::cell::RefCell;
 use wisp::family as f;
 use wisp::net::{TcpListener, TcpOptions, TcpStream};
 
-wisp::main!(main);
+wisp::main!(main, wisp::Manifest::new().features(wisp::features::FORK | wisp::features::FAMILY).nic(true));
 
 /// The server's state. Single vCPU, cooperative tasks: a RefCell suffices.
 struct Store {

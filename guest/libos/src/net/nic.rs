@@ -66,7 +66,7 @@ pub(crate) fn check(dev: &DeviceDesc) -> Result<u64, &'static str> {
 
 /// The NIC's rings.
 pub(crate) struct Nic {
-    /// Index of the NIC in the device table (for `net_notify`).
+    /// Index of the NIC in the device table (for its `notify` kicks).
     index: u32,
     rx: Rx,
     tx: Tx,
@@ -174,7 +174,7 @@ impl Nic {
         // full fence does.
         fence(Ordering::SeqCst);
         if field(self.tx.base, hdr::MONITOR_IDLE).load(Ordering::Acquire) == 1 {
-            crate::hypercall::net_notify(self.index);
+            crate::hypercall::notify(self.index);
         }
     }
 }

@@ -13,7 +13,7 @@ use core::time::Duration;
 use alloc::vec::Vec;
 use wisp::abi::{args, Hypercall};
 
-wisp::main!(main);
+wisp::main!(main, wisp::Manifest::new().features(wisp::features::ALL).nic(false));
 
 fn main() -> i32 {
     let mode = wisp::env::arg(1).unwrap_or("");
@@ -162,8 +162,8 @@ fn net_corrupt() -> i32 {
     let field = |off: u64| unsafe { &*((dev.base + off) as *const AtomicU32) };
     let cons = field(hdr::TX_CONS).load(Ordering::Acquire);
     field(hdr::TX_PROD).store(cons.wrapping_add(1000), Ordering::Release);
-    let mut a = wisp::abi::net::NetNotify { device: 0, reserved: 0 };
-    wisp::hypercall::call(Hypercall::NetNotify, &mut a);
+    let mut a = wisp::abi::args::Notify { device: 0, reserved: 0 };
+    wisp::hypercall::call(Hypercall::Notify, &mut a);
     let start = wisp::time::Instant::now();
     while field(hdr::STOPPED).load(Ordering::Acquire) == 0 && start.elapsed() < Duration::from_secs(5) {
         wisp::time::sleep(Duration::from_millis(10));

@@ -1,0 +1,190 @@
+//! The device seam: a device is one file behind the small [`Device`] trait
+//! (the weight of Solo5's `hvt_module_ops`), and a VM's [`Devices`] table
+//! is what the load path and the vCPU loop talk to. A device
+//! - describes itself in the boot-info device table (kind, parameters),
+//! - takes a region of guest RAM at the top of RAM for its rings,
+//! - starts serving once the image is loaded (`activate`),
+//! - is kicked by the guest's notify hypercall,
+//! - knows what happens to it in a forked child,
+//! - saves and restores its state (snapshots, migration).
+//!
+//! Adding a device: a new file here with a `Device` implementation, its
+//! kind in `wisp_abi::DeviceKind`, and the toolstack constructing it.
+
+pub mod net;
+
+use std::sync::Arc;
+
+use wisp_abi::layout::{align_up, PAGE_SIZE};
+use wisp_abi::manifest::ImageNote;
+use wisp_abi::{BootInfo, DeviceDesc, DeviceKind};
+
+use crate::control::Control;
+use crate::error::{Error, Result};
+use crate::memory::RamView;
+
+/// A device of a VM.
+pub trait Device: Send {
+    /// Its kind, as the boot-info table and manifests name it.
+    fn kind(&self) -> DeviceKind;
+    /// Bytes of guest RAM its shared region takes (0: none).
+    fn region_size(&self) -> u64;
+    /// The kind-specific words of its boot-info entry.
+    fn params(&self) -> [u64; 5];
+    /// Start serving the guest: its region is at `base` in `ram`; events
+    /// for the guest go through `control`.
+    fn activate(&mut self, ram: RamView, base: u64, control: Arc<Control>) -> std::io::Result<()>;
+    /// The guest kicked it (the notify hypercall).
+    fn notify(&self);
+    /// In a forked child process: let go of what stays with the parent.
+    /// Later kicks from the child are ignored.
+    fn on_fork_child(&mut self);
+    /// Take over saved parameters (a restored or migrated VM keeps its
+    /// identity, e.g. a NIC its MAC and addresses).
+    fn restore_state(&mut self, state: &DeviceState) -> Result<()>;
+}
+
+/// A device as saved: its boot-info entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceState {
+    /// Its kind.
+    pub kind: u32,
+    /// Guest-physical base of its region.
+    pub base: u64,
+    /// Size of its region.
+    pub size: u64,
+    /// Kind-specific parameters.
+    pub params: [u64; 5],
+}
+
+/// A VM's devices, in boot-info table order.
+#[derive(Default)]
+pub struct Devices {
+    list: Vec<(Box<dyn Device>, u64)>,
+}
+
+impl Devices {
+    /// A table of `devices` (not yet placed).
+    pub fn new(devices: Vec<Box<dyn Device>>) -> Result<Devices> {
+        if devices.len() > wisp_abi::bootinfo::MAX_DEVICES {
+            return Err(Error::Devices(format!(
+                "{} devices given, at most {} fit the boot-info table",
+                devices.len(),
+                wisp_abi::bootinfo::MAX_DEVICES
+            )));
+        }
+        Ok(Devices { list: devices.into_iter().map(|d| (d, 0)).collect() })
+    }
+
+    /// True if there is no device.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// Bytes of RAM all device regions take together.
+    pub fn ram_taken(&self) -> u64 {
+        self.list.iter().map(|(d, _)| align_up(d.region_size(), PAGE_SIZE)).sum()
+    }
+
+    /// Place the regions below `ram_end`, top down. Returns where the
+    /// guest's own RAM ends.
+    pub(crate) fn place(&mut self, ram_end: u64) -> u64 {
+        let mut top = ram_end;
+        for (d, base) in &mut self.list {
+            top -= align_up(d.region_size(), PAGE_SIZE);
+            *base = top;
+        }
+        top
+    }
+
+    /// Refuse an image whose manifest needs a device kind this monitor
+    /// does not know, or a required device the run does not attach
+    /// (matched by kind, in order).
+    pub(crate) fn check_manifest(&self, note: &ImageNote) -> Result<()> {
+        let mut offered: Vec<DeviceKind> = self.list.iter().map(|(d, _)| d.kind()).collect();
+        for need in note.devices() {
+            let Some(kind) = DeviceKind::from_u32(need.kind).filter(|k| *k != DeviceKind::None) else {
+                if need.required() {
+                    return Err(Error::Unsupported(format!(
+                        "the image needs device '{}' of kind {}, which this monitor does not know",
+                        need.name(),
+                        need.kind
+                    )));
+                }
+                continue;
+            };
+            match offered.iter().position(|k| *k == kind) {
+                Some(i) => {
+                    offered.remove(i);
+                }
+                None if need.required() => {
+                    return Err(Error::Unsupported(format!(
+                        "the image needs a {} device ('{}'), and none was given{}",
+                        kind.name(),
+                        need.name(),
+                        if kind == DeviceKind::Net { " (run it with --net, or --tap and --ip)" } else { "" }
+                    )))
+                }
+                None => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Write the device table of the boot-info page.
+    pub(crate) fn describe(&self, info: &mut BootInfo) {
+        for (i, (d, base)) in self.list.iter().enumerate() {
+            info.devices[i] = DeviceDesc { kind: d.kind() as u32, flags: 0, base: *base, size: d.region_size(), params: d.params() };
+        }
+        info.device_count = self.list.len() as u32;
+    }
+
+    /// Start every device.
+    pub(crate) fn activate(&mut self, ram: &crate::memory::GuestRam, control: &Arc<Control>) -> Result<()> {
+        for (d, base) in &mut self.list {
+            d.activate(ram.view(), *base, control.clone()).map_err(|e| Error::Host("start a device", e))?;
+        }
+        Ok(())
+    }
+
+    /// Kick device `index`; false if there is none.
+    pub(crate) fn notify(&self, index: u32) -> bool {
+        match self.list.get(index as usize) {
+            Some((d, _)) => {
+                d.notify();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// In a forked child process.
+    pub(crate) fn on_fork_child(&mut self) {
+        for (d, _) in &mut self.list {
+            d.on_fork_child();
+        }
+    }
+
+    /// The devices' saved state, in table order.
+    pub fn save_state(&self) -> Vec<DeviceState> {
+        self.list
+            .iter()
+            .map(|(d, base)| DeviceState { kind: d.kind() as u32, base: *base, size: d.region_size(), params: d.params() })
+            .collect()
+    }
+
+    /// Give each device its saved state (same kinds, same order).
+    pub fn restore_state(&mut self, states: &[DeviceState]) -> Result<()> {
+        if states.len() != self.list.len() {
+            return Err(Error::Devices(format!("{} devices saved, {} attached", states.len(), self.list.len())));
+        }
+        for ((d, base), st) in self.list.iter_mut().zip(states) {
+            if st.kind != d.kind() as u32 || st.size != d.region_size() {
+                return Err(Error::Devices(format!("saved device of kind {} does not match a {} device", st.kind, d.kind().name())));
+            }
+            d.restore_state(st)?;
+            *base = st.base;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,92 @@
+//! One path for the state of a VM: its vCPU ([`VcpuState`]: registers,
+//! special registers, FPU/SSE, TSC) and its devices ([`DeviceState`]),
+//! saved with [`save_vcpu`] and put back with [`restore_vcpu`]. Fork uses it
+//! now (the child's new KVM VM takes the parent's state); snapshots and
+//! migration use the same path (after Firecracker's `arch/x86_64/vcpu.rs`
+//! and `persist.rs`).
+//!
+//! The vCPU is only ever saved at an exit to the monitor, after the exiting
+//! instruction (a hypercall's `out`) has been completed
+//! ([`complete_exit`]), so a restored vCPU resumes right after it.
+
+use kvm_bindings::{kvm_fpu, kvm_msr_entry, kvm_regs, kvm_sregs, Msrs};
+use kvm_ioctls::VcpuFd;
+
+use crate::devices::DeviceState;
+use crate::error::{Error, Result};
+
+/// The time-stamp counter MSR.
+const MSR_IA32_TSC: u32 = 0x10;
+
+/// What a vCPU is, at an exit.
+#[derive(Clone, Debug)]
+pub struct VcpuState {
+    /// General-purpose registers, RIP, RFLAGS.
+    pub regs: kvm_regs,
+    /// Segments, descriptor tables, control registers, EFER.
+    pub sregs: kvm_sregs,
+    /// x87/SSE state.
+    pub fpu: kvm_fpu,
+    /// The guest's time-stamp counter.
+    pub tsc: u64,
+}
+
+/// What a VM is beyond its memory: its vCPU and its devices.
+#[derive(Clone, Debug)]
+pub struct VmState {
+    /// The vCPU.
+    pub vcpu: VcpuState,
+    /// The devices, in boot-info table order.
+    pub devices: Vec<DeviceState>,
+}
+
+/// Read the guest's TSC.
+pub fn read_tsc(vcpu: &VcpuFd) -> Result<u64> {
+    let mut msrs = tsc_msrs(0)?;
+    vcpu.get_msrs(&mut msrs).map_err(|e| Error::Kvm("read guest TSC", e.into()))?;
+    Ok(msrs.as_slice()[0].data)
+}
+
+/// Set the guest's TSC.
+pub fn write_tsc(vcpu: &VcpuFd, tsc: u64) -> Result<()> {
+    vcpu.set_msrs(&tsc_msrs(tsc)?).map_err(|e| Error::Kvm("set TSC", e.into()))?;
+    Ok(())
+}
+
+fn tsc_msrs(data: u64) -> Result<Msrs> {
+    Msrs::from_entries(&[kvm_msr_entry { index: MSR_IA32_TSC, data, ..Default::default() }])
+        .map_err(|e| Error::Host("MSR list", std::io::Error::other(format!("{e:?}"))))
+}
+
+/// Finish the instruction the vCPU exited on (one `KVM_RUN` with
+/// `immediate_exit` completes a pending `out` and moves RIP past it
+/// without entering the guest).
+pub fn complete_exit(vcpu: &mut VcpuFd) -> Result<()> {
+    vcpu.set_kvm_immediate_exit(1);
+    let r = vcpu.run().map(|_| ());
+    vcpu.set_kvm_immediate_exit(0);
+    match r {
+        Err(e) if e.errno() == libc::EINTR => Ok(()),
+        Err(e) => Err(Error::Kvm("complete the exit", e.into())),
+        Ok(()) => Err(Error::Kvm("complete the exit", std::io::Error::other("guest entered"))),
+    }
+}
+
+/// Save the vCPU at an exit (completing the exiting instruction first).
+pub fn save_vcpu(vcpu: &mut VcpuFd) -> Result<VcpuState> {
+    complete_exit(vcpu)?;
+    Ok(VcpuState {
+        regs: vcpu.get_regs().map_err(|e| Error::Kvm("get registers", e.into()))?,
+        sregs: vcpu.get_sregs().map_err(|e| Error::Kvm("get sregs", e.into()))?,
+        fpu: vcpu.get_fpu().map_err(|e| Error::Kvm("get FPU", e.into()))?,
+        tsc: read_tsc(vcpu)?,
+    })
+}
+
+/// Give a vCPU saved state.
+pub fn restore_vcpu(vcpu: &VcpuFd, st: &VcpuState) -> Result<()> {
+    vcpu.set_sregs(&st.sregs).map_err(|e| Error::Kvm("set sregs", e.into()))?;
+    vcpu.set_regs(&st.regs).map_err(|e| Error::Kvm("set registers", e.into()))?;
+    vcpu.set_fpu(&st.fpu).map_err(|e| Error::Kvm("set FPU", e.into()))?;
+    write_tsc(vcpu, st.tsc)
+}

@@ -1,0 +1,153 @@
+//! The hypercall table: an `out` on a hypercall port is decoded here and
+//! served by its handler; the basic calls (console, exit, clock, idle,
+//! device notify) live here too. Fork and family IPC are in `fork.rs` and
+//! `ipc.rs`. A new hypercall: its number in `wisp_abi::Hypercall` (and a
+//! feature bit if it is an addition), its argument block in `wisp_abi::args`,
+//! a line in [`Vm::on_out`] and its handler.
+//!
+//! Every argument block and pointer is guest data: checked against guest
+//! RAM before use, copied, then validated (a bad one stops the VM with a
+//! [`StopReason::BadHypercall`]).
+
+use std::io::Write;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use wisp_abi::args::{self, CONSOLE_WRITE_MAX};
+use wisp_abi::{Hypercall, FAULT_PORT};
+
+use super::Vm;
+use crate::fault::StopReason;
+use crate::memory::RamView;
+
+/// What serving one `out` gives the run loop: `Some(code)` if the guest
+/// exited, or why it must stop.
+pub(super) type Served = Result<Option<i32>, StopReason>;
+
+impl Vm {
+    /// Serve an `out`: a hypercall, or a fault report from the exception stubs.
+    pub(super) fn on_out(&mut self, port: u16, data: &[u8], console: &mut dyn Write, deadline: Option<Instant>) -> Served {
+        if port == FAULT_PORT {
+            return Err(self.decode_fault(data.first().copied().unwrap_or(0xff)));
+        }
+        let Some(hc) = Hypercall::from_port(port) else {
+            return Err(StopReason::UnknownHypercall { port });
+        };
+        if data.len() != 4 {
+            return Err(StopReason::BadHypercall {
+                call: hc.name(),
+                detail: format!("issued with a {}-byte out; the ABI uses `out dx, eax`", data.len()),
+            });
+        }
+        self.shell.stats.hypercalls += 1;
+        let gpa = u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as u64;
+        // A feature the image did not declare is not there for it.
+        let declared = self.features & hc.feature() == hc.feature();
+        match hc {
+            Hypercall::ConsoleWrite => self.console_write(gpa, console),
+            Hypercall::Exit => self.exit(gpa),
+            Hypercall::Clock => self.clock(gpa),
+            Hypercall::Idle => self.idle(gpa, deadline),
+            Hypercall::Notify => self.notify(gpa),
+            Hypercall::Fork => self.fork_call(gpa, declared),
+            Hypercall::Family => self.family_call(gpa, declared, deadline),
+        }
+    }
+
+    fn console_write(&mut self, gpa: u64, console: &mut dyn Write) -> Served {
+        let hc = Hypercall::ConsoleWrite;
+        let ram: &RamView = &self.shell.ram;
+        let mut a: args::ConsoleWrite = read_block(ram, hc, gpa)?;
+        if a.len > CONSOLE_WRITE_MAX {
+            return Err(bad(hc, format!("length {} exceeds the {CONSOLE_WRITE_MAX}-byte limit", a.len)));
+        }
+        if !ram.contains(a.data, a.len) {
+            return Err(bad(hc, format!("buffer {:#x}+{:#x} is outside guest RAM", a.data, a.len)));
+        }
+        let mut buf = vec![0u8; a.len as usize];
+        ram.read(a.data, &mut buf).map_err(|e| bad(hc, e.to_string()))?;
+        let _ = console.write_all(&buf);
+        a.ret = a.len as i64;
+        write_block(ram, hc, gpa, &a)
+    }
+
+    fn exit(&mut self, gpa: u64) -> Served {
+        let a: args::Exit = read_block(&self.shell.ram, Hypercall::Exit, gpa)?;
+        Ok(Some(a.code))
+    }
+
+    fn clock(&mut self, gpa: u64) -> Served {
+        let ram: &RamView = &self.shell.ram;
+        arg_block(ram, Hypercall::Clock, gpa, size_of::<args::Clock>())?;
+        let a = args::Clock {
+            monotonic_ns: self.boot.elapsed().as_nanos() as u64,
+            wall_ns: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0),
+        };
+        write_block(ram, Hypercall::Clock, gpa, &a)
+    }
+
+    fn notify(&mut self, gpa: u64) -> Served {
+        let a: args::Notify = read_block(&self.shell.ram, Hypercall::Notify, gpa)?;
+        if !self.devices.notify(a.device) {
+            return Err(bad(Hypercall::Notify, format!("no device number {}", a.device)));
+        }
+        Ok(None)
+    }
+
+    fn idle(&mut self, gpa: u64, deadline: Option<Instant>) -> Served {
+        let ram: &RamView = &self.shell.ram;
+        let mut a: args::Idle = read_block(ram, Hypercall::Idle, gpa)?;
+        let mut wait = Duration::from_nanos(a.timeout_ns);
+        if let Some(d) = deadline {
+            wait = wait.min(d.saturating_duration_since(Instant::now()));
+        }
+        a.events = self.park(wait);
+        write_block(ram, Hypercall::Idle, gpa, &a)
+    }
+
+    /// Block the vCPU thread until `wait` passes or its bell rings. Uses no
+    /// CPU meanwhile. Returns the pending event bits.
+    fn park(&self, wait: Duration) -> u64 {
+        let bell = self.control.bell();
+        let seq = bell.seq.load(Ordering::Acquire);
+        let pending = self.control.take_events();
+        if pending != 0 || !self.control.set_parked(true) {
+            return pending;
+        }
+        if self.family.has_relatives() {
+            // Members of a family answer each other quickly: watch the bell
+            // briefly before sleeping, as blocking family calls do.
+            crate::sys::spin_on(&bell.seq, seq, wait);
+        }
+        crate::sys::futex_wait(&bell.seq, seq, Some(wait));
+        self.control.set_parked(false);
+        self.control.take_events()
+    }
+}
+
+/// Hypercall `hc`'s argument block (`size` bytes at `gpa`) must lie in
+/// guest RAM.
+pub(super) fn arg_block(ram: &RamView, hc: Hypercall, gpa: u64, size: usize) -> Result<(), StopReason> {
+    if ram.contains(gpa, size as u64) {
+        Ok(())
+    } else {
+        let detail = format!("argument block at {gpa:#x} ({size} bytes) is outside guest RAM");
+        Err(StopReason::BadHypercall { call: hc.name(), detail })
+    }
+}
+
+/// Copy hypercall `hc`'s argument block out of guest RAM.
+pub(super) fn read_block<T: zerocopy::FromBytes + zerocopy::IntoBytes>(ram: &RamView, hc: Hypercall, gpa: u64) -> Result<T, StopReason> {
+    arg_block(ram, hc, gpa, size_of::<T>())?;
+    ram.read_obj(gpa).map_err(|e| bad(hc, e.to_string()))
+}
+
+/// Write hypercall `hc`'s argument block back (results).
+pub(super) fn write_block<T: zerocopy::IntoBytes + zerocopy::Immutable>(ram: &RamView, hc: Hypercall, gpa: u64, v: &T) -> Served {
+    ram.write_obj(gpa, v).map(|()| None).map_err(|e| bad(hc, e.to_string()))
+}
+
+/// A bad argument block: the VM stops.
+pub(super) fn bad(hc: Hypercall, detail: String) -> StopReason {
+    StopReason::BadHypercall { call: hc.name(), detail }
+}

@@ -1,0 +1,332 @@
+//! The *execute* phase: load an image into a prepared [`Shell`], then run
+//! the vCPU and serve its hypercalls until the guest exits or is stopped.
+//!
+//! Rooms: this file (loading, the run loop, exits), `hypercall.rs` (the
+//! hypercall table and the basic calls), `ipc.rs` (the family hypercall),
+//! `fork.rs` (fork), `watchdog.rs` (the run's time limit).
+
+mod fork;
+mod hypercall;
+mod ipc;
+mod watchdog;
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use kvm_ioctls::VcpuExit;
+use wisp_abi::layout::{BOOT_INFO, MIN_HEAP, STACK_BOTTOM, STACK_TOP};
+use wisp_abi::BootInfo;
+
+use crate::arch;
+use crate::control::{Control, Halt};
+use crate::devices::{net::NetConfig, Device, Devices};
+use crate::error::{Error, Result};
+use crate::family::{Family, FamilyOptions};
+use crate::fault::{Fault, Outcome, StopReason};
+use crate::image::Image;
+use crate::shell::Shell;
+use crate::signal::ThreadId;
+use crate::state::{self, VmState};
+use crate::stats::Stats;
+use watchdog::Watchdog;
+
+/// The features of the ABI this monitor implements (`wisp_abi::features`).
+pub const FEATURES: u64 = wisp_abi::features::FORK | wisp_abi::features::FAMILY;
+
+/// A VM with its image loaded, ready to run.
+pub struct Vm {
+    devices: Devices,
+    shell: Shell,
+    /// Features the image declared (and this monitor has): the hypercalls
+    /// it may use.
+    features: u64,
+    /// Host monotonic time the guest's clock counts from.
+    boot: Instant,
+    control: Arc<Control>,
+    /// Declared after `shell`: shared-memory slots of the VM point into the
+    /// family's arena, so the VM goes first.
+    family: Family,
+    /// Set in a forked child until the run loop has re-armed its watchdog.
+    forked: bool,
+    /// Scratch buffer for IPC data.
+    buf: Vec<u8>,
+}
+
+/// What the run loop saw at one exit, copied out of the `kvm_run` page.
+enum Exit {
+    Out { port: u16, data: [u8; 4], len: usize },
+    In { port: u16 },
+    Mmio { addr: u64, write: bool },
+    Shutdown,
+    Hlt,
+    Interrupted,
+    Other(String),
+}
+
+impl Shell {
+    /// Load `image` with arguments `args` (argument 0 is the image name).
+    pub fn load(self, image: &Image, args: &[String]) -> Result<Vm> {
+        self.load_devices(image, args, Vec::new())
+    }
+
+    /// [`Shell::load`] with a NIC (if any).
+    pub fn load_with(self, image: &Image, args: &[String], net: Option<NetConfig>) -> Result<Vm> {
+        let devices: Vec<Box<dyn Device>> =
+            net.into_iter().map(|c| Box::new(crate::devices::net::Nic::new(c)) as Box<dyn Device>).collect();
+        self.load_devices(image, args, devices)
+    }
+
+    /// [`Shell::load`] with devices: their regions take the top of RAM, in
+    /// order, and they are described in the boot-info device table. The
+    /// image's manifest is checked first: an image that needs a feature
+    /// this monitor lacks, or a device it is not given, is refused.
+    pub fn load_devices(mut self, image: &Image, args: &[String], devices: Vec<Box<dyn Device>>) -> Result<Vm> {
+        let t = Instant::now();
+        let mut devices = Devices::new(devices)?;
+        let features = check_features(image)?;
+        devices.check_manifest(&image.manifest)?;
+        let ram_size = self.ram.size();
+        let reserved = devices.ram_taken();
+        if reserved + MIN_HEAP > ram_size {
+            return Err(Error::BadMemory(format!(
+                "memory too small: the devices' regions take {} KiB of the {} MiB of RAM (--mem)",
+                reserved >> 10,
+                ram_size >> 20
+            )));
+        }
+        let mem = devices.place(ram_size);
+        if image.end() > mem {
+            return Err(Error::BadMemory(format!(
+                "image does not fit: its segments end at {:#x} ({} KiB) but guest RAM is {} MiB (--mem)",
+                image.end(),
+                image.end() >> 10,
+                mem >> 20
+            )));
+        }
+        if image.end() + MIN_HEAP > mem {
+            return Err(Error::BadMemory(format!(
+                "memory too small: the image needs at least {} KiB of RAM (--mem){}, {} MiB given",
+                (image.end() + MIN_HEAP + reserved) >> 10,
+                if devices.is_empty() { "" } else { " with its device regions" },
+                ram_size >> 20
+            )));
+        }
+        for s in &image.segments {
+            load_segment(&self.ram, image, s)?;
+        }
+        arch::map_image(&self.ram, image)?;
+        self.stats.phase("image_load", t);
+
+        let t = Instant::now();
+        let mut info = BootInfo::new();
+        info.mem_size = ram_size;
+        info.image_start = image.start();
+        info.image_end = image.end();
+        info.heap_start = image.end();
+        info.heap_end = mem;
+        info.stack_bottom = STACK_BOTTOM;
+        info.stack_top = STACK_TOP;
+        info.tsc_hz = self.tsc_hz;
+        let argv = std::iter::once(image.name.as_str()).chain(args.iter().map(String::as_str));
+        info.set_args(argv).map_err(|n| if n == usize::MAX { Error::ArgNul } else { Error::ArgsTooLong(n) })?;
+        devices.describe(&mut info);
+        let boot = Instant::now();
+        info.wall_clock_ns = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        info.boot_tsc = state::read_tsc(&self.vcpu)?;
+        self.ram.write_obj(BOOT_INFO, &info)?;
+        self.vcpu
+            .set_regs(&arch::initial_regs(image.entry))
+            .map_err(|e| Error::Kvm("set registers", e.into()))?;
+        if self.warmed {
+            // Reloading CR3 flushes the warm-up's translations.
+            let mut sregs = self.vcpu.get_sregs().map_err(|e| Error::Kvm("get sregs", e.into()))?;
+            arch::set_sregs(&mut sregs);
+            self.vcpu.set_sregs(&sregs).map_err(|e| Error::Kvm("set sregs", e.into()))?;
+        }
+        self.stats.phase("boot_info", t);
+        let family = Family::new_root(FamilyOptions::default()).map_err(|e| Error::Host("family region", e))?;
+        let control = Arc::new(Control::new(family.bell_ref()));
+        devices.activate(&self.ram, &control)?;
+        Ok(Vm { devices, shell: self, features, boot, control, family, forked: false, buf: Vec::new() })
+    }
+}
+
+/// The image's declared features, if this monitor has them all.
+fn check_features(image: &Image) -> Result<u64> {
+    let wanted = image.manifest.feature_bits();
+    let missing = wanted & !FEATURES;
+    if missing == 0 {
+        return Ok(wanted);
+    }
+    let names: Vec<String> = (0..64)
+        .filter(|b| missing & (1 << b) != 0)
+        .map(|b| wisp_abi::features::name(b).map_or(format!("bit {b} (unknown to this monitor)"), str::to_string))
+        .collect();
+    Err(Error::Unsupported(format!("the image needs features this monitor lacks: {}", names.join(", "))))
+}
+
+/// Put one segment's file bytes into guest RAM: whole pages copy-on-write
+/// from the image's descriptor when it has one and the layout allows,
+/// partial pages (and everything else) copied.
+fn load_segment(ram: &crate::memory::GuestRam, image: &Image, s: &crate::image::Segment) -> Result<()> {
+    use std::os::fd::AsFd;
+    use wisp_abi::layout::{align_up, PAGE_SIZE};
+    let data = image.file_bytes(s);
+    let (start, end) = (s.vaddr, s.vaddr + s.filesz);
+    let (first, last) = (align_up(start, PAGE_SIZE), end & !(PAGE_SIZE - 1));
+    match &image.file {
+        Some(fd) if s.vaddr % PAGE_SIZE == s.offset % PAGE_SIZE && last > first => {
+            ram.write(start, &data[..(first - start) as usize])?;
+            ram.map_file_cow(first, last - first, fd.as_fd(), s.offset + (first - start))?;
+            ram.write(last, &data[(last - start) as usize..])
+        }
+        _ => ram.write(start, data),
+    }
+}
+
+impl Vm {
+    /// Run until the guest exits or is stopped. Console output goes to
+    /// `console`. `timeout` bounds the whole run.
+    /// A guest that forks goes on running in both processes: the parent's
+    /// `run` continues, and in the child process `run` continues too (with
+    /// the same console) and returns the child's outcome there.
+    pub fn run(&mut self, console: &mut dyn Write, timeout: Option<std::time::Duration>) -> Outcome {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Some(o) = self.run_until_fork(console, deadline) {
+                return o;
+            }
+        }
+    }
+
+    /// Like [`Vm::run`] (with an absolute deadline), but in a forked child
+    /// process returns `None` right after the fork, before the child VM
+    /// first runs: the caller can give the child an identity of its own
+    /// (console, control channel) and then call this again to run it.
+    pub fn run_until_fork(&mut self, console: &mut dyn Write, deadline: Option<Instant>) -> Option<Outcome> {
+        self.control.set_vcpu_thread(Some(ThreadId::current()));
+        let watchdog = deadline.map(|d| Watchdog::start(d, self.control.clone()));
+        let start = Instant::now();
+        let mut first_exit = true;
+        let outcome = loop {
+            self.control.checkpoint();
+            match self.control.halted() {
+                Halt::Kill => break Outcome::Stopped(StopReason::Killed),
+                Halt::Timeout => break Outcome::Stopped(StopReason::Timeout),
+                Halt::None => {}
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                break Outcome::Stopped(StopReason::Timeout);
+            }
+            let exit = self.enter();
+            self.shell.stats.exits += 1;
+            if first_exit {
+                self.shell.stats.phase("guest_init", start);
+                first_exit = false;
+            }
+            let r = match exit {
+                Exit::Out { port, data, len } => self.on_out(port, &data[..len], console, deadline),
+                Exit::In { port } => Err(StopReason::BadIo { port, detail: "the guest read a port" }),
+                Exit::Mmio { addr, write } => Err(StopReason::OutsideRam { addr, write }),
+                Exit::Shutdown => Err(StopReason::TripleFault),
+                Exit::Hlt => Err(StopReason::Kvm("the vCPU halted".into())),
+                Exit::Interrupted => Ok(None),
+                Exit::Other(s) => Err(StopReason::Kvm(s)),
+            };
+            if self.forked {
+                // A new process: the parent's watchdog thread is not here.
+                self.forked = false;
+                if let Some(w) = watchdog {
+                    w.forget_in_child();
+                }
+                self.control.set_vcpu_thread(None);
+                return None;
+            }
+            match r {
+                Ok(None) => {}
+                Ok(Some(code)) => break Outcome::Exited(code),
+                Err(reason) => break Outcome::Stopped(reason),
+            }
+        };
+        drop(watchdog);
+        self.control.set_vcpu_thread(None);
+        use wisp_abi::family::{signal as sig, status};
+        self.family.exit(match &outcome {
+            Outcome::Exited(c) => status::exited(*c),
+            Outcome::Stopped(StopReason::Killed | StopReason::Timeout) => status::signaled(sig::SIGKILL),
+            Outcome::Stopped(_) => status::signaled(sig::SIGSEGV),
+        });
+        let run_us = start.elapsed().as_secs_f64() * 1e6 - self.shell.stats.get("guest_init").unwrap_or(0.0);
+        self.shell.stats.add("guest_run", run_us);
+        let _ = console.flush();
+        Some(outcome)
+    }
+
+    /// The control block: pause, resume, kill, events (usable from other threads).
+    pub fn control(&self) -> Arc<Control> {
+        self.control.clone()
+    }
+
+    /// How this VM's family behaves (whether it may fork, its size limit).
+    pub fn set_family_options(&mut self, opts: FamilyOptions) {
+        self.family.set_options(opts);
+    }
+
+    /// The VM's pid in its family (its monitor process's pid).
+    pub fn pid(&self) -> i32 {
+        self.family.pid()
+    }
+
+    /// The pid of the VM that forked this one (0 for a family's root),
+    /// even if it has ended since.
+    pub fn forked_from(&self) -> i32 {
+        self.family.forked_from()
+    }
+
+    /// Timings so far.
+    pub fn stats(&self) -> &Stats {
+        &self.shell.stats
+    }
+
+    /// The VM's state beyond its memory, at an exit: the vCPU (with the
+    /// exiting instruction completed) and the devices.
+    pub(crate) fn save_state(&mut self) -> Result<VmState> {
+        Ok(VmState { vcpu: state::save_vcpu(&mut self.shell.vcpu)?, devices: self.devices.save_state() })
+    }
+
+    /// Enter the guest once and copy out what the exit needs.
+    fn enter(&mut self) -> Exit {
+        match self.shell.vcpu.run() {
+            Ok(VcpuExit::IoOut(port, d)) => {
+                let mut data = [0u8; 4];
+                let len = d.len().min(4);
+                data[..len].copy_from_slice(&d[..len]);
+                Exit::Out { port, data, len: d.len() }
+            }
+            Ok(VcpuExit::IoIn(port, _)) => Exit::In { port },
+            Ok(VcpuExit::MmioRead(addr, _)) => Exit::Mmio { addr, write: false },
+            Ok(VcpuExit::MmioWrite(addr, _)) => Exit::Mmio { addr, write: true },
+            Ok(VcpuExit::Shutdown) => Exit::Shutdown,
+            Ok(VcpuExit::Hlt) => Exit::Hlt,
+            Ok(VcpuExit::Intr) => Exit::Interrupted,
+            Ok(VcpuExit::InternalError) => Exit::Other("internal error (emulation failed)".into()),
+            Ok(VcpuExit::FailEntry(r, _)) => Exit::Other(format!("VM entry failed (reason {r:#x})")),
+            Ok(other) => Exit::Other(format!("unexpected exit {other:?}")),
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => Exit::Interrupted,
+            Err(e) => Exit::Other(format!("KVM_RUN failed: {e}")),
+        }
+    }
+
+    fn decode_fault(&self, vector: u8) -> StopReason {
+        let regs = self.shell.vcpu.get_regs();
+        let sregs = self.shell.vcpu.get_sregs();
+        match (regs, sregs) {
+            (Ok(r), Ok(s)) => match Fault::decode(&self.shell.ram, vector, r.rsp, s.cr2) {
+                Some(f) => StopReason::Exception(f),
+                None => StopReason::Kvm(format!("exception {vector} with an unreadable frame")),
+            },
+            _ => StopReason::Kvm(format!("exception {vector}; registers unreadable")),
+        }
+    }
+}
