@@ -27,7 +27,7 @@ import sys
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
-import boot  # noqa: E402  (shared helpers: C builds, machine description)
+import common  # noqa: E402  (shared helpers: C builds, machine description)
 
 METRICS = ["fork", "fork_exit_wait", "pipe", "msgq", "shm", "kill"]
 RATIOS = {"fork_vs_process_fork": "fork", "pipe_vs_unix": "pipe", "msgq_vs_unix": "msgq",
@@ -72,7 +72,7 @@ def parse(out):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--wisp", default=os.path.join(boot.ROOT, "target/release/wisp"))
+    ap.add_argument("--wisp", default=os.path.join(common.ROOT, "target/release/wisp"))
     ap.add_argument("--out", default=os.path.join(BENCH, "results", "fork.json"))
     ap.add_argument("--rounds", type=int, default=2000)
     ap.add_argument("--reps", type=int, default=5)
@@ -81,8 +81,8 @@ def main():
     if a.plot_only:
         with open(a.plot_only) as f:
             return 0 if plot(json.load(f), a.plot_only[:-len(".json")] + ".png") else 1
-    os.makedirs(boot.BUILD, exist_ok=True)
-    unix = boot.cc(os.path.join(boot.TOOLS, "ipcbench.c"), os.path.join(boot.BUILD, "ipcbench"))
+    os.makedirs(common.BUILD, exist_ok=True)
+    unix = common.cc(os.path.join(common.TOOLS, "ipcbench.c"), os.path.join(common.BUILD, "ipcbench"))
     env = dict(os.environ, WISP_SOCKET="/nonexistent/no-daemon.sock")
     cmds = {"wisp": [a.wisp, "run", "--timeout", "300s", "family", "--", "bench", str(a.rounds)],
             "unix": [unix, str(a.rounds)]}
@@ -93,12 +93,12 @@ def main():
             if r.returncode != 0:
                 raise SystemExit("%s failed (%d):\n%s%s" % (peer, r.returncode, r.stdout, r.stderr))
             runs[peer].append(parse(r.stdout))
-            boot.log("rep %d %s: %s" % (rep + 1, peer, runs[peer][-1]))
+            common.log("rep %d %s: %s" % (rep + 1, peer, runs[peer][-1]))
     med = {p: {k: statistics.median(x[k] for x in v) for k in METRICS} for p, v in runs.items()}
     doc = {
         "benchmark": "fork",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        "machine": boot.machine_info(),
+        "machine": common.machine_info(),
         "rounds": a.rounds,
         "reps": a.reps,
         "unit": "ns per operation (fork) or per round trip, median of the repetitions' means",
@@ -111,10 +111,10 @@ def main():
         json.dump(doc, f, indent=2)
         f.write("\n")
     png = a.out[:-len(".json")] + ".png"
-    if plot(doc, png) or boot.with_system_python(__file__, "--plot-only", a.out):
-        boot.log("wrote %s" % png)
+    if plot(doc, png) or common.with_system_python(__file__, "--plot-only", a.out):
+        common.log("wrote %s" % png)
     else:
-        boot.log("no plot: matplotlib is not importable (python3-matplotlib)")
+        common.log("no plot: matplotlib is not importable (python3-matplotlib)")
     print(json.dumps(doc["ratios"], indent=2))
 
 

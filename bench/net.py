@@ -31,10 +31,10 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 BUILD = os.path.join(BENCH, "build")
 sys.path.insert(0, BENCH)
-import boot  # noqa: E402  (cpio_newc, host_tsc_khz, machine_info, log, Skip)
+import common  # noqa: E402  (cpio_newc, host_tsc_khz, machine_info, log, Skip, version_key)
 
-log = boot.log
-Skip = boot.Skip
+log = common.log
+Skip = common.Skip
 
 KB = 1024
 MSG_SIZES = [64, 256, 1 * KB, 4 * KB, 16 * KB, 64 * KB, 128 * KB]
@@ -360,21 +360,21 @@ def build_vm_initramfs(kver, out):
     entries.append(("init", stat.S_IFREG | 0o755, init.encode(), (0, 0)))
     tmp = out + ".tmp"
     with open(tmp, "wb") as f:
-        f.write(boot.cpio_newc(entries))
+        f.write(common.cpio_newc(entries))
     os.replace(tmp, out)
 
 
 def env_linux_vm(net, args):
     if not shutil.which("qemu-system-x86_64"):
         raise Skip("qemu-system-x86_64 not found (scripts/install-bench-deps.sh)")
-    kernels = sorted(glob.glob("/boot/vmlinuz-*-cloud-amd64"), key=boot.version_key)
+    kernels = sorted(glob.glob("/boot/vmlinuz-*-cloud-amd64"), key=common.version_key)
     if not kernels:
         raise Skip("no /boot/vmlinuz-*-cloud-amd64 (apt-get install linux-image-cloud-amd64)")
     kernel = kernels[-1]
     kver = os.path.basename(kernel)[len("vmlinuz-"):]
     initrd = os.path.join(BUILD, "net-linux-initramfs.cpio")
     build_vm_initramfs(kver, initrd)
-    khz = boot.host_tsc_khz()
+    khz = common.host_tsc_khz()
     append = "console=ttyS0 quiet panic=-1" + (" tsc_early_khz=%d" % khz if khz else "")
     argv = ["qemu-system-x86_64", "-accel", "tcg", "-M", "microvm", "-m", "512M", "-smp", "1",
             "-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio", "-no-reboot",
@@ -587,7 +587,7 @@ def main():
         raise
     finally:
         net.down()
-    doc = {"benchmark": "net", "machine": boot.machine_info(),
+    doc = {"benchmark": "net", "machine": common.machine_info(),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "method": {"client": "host iperf3 (%s) inside the namespace" % run(["iperf3", "--version"], check=False).stdout.splitlines()[0],
                       "tcp_msg_sizes": MSG_SIZES, "tcp_msg_sizes_linux_vm": MSG_SIZES_SLOW,
