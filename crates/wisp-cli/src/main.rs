@@ -11,12 +11,8 @@ mod direct;
 mod remote;
 mod units;
 
-/// Exit status when `--timeout` ends the VM (as timeout(1)).
-pub const EXIT_TIMEOUT: u8 = 124;
 /// Exit status when wisp itself cannot do what was asked.
-pub const EXIT_ERROR: u8 = 125;
-/// Exit status when the monitor stopped a misbehaving guest.
-pub const EXIT_STOPPED: u8 = 139;
+pub use wisp_vmm_process::exit::ERROR as EXIT_ERROR;
 
 #[derive(Parser)]
 #[command(name = "wisp", version, about = "Boot and manage unikernel VMs, light and quick as processes")]

@@ -234,9 +234,7 @@ pub fn manage(socket: &Path, cmd: Cmd) -> Result<u8, String> {
             if !set.is_empty() {
                 let mut target = Vec::new();
                 for s in &set {
-                    let (m, n) = s.split_once('=').ok_or_else(|| format!("'{s}': expected MEM=COUNT"))?;
-                    let mem = crate::units::parse_size(m)?;
-                    let count = n.parse().map_err(|_| format!("'{n}' is not a count"))?;
+                    let (mem, count) = wisp_vmm_process::units::parse_pool_target(s)?;
                     target.push(PoolTarget { mem, count });
                 }
                 c.set_pool(&PoolInfo { target, ready: vec![] }).map_err(err)?;

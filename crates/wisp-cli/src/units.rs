@@ -1,24 +1,10 @@
-//! Parsing of sizes (`16M`) and durations (`500ms`) on the command line.
+//! Parsing of sizes (`16M`), durations (`500ms`), addresses and port maps
+//! on the command line. Sizes are parsed as wispd parses them
+//! ([`wisp_vmm_process::units`]).
 
 use std::time::Duration;
 
-/// Parse a size: a number with an optional K/M/G suffix (binary, `KiB`,
-/// `MB` etc. accepted), e.g. `16M`, `512KiB`, `1G`, `4194304`.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a size (e.g. 16M, 1G)"))?;
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        _ => return Err(format!("'{s}': unknown size unit '{unit}' (use K, M or G)")),
-    };
-    n.checked_mul(1u64 << shift).ok_or_else(|| format!("'{s}' is too large"))
-}
+pub use wisp_vmm_process::units::parse_size;
 
 /// Parse a duration: a number with a unit (ns, us, ms, s, m, h), e.g.
 /// `1s`, `500ms`, `1.5s`; a bare number means seconds.
@@ -80,17 +66,6 @@ pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("16M"), Ok(16 << 20));
-        assert_eq!(parse_size("512KiB"), Ok(512 << 10));
-        assert_eq!(parse_size("1g"), Ok(1 << 30));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert!(parse_size("").is_err());
-        assert!(parse_size("12Q").is_err());
-        assert!(parse_size("99999999999T").is_err());
-    }
 
     #[test]
     fn addresses() {

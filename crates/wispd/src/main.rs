@@ -1,23 +1,24 @@
 //! `wispd`: the wisp daemon. Serves the REST API on a Unix socket, keeps a
 //! pool of prepared VM shells, and runs each VM in its own VMM process.
-//! `wispd __worker ...` is the VMM process itself (spawned by the daemon).
+//! `wispd __worker ...` is the VMM process itself (spawned by the daemon;
+//! crate `wisp-vmm-process`).
 
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
+use wisp_vmm_process::images::image_dirs;
+use wisp_vmm_process::units::parse_pool_target;
 
 mod api;
 mod daemon;
 mod forward;
+mod fsutil;
 mod images;
-mod jail;
 mod netlink;
 mod pool;
-mod proto;
 mod signals;
-mod worker;
 
 #[derive(Parser)]
 #[command(name = "wispd", version, about = "The wisp daemon")]
@@ -60,21 +61,6 @@ enum Cmd {
     },
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (n, unit) = t.split_at(split);
-    let n: u64 = n.parse().map_err(|_| format!("'{s}' is not a size"))?;
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" => 0,
-        "k" | "kib" => 10,
-        "m" | "mib" => 20,
-        "g" | "gib" => 30,
-        _ => return Err(format!("'{s}': unknown unit")),
-    };
-    n.checked_mul(1 << shift).ok_or_else(|| format!("'{s}' is too large"))
-}
-
 fn parse_subnet(s: &str) -> Result<([u8; 4], u8), String> {
     let (a, p) = s.split_once('/').ok_or_else(|| format!("'{s}': expected ADDRESS/PREFIX"))?;
     let a: std::net::Ipv4Addr = a.parse().map_err(|_| format!("'{a}' is not an IPv4 address"))?;
@@ -83,29 +69,14 @@ fn parse_subnet(s: &str) -> Result<([u8; 4], u8), String> {
 }
 
 fn parse_pool(s: &str) -> Result<(u64, u32), String> {
-    let (m, c) = s.split_once('=').ok_or_else(|| format!("'{s}': expected MEM=COUNT"))?;
-    let mem = wisp_vmm::check_mem_size(parse_size(m)?).map_err(|e| e.to_string())?;
-    let count = c.parse().map_err(|_| format!("'{c}' is not a count"))?;
-    Ok((mem, count))
-}
-
-fn image_dirs(explicit: Option<PathBuf>) -> Vec<PathBuf> {
-    let mut v = Vec::new();
-    v.extend(explicit);
-    if let Some(d) = std::env::var_os("WISP_IMAGE_DIR") {
-        v.push(PathBuf::from(d));
-    }
-    if let Some(exe_dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(|p| p.to_path_buf())) {
-        v.push(exe_dir.join("images"));
-        v.push(exe_dir.join("../../build/images"));
-    }
-    v
+    let (mem, count) = parse_pool_target(s)?;
+    Ok((wisp_vmm::check_mem_size(mem).map_err(|e| e.to_string())?, count))
 }
 
 fn main() {
     let cli = Cli::parse();
     if let Some(Cmd::Worker { id, dir, mem, uid }) = cli.cmd {
-        worker::main(&id, &dir, mem, uid);
+        wisp_vmm_process::main(&id, &dir, mem, uid);
     }
     signals::block_term();
     raise_nofile();
@@ -141,7 +112,7 @@ fn run(cli: Cli) -> Result<(), String> {
         bridge: cli.bridge.clone(),
         subnet: cli.subnet,
     };
-    let d = daemon::Daemon::new(cfg)?;
+    let d = daemon::Daemon::new(cfg).map_err(|e| e.to_string())?;
     for (mem, count) in &cli.pool {
         d.pool.set_target(*mem, *count);
     }

@@ -1,0 +1,46 @@
+//! The boot path both ways of running a VM share: *prepare* a shell, then
+//! *execute*: load an image into it with its arguments and NIC, and set its
+//! family's rules. The daemon's VMM process prepares before a request (and
+//! warms the shell up); `wisp run` without a daemon does both at once.
+
+use wisp_vmm::{open_kvm, Device, FamilyOptions, Image, NetConfig, Nic, Shell, Vm};
+
+/// What a VM is booted with.
+pub struct Boot<'a> {
+    /// The image (already parsed and validated).
+    pub image: &'a Image,
+    /// Its arguments (argument 0, the image name, is added).
+    pub args: &'a [String],
+    /// Its NIC, if any.
+    pub net: Option<NetConfig>,
+    /// How its family behaves ([`daemon_family`] or [`direct_family`]).
+    pub family: FamilyOptions,
+}
+
+/// Prepare: open KVM and create a shell with `mem` bytes of guest RAM.
+pub fn prepare(mem: u64) -> wisp_vmm::Result<Shell> {
+    let kvm = open_kvm()?;
+    Shell::create(&kvm, mem)
+}
+
+/// Execute: load the image into the prepared `shell`; the VM is ready to run.
+pub fn load(shell: Shell, boot: Boot<'_>) -> wisp_vmm::Result<Vm> {
+    let devices: Vec<Box<dyn Device>> = boot.net.into_iter().map(|c| Box::new(Nic::new(c)) as Box<dyn Device>).collect();
+    let mut vm = shell.load_devices(boot.image, boot.args, devices)?;
+    vm.set_family_options(boot.family);
+    Ok(vm)
+}
+
+/// A family under the daemon: the guest may fork if the daemon gave it an
+/// uplink (forked VMs become VMs of the toolstack through it); children
+/// outlive their parent, the daemon manages them.
+pub fn daemon_family(uplink: bool) -> FamilyOptions {
+    FamilyOptions { fork: uplink, limit: wisp_abi::family::limits::MAX_MEMBERS as u32, orphans_die: false }
+}
+
+/// A family without a daemon: it lives in this process tree (forked VMs are
+/// child processes of this one and end when their parent does), at most
+/// `limit` VMs.
+pub fn direct_family(limit: u32) -> FamilyOptions {
+    FamilyOptions { fork: true, limit, orphans_die: true }
+}

@@ -1,0 +1,225 @@
+//! The control socket of a daemon's VMM process (`ctl.sock`, the server side
+//! of [`crate::proto`]). While the shell waits in the pool the main thread
+//! answers requests itself ([`serve_pooled`]) until a `start` arrives; once
+//! the VM runs a thread of its own serves the socket ([`serve_loop`]).
+
+use std::fs::File;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wisp_vmm::{Image, NetConfig};
+
+use crate::proto::{recv_line, send_line, Reply, Request, WorkerState};
+use crate::state::{spawn_conn, Shared};
+
+/// A start request, parsed.
+pub(crate) struct StartCmd {
+    pub image: Image,
+    pub args: Vec<String>,
+    pub timeout: Option<Duration>,
+    pub attach: bool,
+    pub net: Option<NetConfig>,
+    /// The family's uplink to the daemon (the guest may fork).
+    pub uplink: Option<OwnedFd>,
+}
+
+/// Serve one request while the shell waits in the pool. Returns the start
+/// command (and its connection, for the reply) when one arrives.
+pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(StartCmd, UnixStream)> {
+    let (req, fds) = read_request(&conn)?;
+    let reply = match req {
+        Request::Start { image_name, args, timeout_ms, attach, net, uplink } => {
+            let mut fds = fds.into_iter();
+            let Some(fd) = fds.next() else {
+                let _ = send_line(&conn, &Reply::err("start needs the image descriptor"), None);
+                return None;
+            };
+            let net = match (net.is_some().then(|| fds.next()).flatten(), net) {
+                (_, None) => None,
+                (Some(tap), Some(n)) => Some(n.into_config(tap)),
+                (None, Some(_)) => {
+                    let _ = send_line(&conn, &Reply::err("a NIC needs the tap descriptor"), None);
+                    return None;
+                }
+            };
+            let uplink = if uplink { fds.next() } else { None };
+            // Parsed again here (the daemon is not trusted blindly); its
+            // pages are mapped copy-on-write from the shared memfd.
+            match Image::from_fd(&image_name, fd) {
+                Ok(image) => {
+                    let timeout = timeout_ms.map(Duration::from_millis);
+                    let cmd = StartCmd { image, args, timeout, attach, net, uplink };
+                    return Some((cmd, conn));
+                }
+                Err(e) => Reply::err(e.to_string()),
+            }
+        }
+        Request::Status => shared.state.lock().unwrap().status(),
+        Request::Logs { .. } => Reply::ok(WorkerState::Pooled),
+        Request::ProbeOpen { path } => probe_open(&path),
+        Request::Shutdown => {
+            let _ = send_line(&conn, &Reply::ok(WorkerState::Pooled), None);
+            std::process::exit(0)
+        }
+        Request::Pause | Request::Resume | Request::Stop { .. } | Request::Kill | Request::Wait => {
+            Reply::err("the VM has not been started")
+        }
+    };
+    let _ = send_line(&conn, &reply, None);
+    None
+}
+
+/// The control socket once the VM runs. Quick requests (status, pause,
+/// resume, kill, stop) are answered on this thread, and their connection
+/// stays open for more (the daemon keeps one per VM, so a pause is one
+/// round trip on an open socket); requests that stream or block until the VM
+/// ends (logs, wait) get a thread of their own and use up their connection.
+pub(crate) fn serve_loop(shared: &Arc<Shared>, listener: UnixListener) {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let mut sessions: Vec<UnixStream> = Vec::new();
+    loop {
+        let (accept, ready) = {
+            let mut fds = Vec::with_capacity(sessions.len() + 1);
+            fds.push(PollFd::new(&listener, PollFlags::IN));
+            fds.extend(sessions.iter().map(|c| PollFd::new(c, PollFlags::IN)));
+            if poll(&mut fds, None).is_err() {
+                continue;
+            }
+            let ready: Vec<usize> = (1..fds.len()).filter(|&i| !fds[i].revents().is_empty()).map(|i| i - 1).collect();
+            (!fds[0].revents().is_empty(), ready)
+        };
+        for i in ready.into_iter().rev() {
+            let conn = sessions.swap_remove(i);
+            sessions.extend(serve_one(shared, conn));
+        }
+        if accept {
+            if let Ok((conn, _)) = listener.accept() {
+                sessions.extend(serve_one(shared, conn));
+            }
+        }
+    }
+}
+
+/// Start [`serve_loop`] on a thread of its own ("ctl"), once `listener`
+/// arrives (the main thread serves it until the VM runs).
+pub(crate) fn spawn_server(
+    shared: &Arc<Shared>,
+    listener: impl FnOnce() -> Option<UnixListener> + Send + 'static,
+) -> Result<(), String> {
+    let s = shared.clone();
+    std::thread::Builder::new()
+        .name("ctl".into())
+        .stack_size(256 << 10)
+        .spawn(move || {
+            if let Some(listener) = listener() {
+                serve_loop(&s, listener);
+            }
+        })
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// Read one request line (10 s at most) and decode it; a malformed one is
+/// answered with an error and ends the connection.
+fn read_request(conn: &UnixStream) -> Option<(Request, Vec<OwnedFd>)> {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+    let (line, fd) = recv_line(conn).ok()?;
+    let _ = conn.set_read_timeout(None);
+    match serde_json::from_slice(&line) {
+        Ok(r) => Some((r, fd)),
+        Err(e) => {
+            let _ = send_line(conn, &Reply::err(format!("bad request: {e}")), None);
+            None
+        }
+    }
+}
+
+/// Read and answer one request; give the connection back if it can carry more.
+fn serve_one(shared: &Arc<Shared>, conn: UnixStream) -> Option<UnixStream> {
+    let (req, _fd) = read_request(&conn)?;
+    let reply_conn = conn.try_clone().ok()?;
+    // Counted while served, so the process does not exit (the VM may end
+    // meanwhile, e.g. on a stop request) before the reply is sent.
+    shared.state.lock().unwrap().conns += 1;
+    if matches!(req, Request::Wait | Request::Logs { .. }) {
+        spawn_conn(shared, move |s| serve(s, reply_conn, req));
+        return None;
+    }
+    let r = serve(shared, reply_conn, req);
+    shared.release_conn();
+    r.ok().map(|_| conn)
+}
+
+fn probe_open(path: &str) -> Reply {
+    match File::open(path) {
+        Ok(_) => Reply::ok(WorkerState::Running),
+        Err(e) => Reply::err(format!("open {path}: {e}")),
+    }
+}
+
+/// Serve one request once the VM has been started.
+fn serve(shared: &Arc<Shared>, conn: UnixStream, req: Request) -> io::Result<()> {
+    let control = || shared.state.lock().unwrap().control.clone();
+    let reply = match req {
+        Request::Start { .. } => Reply::err("this VM has already been started"),
+        Request::Status => shared.state.lock().unwrap().status(),
+        Request::Pause | Request::Resume => {
+            let Some(c) = control() else {
+                return send_line(&conn, &Reply::err("the VM is not running"), None);
+            };
+            let pause = req == Request::Pause;
+            if pause {
+                if !c.pause(Duration::from_secs(1)) {
+                    return send_line(&conn, &Reply::err("the vCPU did not stop within 1 s"), None);
+                }
+            } else {
+                c.resume();
+            }
+            let mut st = shared.state.lock().unwrap();
+            if st.phase != WorkerState::Exited {
+                st.phase = if pause { WorkerState::Paused } else { WorkerState::Running };
+            }
+            st.status()
+        }
+        Request::Stop { grace_ms } => {
+            if let Some(c) = control() {
+                c.post_events(wisp_abi::events::STOP);
+                c.resume();
+                let s = shared.clone();
+                std::thread::spawn(move || {
+                    let deadline = Instant::now() + Duration::from_millis(grace_ms);
+                    let mut st = s.state.lock().unwrap();
+                    while st.phase != WorkerState::Exited && Instant::now() < deadline {
+                        st = s.cv.wait_timeout(st, deadline - Instant::now()).unwrap().0;
+                    }
+                    if st.phase != WorkerState::Exited {
+                        c.kill();
+                    }
+                });
+            }
+            shared.state.lock().unwrap().status()
+        }
+        Request::Kill | Request::Shutdown => {
+            if let Some(c) = control() {
+                c.kill();
+            }
+            shared.state.lock().unwrap().status()
+        }
+        Request::Wait => {
+            let mut st = shared.state.lock().unwrap();
+            while st.phase != WorkerState::Exited {
+                st = shared.cv.wait(st).unwrap();
+            }
+            st.status()
+        }
+        Request::Logs { follow } => {
+            send_line(&conn, &Reply::ok(shared.state.lock().unwrap().phase), None)?;
+            return shared.stream_logs(conn, follow, None);
+        }
+        Request::ProbeOpen { path } => probe_open(&path),
+    };
+    send_line(&conn, &reply, None)
+}

@@ -1,0 +1,39 @@
+//! The VMM process: what runs one VM on the monitor (`wisp-vmm`), in the
+//! two ways wisp runs one.
+//!
+//! - Under the daemon, one jailed process per VM (`wispd __worker`,
+//!   [`main`]): it prepares a shell for the pool, serves its control socket
+//!   ([`proto`], the daemon being the client), boots on `start`, keeps the
+//!   console in a ring (streamed to an attached client), writes `exit.json`
+//!   and `console.log` when the guest ends, and turns a forked copy of
+//!   itself into a VM of the toolstack (fork adoption through the family's
+//!   uplink).
+//! - `wisp run` without a daemon boots the VM in its own process with the
+//!   same boot path ([`boot`], [`images`], [`nic`]) and exit statuses
+//!   ([`exit`]).
+//!
+//! Rooms: [`boot`] (prepare and execute), [`exit`] (outcome → exit status),
+//! [`images`] (finding images), [`nic`] (NICs and their MAC rule), [`proto`]
+//! (the daemon ↔ VMM-process protocol), [`units`] (sizes and pool targets on command lines);
+//! and for the daemon's VMM process `process` (its life), `control` (the
+//! control socket), `console` (the console ring), `sink` (the vCPU
+//! thread's console: ring and attached stream), `fork` (fork adoption) and
+//! `state` (what its threads share). The sandbox is the `wisp-jail` crate.
+
+#![forbid(unsafe_code)]
+
+pub mod boot;
+mod console;
+mod control;
+pub mod exit;
+mod fork;
+pub mod images;
+pub mod nic;
+mod process;
+pub mod proto;
+mod sink;
+mod state;
+pub mod units;
+
+pub use console::CONSOLE_RING;
+pub use process::main;

@@ -1,0 +1,136 @@
+//! The life of a daemon's VMM process (`wispd __worker`).
+//!
+//! *Prepare*: open KVM, create the shell and enter it once, bind the
+//! control socket, close the jail, say "ready" — this is what the daemon's
+//! pool keeps waiting. *Execute*: a `start` request brings the image (as a
+//! sealed memfd from the daemon's image cache); this thread loads it and
+//! becomes the vCPU thread, while the "ctl" thread takes the control socket
+//! over. When the guest ends the process writes `exit.json` and
+//! `console.log` into its directory and exits once nobody is reading from
+//! it any more. It survives a daemon restart: the new daemon finds it
+//! through its directory.
+
+use std::io::{self, Write};
+use std::os::unix::net::UnixListener;
+use std::path::Path;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use wisp_api::ExitInfo;
+use wisp_jail::JailFiles;
+
+use crate::boot::{self, Boot};
+use crate::sink::Sink;
+use crate::control::{serve_pooled, spawn_server};
+use crate::exit::{exit_info, Runner, ERROR};
+use crate::fork::become_child_vm;
+use crate::proto::{send_line, Reply, WorkerState};
+use crate::state::Shared;
+
+/// Entry point of the daemon's VMM process for VM `id`: its directory
+/// `dir`, `mem` bytes of guest RAM, jailed as user and group `uid`. Never
+/// returns. Errors before "ready" are printed as `error: …` on stdout (the
+/// daemon reads them) and on stderr (`vmm.log`).
+pub fn main(id: &str, dir: &Path, mem: u64, uid: u32) -> ! {
+    match run(dir, mem, uid) {
+        Ok(()) => std::process::exit(0),
+        Err(e) => {
+            eprintln!("wisp-vmm {id}: {e}");
+            println!("error: {e}");
+            std::process::exit(1)
+        }
+    }
+}
+
+fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
+    // Show up as `wisp-vmm` in ps/top, apart from the daemon.
+    let _ = rustix::thread::set_name(c"wisp-vmm");
+    let mut shell = boot::prepare(mem).map_err(|e| e.to_string())?;
+    shell.warm_up().map_err(|e| e.to_string())?;
+    let sock_path = dir.join("ctl.sock");
+    let _ = std::fs::remove_file(&sock_path);
+    let listener = UnixListener::bind(&sock_path).map_err(|e| format!("bind {}: {e}", sock_path.display()))?;
+    let files = JailFiles::open(dir).map_err(|e| format!("open files in {}: {e}", dir.display()))?;
+    wisp_vmm::Control::prepare_process();
+    wisp_jail::enter(uid, mem)?;
+    let shared = Shared::new(files, WorkerState::Pooled, None);
+    // The server thread takes the control socket once the VM runs; until
+    // then this thread answers requests itself, and a `start` makes it the
+    // vCPU thread with no thread creation or hand-off on the boot path.
+    let (ltx, lrx) = mpsc::channel::<UnixListener>();
+    spawn_server(&shared, move || lrx.recv().ok())?;
+    println!("ready");
+    let _ = io::stdout().flush();
+    for conn in listener.incoming() {
+        let Ok(conn) = conn else { continue };
+        let Some((mut cmd, conn)) = serve_pooled(&shared, conn) else { continue };
+        let t = Instant::now();
+        let family = boot::daemon_family(cmd.uplink.is_some());
+        let boot = Boot { image: &cmd.image, args: &cmd.args, net: cmd.net.take(), family };
+        let mut vm = match boot::load(shell, boot) {
+            Ok(vm) => vm,
+            Err(e) => {
+                let _ = send_line(&conn, &Reply::err(e.to_string()), None);
+                finish(&shared, ExitInfo { code: ERROR.into(), reason: e.to_string() });
+            }
+        };
+        let boot_us = t.elapsed().as_micros() as u64;
+        {
+            let mut st = shared.state.lock().unwrap();
+            st.phase = WorkerState::Running;
+            st.boot_us = Some(boot_us);
+            st.control = Some(vm.control());
+            if cmd.attach {
+                st.conns += 1;
+            }
+        }
+        let _ = send_line(&conn, &Reply { boot_us: Some(boot_us), ..Reply::ok(WorkerState::Running) }, None);
+        let _ = ltx.send(listener);
+        let deadline = cmd.timeout.map(|t| Instant::now() + t);
+        let mut shared = shared;
+        let mut sink = Sink::new(shared.clone(), cmd.attach.then_some(conn));
+        let outcome = loop {
+            if let Some(o) = vm.run_until_fork(&mut sink, deadline) {
+                break o;
+            }
+            // The forked child's process. Everything above belongs to the
+            // parent VM (and to threads that do not exist here): leave it
+            // untouched and become a VM of our own.
+            sink.forget_in_child();
+            shared = match become_child_vm(cmd.uplink.as_ref(), &vm) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("wisp-vmm: forked VM: {e}");
+                    std::process::exit(ERROR.into());
+                }
+            };
+            sink = Sink::new(shared.clone(), None);
+        };
+        drop(sink);
+        drop(vm);
+        finish(&shared, exit_info(&outcome, Runner::Daemon));
+    }
+    Ok(())
+}
+
+/// The VM has ended: write `console.log` and `exit.json`, tell waiters,
+/// let followers and waiters read the end (5 s at most), and exit.
+fn finish(shared: &Arc<Shared>, exit: ExitInfo) -> ! {
+    if let Some(mut f) = shared.files.lock().unwrap().take() {
+        let _ = shared.console.write_to(&mut f.console_tmp);
+        let _ = f.commit("console.log");
+        let _ = f.exit_tmp.write_all(&serde_json::to_vec(&exit).unwrap_or_default());
+        let _ = f.commit("exit.json");
+    }
+    let mut st = shared.state.lock().unwrap();
+    st.phase = WorkerState::Exited;
+    st.exit = Some(exit);
+    st.control = None;
+    shared.cv.notify_all();
+    shared.console.wake();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while st.conns > 0 && Instant::now() < deadline {
+        st = shared.cv.wait_timeout(st, Duration::from_millis(50)).unwrap().0;
+    }
+    std::process::exit(0)
+}

@@ -1,0 +1,82 @@
+//! What the threads of a daemon's VMM process share: the VM's phase and
+//! exit, its control block once it runs, the console ring, the files it
+//! writes when it ends, and a count of open connections (the process stays
+//! until they are served).
+
+use std::io;
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Condvar, Mutex};
+
+use wisp_api::ExitInfo;
+use wisp_jail::JailFiles;
+use wisp_vmm::Control;
+
+use crate::console::Console;
+use crate::proto::{Reply, WorkerState};
+
+pub(crate) struct State {
+    pub phase: WorkerState,
+    pub exit: Option<ExitInfo>,
+    pub boot_us: Option<u64>,
+    pub control: Option<Arc<Control>>,
+    /// Connections being served (or streamed to).
+    pub conns: usize,
+}
+
+impl State {
+    /// The reply to a status request.
+    pub fn status(&self) -> Reply {
+        Reply { ok: true, state: Some(self.phase), exit: self.exit.clone(), boot_us: self.boot_us, error: None }
+    }
+}
+
+pub(crate) struct Shared {
+    /// `exit.json` and `console.log`, taken when the VM ends.
+    pub files: Mutex<Option<JailFiles>>,
+    pub state: Mutex<State>,
+    /// Signalled on changes of `state`.
+    pub cv: Condvar,
+    pub console: Console,
+}
+
+impl Shared {
+    pub fn new(files: JailFiles, phase: WorkerState, control: Option<Arc<Control>>) -> Arc<Shared> {
+        Arc::new(Shared {
+            files: Mutex::new(Some(files)),
+            state: Mutex::new(State { phase, exit: None, boot_us: None, control, conns: 0 }),
+            cv: Condvar::new(),
+            console: Console::new(),
+        })
+    }
+
+    /// Whether the VM has ended.
+    pub fn exited(&self) -> bool {
+        self.state.lock().unwrap().phase == WorkerState::Exited
+    }
+
+    /// Stream the console to `conn` (see [`Console::stream`]) until the VM
+    /// ends.
+    pub fn stream_logs(&self, conn: UnixStream, follow: bool, from: Option<u64>) -> io::Result<()> {
+        self.console.stream(conn, follow, from, || self.exited())
+    }
+
+    /// A connection being served has finished.
+    pub fn release_conn(&self) {
+        let mut st = self.state.lock().unwrap();
+        st.conns -= 1;
+        self.cv.notify_all();
+    }
+}
+
+/// Run `f` on a thread of its own, counted as an open connection (the
+/// caller has counted it).
+pub(crate) fn spawn_conn(shared: &Arc<Shared>, f: impl FnOnce(&Arc<Shared>) -> io::Result<()> + Send + 'static) {
+    let s = shared.clone();
+    let spawned = std::thread::Builder::new().stack_size(256 << 10).spawn(move || {
+        let _ = f(&s);
+        s.release_conn();
+    });
+    if spawned.is_err() {
+        shared.release_conn();
+    }
+}
