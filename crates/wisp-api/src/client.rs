@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 
-use crate::http::{self, percent_encode};
-use crate::{CreateVm, ExitInfo, PoolInfo, StopVm, Version, VmInfo, API_PREFIX};
+use crate::action::Action;
+use crate::http;
+use crate::{CreateVm, ExitInfo, PoolInfo, Version, VmInfo, VM_ID_HEADER};
 
 /// An API error: the daemon's status and message, or a transport failure.
 #[derive(Debug)]
@@ -38,14 +39,11 @@ impl From<io::Error> for ApiError {
 /// Result of an API call.
 pub type Result<T> = std::result::Result<T, ApiError>;
 
-/// A connection to wispd.
+/// A connection to wispd. Every call is an [`Action`], turned into its
+/// HTTP request by [`Action::to_request`]; the named methods are shorthands.
 pub struct Client {
     http: http::Client,
     socket: PathBuf,
-}
-
-fn vm_path(id: &str, rest: &str) -> String {
-    format!("{API_PREFIX}/vms/{}{rest}", percent_encode(id))
 }
 
 impl Client {
@@ -59,8 +57,10 @@ impl Client {
         &self.socket
     }
 
-    fn call<T: DeserializeOwned>(&mut self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<T> {
-        let r = self.http.request(method, path, body.as_deref())?;
+    /// Perform an action that answers with one JSON value (or none: `()`).
+    pub fn call<T: DeserializeOwned>(&mut self, action: &Action) -> Result<T> {
+        let c = action.to_request();
+        let r = self.http.request(c.method, &c.target, c.body.as_deref())?;
         if !(200..300).contains(&r.status) {
             return Err(ApiError::Status(r.status, r.error_message()));
         }
@@ -70,96 +70,91 @@ impl Client {
         r.json().map_err(|e| ApiError::Io(io::Error::new(io::ErrorKind::InvalidData, e.message)))
     }
 
+    /// Perform an action whose answer is a stream (see [`Action::streams`]),
+    /// delivering it as it comes; `on_data` returns false to stop.
+    pub fn call_streaming(&mut self, action: &Action, on_data: &mut dyn FnMut(&[u8]) -> bool) -> Result<()> {
+        let c = action.to_request();
+        let status = self.http.stream(c.method, &c.target, c.body.as_deref(), on_data)?;
+        if !(200..300).contains(&status) {
+            let msg = self.http.take_error().map(|r| r.error_message()).unwrap_or_default();
+            return Err(ApiError::Status(status, msg));
+        }
+        Ok(())
+    }
+
     /// `GET /v1/version`.
     pub fn version(&mut self) -> Result<Version> {
-        self.call("GET", &format!("{API_PREFIX}/version"), None)
+        self.call(&Action::Version)
     }
 
     /// `POST /v1/vms`.
     pub fn create(&mut self, req: &CreateVm) -> Result<VmInfo> {
-        self.call("POST", &format!("{API_PREFIX}/vms"), Some(serde_json::to_vec(req).unwrap_or_default()))
+        self.call(&Action::CreateVm { vm: req.clone(), attach: false })
     }
 
     /// `POST /v1/vms?attach=true`: create a VM and deliver its console
     /// output as it comes, until the VM ends. Returns the VM's id.
     pub fn create_attached(&mut self, req: &CreateVm, on_data: &mut dyn FnMut(&[u8]) -> bool) -> Result<String> {
-        let body = serde_json::to_vec(req).unwrap_or_default();
-        let status = self.http.stream("POST", &format!("{API_PREFIX}/vms?attach=true"), Some(&body), on_data)?;
-        if !(200..300).contains(&status) {
-            let msg = self.http.take_error().map(|r| r.error_message()).unwrap_or_default();
-            return Err(ApiError::Status(status, msg));
-        }
+        self.call_streaming(&Action::CreateVm { vm: req.clone(), attach: true }, on_data)?;
         self.http
-            .last_header("x-wisp-vm-id")
+            .last_header(VM_ID_HEADER)
             .map(str::to_string)
-            .ok_or_else(|| ApiError::Io(io::Error::new(io::ErrorKind::InvalidData, "no X-Wisp-Vm-Id header")))
+            .ok_or_else(|| ApiError::Io(io::Error::new(io::ErrorKind::InvalidData, format!("no {VM_ID_HEADER} header"))))
     }
 
     /// `GET /v1/vms`.
     pub fn list(&mut self) -> Result<Vec<VmInfo>> {
-        self.call("GET", &format!("{API_PREFIX}/vms"), None)
+        self.call(&Action::ListVms)
     }
 
     /// `GET /v1/vms/{id}`.
     pub fn get(&mut self, id: &str) -> Result<VmInfo> {
-        self.call("GET", &vm_path(id, ""), None)
+        self.call(&Action::GetVm(id.into()))
     }
 
     /// `POST /v1/vms/{id}/pause`.
     pub fn pause(&mut self, id: &str) -> Result<VmInfo> {
-        self.call("POST", &vm_path(id, "/pause"), None)
+        self.call(&Action::PauseVm(id.into()))
     }
 
     /// `POST /v1/vms/{id}/resume`.
     pub fn resume(&mut self, id: &str) -> Result<VmInfo> {
-        self.call("POST", &vm_path(id, "/resume"), None)
+        self.call(&Action::ResumeVm(id.into()))
     }
 
     /// `POST /v1/vms/{id}/stop`.
     pub fn stop(&mut self, id: &str, grace_ms: Option<u64>) -> Result<VmInfo> {
-        let body = serde_json::to_vec(&StopVm { grace_ms }).unwrap_or_default();
-        self.call("POST", &vm_path(id, "/stop"), Some(body))
+        self.call(&Action::StopVm { vm: id.into(), grace_ms })
     }
 
     /// `POST /v1/vms/{id}/kill`.
     pub fn kill(&mut self, id: &str) -> Result<VmInfo> {
-        self.call("POST", &vm_path(id, "/kill"), None)
+        self.call(&Action::KillVm(id.into()))
     }
 
     /// `GET /v1/vms/{id}/wait`.
     pub fn wait(&mut self, id: &str) -> Result<ExitInfo> {
-        self.call("GET", &vm_path(id, "/wait"), None)
+        self.call(&Action::WaitVm(id.into()))
     }
 
     /// `DELETE /v1/vms/{id}`.
     pub fn remove(&mut self, id: &str, force: bool) -> Result<()> {
-        let q = if force { "?force=true" } else { "" };
-        let r = self.http.request("DELETE", &vm_path(id, q), None)?;
-        if !(200..300).contains(&r.status) {
-            return Err(ApiError::Status(r.status, r.error_message()));
-        }
-        Ok(())
+        self.call(&Action::RemoveVm { vm: id.into(), force })
     }
 
     /// `GET /v1/vms/{id}/logs[?follow=true]`, delivering output as it comes.
     pub fn logs(&mut self, id: &str, follow: bool, on_data: &mut dyn FnMut(&[u8]) -> bool) -> Result<()> {
-        let q = if follow { "/logs?follow=true" } else { "/logs" };
-        let status = self.http.stream("GET", &vm_path(id, q), None, on_data)?;
-        if !(200..300).contains(&status) {
-            let msg = self.http.take_error().map(|r| r.error_message()).unwrap_or_default();
-            return Err(ApiError::Status(status, msg));
-        }
-        Ok(())
+        self.call_streaming(&Action::Logs { vm: id.into(), follow }, on_data)
     }
 
     /// `GET /v1/pool`.
     pub fn pool(&mut self) -> Result<PoolInfo> {
-        self.call("GET", &format!("{API_PREFIX}/pool"), None)
+        self.call(&Action::GetPool)
     }
 
     /// `PUT /v1/pool`.
     pub fn set_pool(&mut self, p: &PoolInfo) -> Result<PoolInfo> {
-        self.call("PUT", &format!("{API_PREFIX}/pool"), Some(serde_json::to_vec(p).unwrap_or_default()))
+        self.call(&Action::SetPool(p.clone()))
     }
 
     /// A raw request (tests of malformed input).

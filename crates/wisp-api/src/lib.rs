@@ -1,7 +1,9 @@
 //! The wispd API: JSON types shared by the daemon, the `wisp` client, tests
-//! and benchmarks, and the HTTP/1.1-over-Unix-socket plumbing they speak.
+//! and benchmarks, the actions both ends speak (`action`), and the
+//! HTTP/1.1-over-Unix-socket plumbing they go over.
 //! The API itself is documented in `docs/api.yaml` (OpenAPI 3).
 
+pub mod action;
 pub mod client;
 pub mod http;
 pub mod types;
@@ -16,3 +18,6 @@ pub const DEFAULT_STATE_DIR: &str = "/run/wisp/state";
 pub const SOCKET_ENV: &str = "WISP_SOCKET";
 /// Prefix of every API path.
 pub const API_PREFIX: &str = "/v1";
+/// Response header of an attached create that names the new VM (the body
+/// is its console).
+pub const VM_ID_HEADER: &str = "X-Wisp-Vm-Id";

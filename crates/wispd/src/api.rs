@@ -1,15 +1,18 @@
 //! The REST API (see `docs/api.yaml`): HTTP/1.1 on a Unix socket, one thread
-//! per connection, JSON bodies. Every bad request gets a 4xx with a message.
+//! per connection, JSON bodies. This layer only translates: an HTTP request
+//! becomes an [`Action`] (bad input is a 4xx with a message), the daemon
+//! executes it, and its [`Outcome`] or [`ActionError`] becomes the response.
+//! The HTTP status of each error lives here, in [`status`].
 
-use std::io::{BufReader, Write};
+use std::io::{self, BufReader, Read};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
-use std::time::Duration;
 
+use wisp_api::action::Action;
 use wisp_api::http::{self, HttpError, Request};
-use wisp_api::{CreateVm, PoolInfo, PoolTarget, StopVm, Version};
+use wisp_api::VM_ID_HEADER;
 
-use crate::daemon::{ApiError, Daemon};
+use crate::daemon::{ActionError, Console, Daemon, Outcome};
 
 /// Serve the API on `listener` forever.
 pub fn serve(daemon: Arc<Daemon>, listener: UnixListener) {
@@ -49,127 +52,128 @@ fn connection(d: Arc<Daemon>, conn: UnixStream) {
     }
 }
 
-impl From<HttpError> for ApiError {
-    fn from(e: HttpError) -> ApiError {
-        ApiError { status: e.status, message: e.message }
+/// The HTTP status of each action error: the one place it is chosen.
+fn status(e: &ActionError) -> u16 {
+    use ActionError::*;
+    match e {
+        BadMemory(_) | InvalidName(_) | BadImage(_) | StartRefused(_) | Pool(_) => 400,
+        NotFound(_) | Gone(_) => 404,
+        NameInUse(_) | Ambiguous(_) | Exited(_) | Running(_) | Refused(_) | Unreachable { .. } | PortInUse { .. } => 409,
+        Timeout(_) => 504,
+        Prepare(_) | Network(_) | Record(_) | Vmm(_) => 500,
     }
 }
 
-fn io_err(e: std::io::Error) -> ApiError {
-    ApiError { status: 500, message: e.to_string() }
+/// An answer with an error status.
+struct Failure {
+    status: u16,
+    message: String,
 }
 
-fn bad(status: u16, msg: impl Into<String>) -> ApiError {
-    ApiError { status, message: msg.into() }
+impl From<HttpError> for Failure {
+    fn from(e: HttpError) -> Failure {
+        Failure { status: e.status, message: e.message }
+    }
 }
 
-fn flag(req: &Request, name: &str) -> Result<bool, ApiError> {
-    match req.query_param(name) {
-        None | Some("false") | Some("0") => Ok(false),
-        Some("true") | Some("1") | Some("") => Ok(true),
-        Some(v) => Err(bad(400, format!("query parameter {name}={v}: expected true or false"))),
+impl From<ActionError> for Failure {
+    fn from(e: ActionError) -> Failure {
+        Failure { status: status(&e), message: e.to_string() }
+    }
+}
+
+impl From<io::Error> for Failure {
+    fn from(e: io::Error) -> Failure {
+        Failure { status: 500, message: e.to_string() }
     }
 }
 
 /// Handle one request. Ok(true): answered, connection reusable; Ok(false):
 /// answered with a stream that ended the connection.
-fn route(d: &Arc<Daemon>, req: &Request, w: &mut UnixStream, keep: bool) -> Result<bool, ApiError> {
-    let path = req.path.strip_prefix(wisp_api::API_PREFIX).ok_or_else(|| bad(404, format!("no such endpoint: {}", req.path)))?;
-    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let m = req.method.as_str();
-    let json = |w: &mut UnixStream, status: u16, v: &dyn erased::Ser| -> Result<bool, ApiError> {
-        http::write_response(w, status, "application/json", &v.to_json(), keep).map_err(io_err)?;
-        Ok(true)
-    };
-    match (m, parts.as_slice()) {
-        ("GET", ["version"]) => json(w, 200, &Version { version: env!("CARGO_PKG_VERSION").into(), abi: wisp_abi::ABI_VERSION }),
-        ("GET", ["vms"]) => json(w, 200, &d.list()),
-        ("POST", ["vms"]) if flag(req, "attach")? => {
-            // Create and stream the console in one response; the VM's id is
-            // in the X-Wisp-Vm-Id header.
-            let body: CreateVm = req.json()?;
-            let (vm, mut stream) = d.create_attached(body)?;
-            http::start_chunked_with(w, 201, "application/octet-stream", &[("X-Wisp-Vm-Id", &vm.id)]).map_err(io_err)?;
-            let mut buf = [0u8; 16384];
-            loop {
-                match std::io::Read::read(&mut stream, &mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        if http::write_chunk(w, &buf[..n]).is_err() {
-                            return Ok(false);
-                        }
-                    }
-                }
-            }
-            http::end_chunked(w).map_err(io_err)?;
-            Ok(keep)
-        }
-        ("POST", ["vms"]) => {
-            let body: CreateVm = req.json()?;
-            json(w, 201, &d.create(body)?)
-        }
-        ("GET", ["vms", id]) => json(w, 200, &d.get(id)?),
-        ("DELETE", ["vms", id]) => {
-            d.remove(id, flag(req, "force")?)?;
-            http::write_response(w, 204, "application/json", b"", keep).map_err(io_err)?;
+fn route(d: &Daemon, req: &Request, w: &mut UnixStream, keep: bool) -> Result<bool, Failure> {
+    let action = Action::from_request(req)?;
+    let outcome = d.handle(action)?;
+    match outcome {
+        Outcome::Version(v) => json(w, 200, &v, keep),
+        Outcome::Vms(v) => json(w, 200, &v, keep),
+        Outcome::Created(v) => json(w, 201, &v, keep),
+        Outcome::Vm(v) => json(w, 200, &v, keep),
+        Outcome::Exit(x) => json(w, 200, &x, keep),
+        Outcome::Pool(p) => json(w, 200, &p, keep),
+        Outcome::Removed => {
+            http::write_response(w, 204, "application/json", b"", keep)?;
             Ok(true)
         }
-        ("POST", ["vms", id, "pause"]) => json(w, 200, &d.pause(id, true)?),
-        ("POST", ["vms", id, "resume"]) => json(w, 200, &d.pause(id, false)?),
-        ("POST", ["vms", id, "kill"]) => json(w, 200, &d.kill(id)?),
-        ("POST", ["vms", id, "stop"]) => {
-            let body: StopVm = if req.body.is_empty() { StopVm::default() } else { req.json()? };
-            let grace = Duration::from_millis(body.grace_ms.unwrap_or(2000).min(600_000));
-            json(w, 200, &d.stop(id, grace)?)
+        Outcome::Attached(vm, console) => {
+            // The console in one response; the VM's id is in a header.
+            http::start_chunked_with(w, 201, "application/octet-stream", &[(VM_ID_HEADER, &vm.id)])?;
+            stream(w, console, keep)
         }
-        ("GET", ["vms", id, "wait"]) => json(w, 200, &d.wait(id, None)?),
-        ("GET", ["vms", id, "logs"]) => {
-            let follow = flag(req, "follow")?;
-            d.get(id)?; // 404 before the stream starts
-            http::start_chunked(w, 200, "application/octet-stream").map_err(io_err)?;
-            let mut ok = true;
-            d.logs(id, follow, &mut |data| {
-                ok = http::write_chunk(w, data).is_ok();
-                ok
-            })?;
-            if ok {
-                http::end_chunked(w).map_err(io_err)?;
-            }
-            let _ = w.flush();
-            Ok(ok && keep)
+        Outcome::Logs(console) => {
+            http::start_chunked(w, 200, "application/octet-stream")?;
+            stream(w, console, keep)
         }
-        ("GET", ["pool"]) => json(w, 200, &pool_info(d)),
-        ("PUT", ["pool"]) => {
-            let body: PoolInfo = req.json()?;
-            for t in &body.target {
-                let mem = wisp_vmm::check_mem_size(t.mem).map_err(|e| bad(400, e.to_string()))?;
-                if t.count > 10_000 {
-                    return Err(bad(400, format!("pool of {} shells is too large (at most 10000)", t.count)));
+    }
+}
+
+/// A JSON answer (the connection stays usable).
+fn json<T: serde::Serialize>(w: &mut UnixStream, status: u16, v: &T, keep: bool) -> Result<bool, Failure> {
+    http::write_response(w, status, "application/json", &serde_json::to_vec(v).unwrap_or_default(), keep)?;
+    Ok(true)
+}
+
+/// Send `console` as the chunks of a started chunked response, until it
+/// ends. False if the client went away (the connection is used up).
+fn stream(w: &mut UnixStream, mut console: Console, keep: bool) -> Result<bool, Failure> {
+    let mut buf = [0u8; 16384];
+    loop {
+        match console.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if http::write_chunk(w, &buf[..n]).is_err() {
+                    return Ok(false);
                 }
-                d.pool.set_target(mem, t.count);
             }
-            json(w, 200, &pool_info(d))
         }
-        (_, ["version"] | ["vms"] | ["vms", _] | ["vms", _, _] | ["pool"]) => {
-            Err(bad(405, format!("method {m} not allowed on {}", req.path)))
-        }
-        _ => Err(bad(404, format!("no such endpoint: {}", req.path))),
     }
+    http::end_chunked(w)?;
+    Ok(keep)
 }
 
-fn pool_info(d: &Daemon) -> PoolInfo {
-    let conv = |v: Vec<(u64, u32)>| v.into_iter().map(|(mem, count)| PoolTarget { mem, count }).collect();
-    PoolInfo { target: conv(d.pool.targets()), ready: conv(d.pool.ready()) }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::ErrorKind;
 
-mod erased {
-    /// Object-safe serialisation for the route table's `json` helper.
-    pub trait Ser {
-        fn to_json(&self) -> Vec<u8>;
-    }
-    impl<T: serde::Serialize> Ser for T {
-        fn to_json(&self) -> Vec<u8> {
-            serde_json::to_vec(self).unwrap_or_default()
+    #[test]
+    fn statuses_and_messages_of_action_errors() {
+        let io = || io::Error::new(ErrorKind::AddrInUse, "Address in use");
+        let cases: Vec<(ActionError, u16, &str)> = vec![
+            (ActionError::InvalidName("a b".into()), 400, "invalid name 'a b': use 1-64 of [A-Za-z0-9_.-]"),
+            (ActionError::StartRefused("bad image".into()), 400, "bad image"),
+            (ActionError::Pool(crate::pool::PoolError::TooLarge(10_001)), 400, "pool of 10001 shells is too large (at most 10000)"),
+            (ActionError::BadImage(crate::images::ImageError::Relative("a/b".into())), 400, "image path 'a/b' must be absolute"),
+            (ActionError::NotFound("x".into()), 404, "no such VM: x"),
+            (ActionError::Gone("x".into()), 404, "VM x was removed"),
+            (ActionError::NameInUse("n".into()), 409, "the name 'n' is already in use"),
+            (ActionError::Ambiguous("abc".into()), 409, "'abc' matches several VMs"),
+            (ActionError::Exited("x".into()), 409, "VM x has exited"),
+            (ActionError::Running("x".into()), 409, "VM x is running: stop it first or force removal"),
+            (ActionError::Refused("already paused".into()), 409, "already paused"),
+            (ActionError::Unreachable { id: "x".into(), source: io() }, 409, "VM x is not reachable: Address in use"),
+            (ActionError::PortInUse { port: 8013, source: io() }, 409, "cannot forward host port 8013: Address in use"),
+            (ActionError::Timeout("x".into()), 504, "VM x did not exit in time"),
+            (ActionError::Record(io()), 500, "cannot record the VM: Address in use"),
+            (ActionError::Vmm(io()), 500, "VMM process: Address in use"),
+            (
+                ActionError::Prepare(crate::daemon::process::SpawnError::NotReady("VMM process failed to start".into())),
+                500,
+                "cannot prepare a VM: VMM process failed to start",
+            ),
+        ];
+        for (e, code, msg) in cases {
+            let f = Failure::from(e);
+            assert_eq!((f.status, f.message.as_str()), (code, msg));
         }
     }
 }

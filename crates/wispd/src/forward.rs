@@ -31,6 +31,26 @@ impl Forward {
         })?;
         Ok(Forward { listener })
     }
+
+    /// Forward every mapping of a new VM: all of them, or none (those
+    /// started are stopped again) and the mapping that failed, with why.
+    pub fn start_all(maps: &[PortMap], vm_ip: Ipv4Addr) -> Result<Vec<Forward>, (PortMap, io::Error)> {
+        maps.iter().map(|m| Forward::start(*m, vm_ip).map_err(|e| (*m, e))).collect()
+    }
+
+    /// Forward the mappings of a re-adopted VM `vm` again: those that
+    /// cannot be are logged and skipped.
+    pub fn restore(vm: &str, maps: &[PortMap], vm_ip: Ipv4Addr) -> Vec<Forward> {
+        maps.iter()
+            .filter_map(|m| match Forward::start(*m, vm_ip) {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    eprintln!("wispd: VM {vm}: cannot forward host port {} again: {e}", m.host);
+                    None
+                }
+            })
+            .collect()
+    }
 }
 
 impl Drop for Forward {

@@ -1,10 +1,35 @@
 //! The *prepare* phase of the toolstack: a pool of ready VMM processes
-//! (shells) per memory size, refilled in the background.
+//! (shells) per memory size, refilled in the background. The pool holds
+//! [`Worker`]s; who makes and stops them ([`Shells`]) is given to it.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 
-use crate::daemon::{Daemon, Worker};
+use wisp_api::{PoolInfo, PoolTarget};
+
+use crate::daemon::process::{SpawnError, Worker};
+
+/// Largest number of ready shells kept per memory size.
+pub const MAX_TARGET: u32 = 10_000;
+
+/// Why a pool size was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// The memory size cannot be used.
+    #[error("{0}")]
+    BadMemory(wisp_vmm::Error),
+    /// More shells than [`MAX_TARGET`].
+    #[error("pool of {0} shells is too large (at most {MAX_TARGET})")]
+    TooLarge(u32),
+}
+
+/// What makes and stops the pool's shells (the daemon).
+pub trait Shells: Send + Sync {
+    /// Spawn a VMM process with a prepared shell of `mem` bytes, ready.
+    fn spawn(&self, mem: u64) -> Result<Worker, SpawnError>;
+    /// Stop a shell that will not be used.
+    fn discard(&self, w: Worker);
+}
 
 /// Ready shells and how many of each size to keep.
 #[derive(Default)]
@@ -30,6 +55,19 @@ impl Pool {
         self.cv.notify_all();
     }
 
+    /// Set the sizes of `targets`, in order, each checked first (the ones
+    /// before a bad one stay set).
+    pub fn set_targets(&self, targets: &[PoolTarget]) -> Result<(), PoolError> {
+        for t in targets {
+            let mem = wisp_vmm::check_mem_size(t.mem).map_err(PoolError::BadMemory)?;
+            if t.count > MAX_TARGET {
+                return Err(PoolError::TooLarge(t.count));
+            }
+            self.set_target(mem, t.count);
+        }
+        Ok(())
+    }
+
     /// (mem, target) pairs.
     pub fn targets(&self) -> Vec<(u64, u32)> {
         let p = self.inner.lock().unwrap();
@@ -44,6 +82,12 @@ impl Pool {
         let mut v: Vec<_> = p.ready.iter().map(|(m, q)| (*m, q.len() as u32)).filter(|x| x.1 > 0).collect();
         v.sort();
         v
+    }
+
+    /// Targets and ready shells, as the API shows them.
+    pub fn info(&self) -> PoolInfo {
+        let conv = |v: Vec<(u64, u32)>| v.into_iter().map(|(mem, count)| PoolTarget { mem, count }).collect();
+        PoolInfo { target: conv(self.targets()), ready: conv(self.ready()) }
     }
 
     /// Take a ready shell of `mem` bytes, if there is one.
@@ -69,7 +113,7 @@ impl Pool {
     }
 
     /// The refill loop: keep every size at its target. Runs on its own thread.
-    pub fn refill_loop(self: Arc<Self>, daemon: Arc<Daemon>) {
+    pub fn refill_loop(self: Arc<Self>, shells: Arc<dyn Shells>) {
         loop {
             let need = {
                 let mut p = self.inner.lock().unwrap();
@@ -91,7 +135,7 @@ impl Pool {
                     }
                 }
             };
-            let spawned = daemon.spawn_worker(need);
+            let spawned = shells.spawn(need);
             let done = |pool: &Pool| {
                 let mut p = pool.inner.lock().unwrap();
                 p.in_flight -= 1;
@@ -102,7 +146,7 @@ impl Pool {
                     let mut p = self.inner.lock().unwrap();
                     if p.stopping {
                         drop(p);
-                        daemon.discard_worker(w);
+                        shells.discard(w);
                         done(&self);
                         return;
                     }
@@ -117,5 +161,23 @@ impl Pool {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_are_checked_in_order() {
+        let p = Pool::default();
+        let t = |mem: u64, count| PoolTarget { mem, count };
+        p.set_targets(&[t(16 << 20, 2)]).unwrap();
+        let e = p.set_targets(&[t(32 << 20, 1), t(32 << 20, 10_001), t(64 << 20, 1)]).unwrap_err();
+        assert_eq!(e.to_string(), "pool of 10001 shells is too large (at most 10000)");
+        assert!(p.set_targets(&[t(1, 1)]).unwrap_err().to_string().contains("memory too small"));
+        // The targets before the bad one stay set, as they always did.
+        assert_eq!(p.targets(), vec![(16 << 20, 2), (32 << 20, 1)]);
+        assert_eq!(p.info(), PoolInfo { target: vec![t(16 << 20, 2), t(32 << 20, 1)], ready: vec![] });
     }
 }

@@ -1,0 +1,246 @@
+//! The API's actions: every request the daemon serves, as a typed value
+//! (after Firecracker's `VmmAction`). Both ends speak them: the client turns
+//! an [`Action`] into an HTTP request ([`Action::to_request`]) and the
+//! daemon's router turns an HTTP request back into one
+//! ([`Action::from_request`]), so the table of methods and paths lives here
+//! once. What the daemon does with an action, and which status each of its
+//! errors gets, is the daemon's business.
+//!
+//! A new API call is a new variant here (both directions, and the
+//! round-trip test below), a handler in the daemon, and a line in
+//! `docs/api.yaml`.
+
+use crate::http::{percent_encode, HttpError, Request};
+use crate::{CreateVm, PoolInfo, StopVm, API_PREFIX};
+
+/// One API request, parsed. VMs are named by `vm`: an id, a unique id
+/// prefix (3+ digits) or a name.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// `GET /v1/version`.
+    Version,
+    /// `GET /v1/vms`.
+    ListVms,
+    /// `POST /v1/vms[?attach=true]`: create and start a VM; with `attach`
+    /// the response streams its console until it ends.
+    CreateVm {
+        /// What to start.
+        vm: CreateVm,
+        /// Stream the console in the response.
+        attach: bool,
+    },
+    /// `GET /v1/vms/{vm}`.
+    GetVm(String),
+    /// `POST /v1/vms/{vm}/pause`.
+    PauseVm(String),
+    /// `POST /v1/vms/{vm}/resume`.
+    ResumeVm(String),
+    /// `POST /v1/vms/{vm}/stop`: the stop event, then a kill after the
+    /// grace period (`None`: the daemon's default).
+    StopVm {
+        /// Which VM.
+        vm: String,
+        /// Grace period in ms.
+        grace_ms: Option<u64>,
+    },
+    /// `POST /v1/vms/{vm}/kill`.
+    KillVm(String),
+    /// `GET /v1/vms/{vm}/wait`.
+    WaitVm(String),
+    /// `GET /v1/vms/{vm}/logs[?follow=true]`: the console buffer, then (with
+    /// `follow`) new output until the VM ends, streamed.
+    Logs {
+        /// Which VM.
+        vm: String,
+        /// Keep streaming until the VM ends.
+        follow: bool,
+    },
+    /// `DELETE /v1/vms/{vm}[?force=true]`: remove a VM (with `force`, kill
+    /// it first if it runs).
+    RemoveVm {
+        /// Which VM.
+        vm: String,
+        /// Kill a running VM first.
+        force: bool,
+    },
+    /// `GET /v1/pool`.
+    GetPool,
+    /// `PUT /v1/pool`: set pool sizes (the `ready` field is ignored).
+    SetPool(PoolInfo),
+}
+
+/// An action as an HTTP request: method, path with query, JSON body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpCall {
+    /// Method.
+    pub method: &'static str,
+    /// Path and query (percent-encoded).
+    pub target: String,
+    /// JSON body, if the request has one.
+    pub body: Option<Vec<u8>>,
+}
+
+fn vm_target(vm: &str, rest: &str) -> String {
+    format!("{API_PREFIX}/vms/{}{rest}", percent_encode(vm))
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Option<Vec<u8>> {
+    Some(serde_json::to_vec(v).unwrap_or_default())
+}
+
+/// A boolean query flag: absent, `false` or `0` is false; `true`, `1` or a
+/// bare name is true; anything else is a 400.
+fn flag(req: &Request, name: &str) -> Result<bool, HttpError> {
+    match req.query_param(name) {
+        None | Some("false") | Some("0") => Ok(false),
+        Some("true") | Some("1") | Some("") => Ok(true),
+        Some(v) => Err(HttpError::new(400, format!("query parameter {name}={v}: expected true or false"))),
+    }
+}
+
+impl Action {
+    /// Whether the response is a stream (console output) rather than one
+    /// JSON value.
+    pub fn streams(&self) -> bool {
+        matches!(self, Action::CreateVm { attach: true, .. } | Action::Logs { .. })
+    }
+
+    /// The HTTP request for this action.
+    pub fn to_request(&self) -> HttpCall {
+        let call = |method, target, body| HttpCall { method, target, body };
+        match self {
+            Action::Version => call("GET", format!("{API_PREFIX}/version"), None),
+            Action::ListVms => call("GET", format!("{API_PREFIX}/vms"), None),
+            Action::CreateVm { vm, attach } => {
+                let q = if *attach { "?attach=true" } else { "" };
+                call("POST", format!("{API_PREFIX}/vms{q}"), json(vm))
+            }
+            Action::GetVm(vm) => call("GET", vm_target(vm, ""), None),
+            Action::PauseVm(vm) => call("POST", vm_target(vm, "/pause"), None),
+            Action::ResumeVm(vm) => call("POST", vm_target(vm, "/resume"), None),
+            Action::StopVm { vm, grace_ms } => call("POST", vm_target(vm, "/stop"), json(&StopVm { grace_ms: *grace_ms })),
+            Action::KillVm(vm) => call("POST", vm_target(vm, "/kill"), None),
+            Action::WaitVm(vm) => call("GET", vm_target(vm, "/wait"), None),
+            Action::Logs { vm, follow } => {
+                call("GET", vm_target(vm, if *follow { "/logs?follow=true" } else { "/logs" }), None)
+            }
+            Action::RemoveVm { vm, force } => call("DELETE", vm_target(vm, if *force { "?force=true" } else { "" }), None),
+            Action::GetPool => call("GET", format!("{API_PREFIX}/pool"), None),
+            Action::SetPool(p) => call("PUT", format!("{API_PREFIX}/pool"), json(p)),
+        }
+    }
+
+    /// Parse a request into an action: path, method, query flags and JSON
+    /// body become typed values. Unknown paths are 404, other methods on
+    /// known paths 405, bad flags and bodies 400.
+    pub fn from_request(req: &Request) -> Result<Action, HttpError> {
+        let no_endpoint = || HttpError::new(404, format!("no such endpoint: {}", req.path));
+        let path = req.path.strip_prefix(API_PREFIX).ok_or_else(no_endpoint)?;
+        let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let vm = |id: &str| id.to_string();
+        Ok(match (req.method.as_str(), parts.as_slice()) {
+            ("GET", ["version"]) => Action::Version,
+            ("GET", ["vms"]) => Action::ListVms,
+            ("POST", ["vms"]) => {
+                let attach = flag(req, "attach")?;
+                Action::CreateVm { vm: req.json()?, attach }
+            }
+            ("GET", ["vms", id]) => Action::GetVm(vm(id)),
+            ("DELETE", ["vms", id]) => Action::RemoveVm { vm: vm(id), force: flag(req, "force")? },
+            ("POST", ["vms", id, "pause"]) => Action::PauseVm(vm(id)),
+            ("POST", ["vms", id, "resume"]) => Action::ResumeVm(vm(id)),
+            ("POST", ["vms", id, "kill"]) => Action::KillVm(vm(id)),
+            ("POST", ["vms", id, "stop"]) => {
+                let body: StopVm = if req.body.is_empty() { StopVm::default() } else { req.json()? };
+                Action::StopVm { vm: vm(id), grace_ms: body.grace_ms }
+            }
+            ("GET", ["vms", id, "wait"]) => Action::WaitVm(vm(id)),
+            ("GET", ["vms", id, "logs"]) => Action::Logs { vm: vm(id), follow: flag(req, "follow")? },
+            ("GET", ["pool"]) => Action::GetPool,
+            ("PUT", ["pool"]) => Action::SetPool(req.json()?),
+            (m, ["version"] | ["vms"] | ["vms", _] | ["vms", _, _] | ["pool"]) => {
+                return Err(HttpError::new(405, format!("method {m} not allowed on {}", req.path)))
+            }
+            _ => return Err(no_endpoint()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::read_request;
+    use crate::{PoolTarget, PortMap};
+
+    /// The request `call` puts on the wire, read back by the server's parser.
+    fn wire(call: &HttpCall) -> Request {
+        let body = call.body.clone().unwrap_or_default();
+        let mut raw = format!("{} {} HTTP/1.1\r\nContent-Length: {}\r\n\r\n", call.method, call.target, body.len()).into_bytes();
+        raw.extend_from_slice(&body);
+        read_request(&mut &raw[..]).unwrap().unwrap()
+    }
+
+    fn parse(method: &'static str, target: &str, body: &str) -> Result<Action, HttpError> {
+        Action::from_request(&wire(&HttpCall { method, target: target.into(), body: Some(body.into()) }))
+    }
+
+    #[test]
+    fn every_action_survives_the_round_trip() {
+        let create = CreateVm {
+            image: "hello".into(),
+            args: vec!["x".into()],
+            mem: Some(32 << 20),
+            name: Some("n".into()),
+            timeout_ms: Some(5),
+            net: true,
+            ports: vec![PortMap { host: 8013, vm: 13 }],
+        };
+        let pool = PoolInfo { target: vec![PoolTarget { mem: 16 << 20, count: 3 }], ready: vec![] };
+        let all = [
+            Action::Version,
+            Action::ListVms,
+            Action::CreateVm { vm: create.clone(), attach: false },
+            Action::CreateVm { vm: create, attach: true },
+            Action::GetVm("abc".into()),
+            Action::PauseVm("abc".into()),
+            Action::ResumeVm("abc".into()),
+            Action::StopVm { vm: "abc".into(), grace_ms: None },
+            Action::StopVm { vm: "abc".into(), grace_ms: Some(300) },
+            Action::KillVm("abc".into()),
+            Action::WaitVm("abc".into()),
+            Action::Logs { vm: "abc".into(), follow: false },
+            Action::Logs { vm: "abc".into(), follow: true },
+            Action::RemoveVm { vm: "abc".into(), force: false },
+            Action::RemoveVm { vm: "abc".into(), force: true },
+            Action::GetPool,
+            Action::SetPool(pool),
+        ];
+        for a in all {
+            assert_eq!(Action::from_request(&wire(&a.to_request())).unwrap(), a);
+        }
+        // Keys are percent-encoded on the way and decoded back; a '/' in
+        // one makes more path segments, as it always did.
+        let a = Action::Logs { vm: "a b?ü".into(), follow: true };
+        assert_eq!(Action::from_request(&wire(&a.to_request())).unwrap(), a);
+        assert_eq!(Action::from_request(&wire(&Action::GetVm("a/b".into()).to_request())).unwrap_err().status, 405);
+    }
+
+    #[test]
+    fn bad_requests_get_4xx_with_the_same_messages() {
+        let status = |m: &'static str, t: &str, b: &str| parse(m, t, b).map_err(|e| (e.status, e.message));
+        assert_eq!(status("GET", "/v2/vms", "").unwrap_err(), (404, "no such endpoint: /v2/vms".into()));
+        assert_eq!(status("GET", "/v1/nothing", "").unwrap_err(), (404, "no such endpoint: /v1/nothing".into()));
+        assert_eq!(status("DELETE", "/v1/vms", "").unwrap_err(), (405, "method DELETE not allowed on /v1/vms".into()));
+        assert_eq!(status("POST", "/v1/vms/x/nope", "").unwrap_err().0, 405);
+        assert_eq!(status("GET", "/v1/vms/x/logs?follow=maybe", "").unwrap_err(), (400, "query parameter follow=maybe: expected true or false".into()));
+        // The attach flag is checked before the body.
+        assert_eq!(status("POST", "/v1/vms?attach=2", "{").unwrap_err().1, "query parameter attach=2: expected true or false");
+        assert_eq!(status("POST", "/v1/vms", "").unwrap_err(), (400, "missing JSON body".into()));
+        assert!(status("POST", "/v1/vms", "{\"image\": 5}").unwrap_err().1.contains("invalid type"));
+        assert!(status("PUT", "/v1/pool", "{\"bogus\": 1}").unwrap_err().1.contains("missing field"));
+        // An empty stop body is the default grace; a bare flag is true.
+        assert_eq!(parse("POST", "/v1/vms/x/stop", "").unwrap(), Action::StopVm { vm: "x".into(), grace_ms: None });
+        assert_eq!(parse("DELETE", "/v1/vms/x?force", "").unwrap(), Action::RemoveVm { vm: "x".into(), force: true });
+        assert_eq!(parse("GET", "/v1/vms/", "").unwrap(), Action::ListVms);
+    }
+}

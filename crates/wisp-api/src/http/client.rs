@@ -1,0 +1,314 @@
+//! The client side: a keep-alive HTTP/1.1 client over a Unix socket and its response reader.
+
+use serde::{de::DeserializeOwned, Serialize};
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use super::common::{
+    content_length, eof, find_header, has_token, invalid, is_tchar, is_vchar, read_headers, read_line, reason, HeadErr,
+    HttpError, CLIENT_MAX_BODY_BYTES, CLIENT_MAX_HEADER_BYTES,
+};
+
+/// A response received by [`Client`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Response {
+    /// Status code.
+    pub status: u16,
+    /// Headers in order, names lower-cased.
+    pub headers: Vec<(String, String)>,
+    /// Body, de-chunked.
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    /// First header named `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        find_header(&self.headers, name)
+    }
+
+    /// Decode the body as JSON, whatever the status (error bodies decode as `ErrorBody`). A body that
+    /// does not parse is reported with status 502.
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T, HttpError> {
+        let status = self.status;
+        serde_json::from_slice(&self.body)
+            .map_err(|e| HttpError::new(502, format!("invalid JSON in {status} response: {e}")))
+    }
+
+    /// The `error` field of a JSON error body, else the body text, else the reason phrase.
+    pub fn error_message(&self) -> String {
+        let json = serde_json::from_slice::<serde_json::Value>(&self.body).ok();
+        if let Some(s) = json.as_ref().and_then(|v| v.get("error")).and_then(|e| e.as_str()) {
+            return s.into();
+        }
+        match String::from_utf8_lossy(&self.body).trim() {
+            "" => reason(self.status).into(),
+            t => t.into(),
+        }
+    }
+}
+
+/// How a response body is delimited.
+pub(super) enum Framing {
+    Empty,
+    Length(u64),
+    Chunked,
+    UntilEof,
+}
+
+/// A response head; `close`: the server will close the connection after the body.
+pub(super) struct Head {
+    status: u16,
+    headers: Vec<(String, String)>,
+    close: bool,
+}
+
+/// Read a response head, skipping interim 1xx responses. `Ok(None)`: EOF or I/O error before any byte.
+pub(super) fn read_response_head<R: BufRead>(r: &mut R) -> io::Result<Option<Head>> {
+    for round in 0..8 {
+        let mut budget = CLIENT_MAX_HEADER_BYTES;
+        let line = match read_line(r, &mut budget) {
+            Ok(Some(l)) => l,
+            Ok(None) if round == 0 => return Ok(None),
+            Err(HeadErr::Io(_)) if round == 0 && budget == CLIENT_MAX_HEADER_BYTES => return Ok(None),
+            Ok(None) => return Err(eof()),
+            Err(e) => return Err(e.into_io()),
+        };
+        let line = String::from_utf8_lossy(&line);
+        let mut it = line.splitn(3, ' ');
+        let (version, code) = (it.next().unwrap_or(""), it.next().unwrap_or(""));
+        if !version.starts_with("HTTP/1.") || code.len() != 3 || !code.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(invalid("malformed status line"));
+        }
+        let status = code.bytes().fold(0u16, |a, b| a * 10 + u16::from(b - b'0'));
+        let headers = read_headers(r, &mut budget).map_err(HeadErr::into_io)?;
+        if (100..200).contains(&status) && status != 101 {
+            continue;
+        }
+        let close = has_token(&headers, "connection", "close")
+            || (version == "HTTP/1.0" && !has_token(&headers, "connection", "keep-alive"));
+        return Ok(Some(Head { status, headers, close }));
+    }
+    Err(invalid("too many interim responses"))
+}
+
+pub(super) fn framing(method: &str, head: &Head) -> io::Result<Framing> {
+    if method.eq_ignore_ascii_case("HEAD") || head.status < 200 || head.status == 204 || head.status == 304 {
+        return Ok(Framing::Empty);
+    }
+    if let Some(te) = find_header(&head.headers, "transfer-encoding") {
+        let chunked = te.rsplit(',').next().unwrap_or("").trim().eq_ignore_ascii_case("chunked");
+        return Ok(if chunked { Framing::Chunked } else { Framing::UntilEof });
+    }
+    Ok(content_length(&head.headers).map_err(invalid)?.map_or(Framing::UntilEof, Framing::Length))
+}
+
+/// Receives body pieces; returns false to stop.
+type OnData<'a> = &'a mut dyn FnMut(&[u8]) -> bool;
+
+/// Deliver the next `n` body bytes (or all until EOF) to `on_data` as they arrive, counting them in
+/// `total` against `limit`. Returns false when `on_data` asked to stop.
+fn pump<R: BufRead>(
+    r: &mut R,
+    mut n: u64,
+    until_eof: bool,
+    total: &mut u64,
+    limit: u64,
+    on_data: OnData,
+) -> io::Result<bool> {
+    while n > 0 {
+        let buf = match r.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if buf.is_empty() {
+            return if until_eof { Ok(true) } else { Err(eof()) };
+        }
+        let k = buf.len().min(usize::try_from(n).unwrap_or(usize::MAX));
+        *total += k as u64;
+        if *total > limit {
+            return Err(invalid("response body too large"));
+        }
+        let go = on_data(&buf[..k]);
+        r.consume(k);
+        n -= if until_eof { 0 } else { k as u64 };
+        if !go {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Read a response body of at most `limit` bytes, delivering it piece by piece. False: stopped early.
+pub(super) fn read_body<R: BufRead>(r: &mut R, framing: &Framing, limit: u64, on_data: OnData) -> io::Result<bool> {
+    let mut total = 0;
+    match *framing {
+        Framing::Empty => Ok(true),
+        Framing::Length(n) if n > limit => Err(invalid("response body too large")),
+        Framing::Length(n) => pump(r, n, false, &mut total, limit, on_data),
+        Framing::UntilEof => pump(r, u64::MAX, true, &mut total, limit, on_data),
+        Framing::Chunked => loop {
+            let line = read_line(r, &mut 4096).map_err(HeadErr::into_io)?.ok_or_else(eof)?;
+            let line = String::from_utf8_lossy(&line);
+            let size = line.split(';').next().unwrap_or("").trim();
+            if size.is_empty() || size.len() > 15 || !size.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(invalid("malformed chunk size"));
+            }
+            let size = u64::from_str_radix(size, 16).map_err(|_| invalid("malformed chunk size"))?;
+            if size == 0 {
+                let mut budget = CLIENT_MAX_HEADER_BYTES; // skip the trailers
+                while read_line(r, &mut budget).map_err(HeadErr::into_io)?.is_some_and(|l| !l.is_empty()) {}
+                return Ok(true);
+            }
+            if !pump(r, size, false, &mut total, limit, on_data)? {
+                return Ok(false);
+            }
+            if !matches!(read_line(r, &mut 2), Ok(Some(l)) if l.is_empty()) {
+                return Err(invalid("missing line end after chunk"));
+            }
+        },
+    }
+}
+
+/// An `on_data` that appends to `out`.
+fn collect(out: &mut Vec<u8>) -> impl FnMut(&[u8]) -> bool + '_ {
+    |d| {
+        out.extend_from_slice(d);
+        true
+    }
+}
+
+/// A keep-alive HTTP/1.1 client over a Unix socket. It reconnects after the server closed the
+/// connection, and retries once when a reused connection turns out closed before any response byte.
+pub struct Client {
+    path: Option<PathBuf>,
+    conn: Option<BufReader<UnixStream>>,
+    reused: bool,
+    last_error: Option<Response>,
+    last_headers: Vec<(String, String)>,
+}
+
+impl Client {
+    /// Connect to the socket at `path`.
+    pub fn connect(path: &Path) -> io::Result<Client> {
+        let mut c = Client::from_stream(UnixStream::connect(path)?);
+        c.path = Some(path.to_path_buf());
+        Ok(c)
+    }
+
+    /// Wrap a connected stream (no reconnection once it closes).
+    pub fn from_stream(stream: UnixStream) -> Client {
+        Client { path: None, conn: Some(BufReader::new(stream)), reused: false, last_error: None, last_headers: Vec::new() }
+    }
+
+    /// Send a request (with a JSON content type when `body` is given) and read the whole response. Heads
+    /// over [`CLIENT_MAX_HEADER_BYTES`] and bodies over [`CLIENT_MAX_BODY_BYTES`] are `InvalidData`.
+    pub fn request(&mut self, method: &str, path_and_query: &str, body: Option<&[u8]>) -> io::Result<Response> {
+        let head = self.send(method, path_and_query, body)?;
+        let mut out = Vec::new();
+        self.finish(method, &head, CLIENT_MAX_BODY_BYTES as u64, &mut collect(&mut out))?;
+        Ok(Response { status: head.status, headers: head.headers, body: out })
+    }
+
+    /// [`Client::request`] with `body` serialized as JSON.
+    pub fn request_json<T: Serialize>(&mut self, method: &str, path: &str, body: &T) -> io::Result<Response> {
+        let body = serde_json::to_vec(body).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        self.request(method, path, Some(&body))
+    }
+
+    /// Send a request and deliver a 2xx response body (chunked, `Content-Length` or until EOF) to `on_data`
+    /// piece by piece as it arrives; `on_data` returns false to stop early (the connection is then
+    /// dropped). Returns the status. A non-2xx response is buffered instead, for [`Client::take_error`].
+    pub fn stream(
+        &mut self,
+        method: &str,
+        path_and_query: &str,
+        body: Option<&[u8]>,
+        on_data: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> io::Result<u16> {
+        self.last_error = None;
+        let head = self.send(method, path_and_query, body)?;
+        self.last_headers = head.headers.clone();
+        if (200..300).contains(&head.status) {
+            self.finish(method, &head, u64::MAX, on_data)?;
+        } else {
+            let mut out = Vec::new();
+            self.finish(method, &head, CLIENT_MAX_BODY_BYTES as u64, &mut collect(&mut out))?;
+            self.last_error = Some(Response { status: head.status, headers: head.headers, body: out });
+        }
+        Ok(head.status)
+    }
+
+    /// First header named `name` (case-insensitive) of the last response to [`Client::stream`].
+    pub fn last_header(&self, name: &str) -> Option<&str> {
+        find_header(&self.last_headers, name)
+    }
+
+    /// The non-2xx response of the last [`Client::stream`] call, if any.
+    pub fn take_error(&mut self) -> Option<Response> {
+        self.last_error.take()
+    }
+
+    /// Write the request and read the response head, (re)connecting as needed.
+    fn send(&mut self, method: &str, target: &str, body: Option<&[u8]>) -> io::Result<Head> {
+        if method.is_empty()
+            || !method.bytes().all(is_tchar)
+            || !target.starts_with('/')
+            || !target.bytes().all(is_vchar)
+        {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "invalid method or request target"));
+        }
+        let mut req = format!("{method} {target} HTTP/1.1\r\nHost: localhost\r\n").into_bytes();
+        match body {
+            Some(b) => req.extend_from_slice(
+                format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()).as_bytes(),
+            ),
+            None if ["POST", "PUT", "PATCH"].contains(&method) => req.extend_from_slice(b"Content-Length: 0\r\n"),
+            None => {}
+        }
+        req.extend_from_slice(b"\r\n");
+        req.extend_from_slice(body.unwrap_or_default());
+        loop {
+            if self.conn.is_none() {
+                let path = self
+                    .path
+                    .as_ref()
+                    .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "connection closed"))?;
+                self.conn = Some(BufReader::new(UnixStream::connect(path)?));
+                self.reused = false;
+            }
+            let (reused, Some(conn)) = (self.reused, self.conn.as_mut()) else { continue };
+            let result = match conn.get_mut().write_all(&req) {
+                Ok(()) => read_response_head(conn),
+                Err(e) if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) => Ok(None),
+                Err(e) => Err(e),
+            };
+            if let Ok(Some(head)) = result {
+                self.reused = true;
+                return Ok(head);
+            }
+            self.conn = None;
+            match result {
+                Ok(None) if reused && self.path.is_some() => continue, // stale keep-alive connection
+                Ok(_) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "server closed the connection without responding",
+                    ))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Read the body of `head`; keep the connection only if it can be reused.
+    fn finish(&mut self, method: &str, head: &Head, limit: u64, on_data: OnData) -> io::Result<()> {
+        let Some(conn) = self.conn.as_mut() else { return Err(eof()) };
+        let result = framing(method, head).and_then(|f| Ok((read_body(conn, &f, limit, on_data)?, f)));
+        if head.close || !matches!(result, Ok((true, Framing::Empty | Framing::Length(_) | Framing::Chunked))) {
+            self.conn = None;
+        }
+        result.map(drop)
+    }
+}

@@ -1,0 +1,198 @@
+//! Creating and starting a VM: check the request, reserve the name, take
+//! a prepared VMM process, give it a NIC and host ports, record the VM and
+//! send `start`. Whatever has been acquired when a step fails is given
+//! back by one guard ([`Rollback`]), so every failure is just `?`.
+
+use std::io::BufReader;
+use std::net::Ipv4Addr;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use wisp_api::{CreateVm, VmInfo, VmState};
+use wisp_vmm::{check_mem_size, DEFAULT_MEM};
+use wisp_vmm_process::proto::{self, Reply, Request};
+
+use super::console::Console;
+use super::error::ActionError;
+use super::process::Worker;
+use super::{now_ms, Daemon};
+use crate::forward::Forward;
+use crate::fsutil::write_atomic;
+use crate::images;
+
+fn valid_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 64
+        && n.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && !n.starts_with(['-', '.'])
+}
+
+/// What a create holds so far. Dropped before [`Rollback::commit`], it
+/// gives everything back: before the VM is in the table, the name, the
+/// address and the VMM process one by one; after, the whole VM (removed by
+/// force, as `rm -f` would).
+struct Rollback<'a> {
+    d: &'a Daemon,
+    name: Option<String>,
+    worker: Option<Worker>,
+    ip: Option<String>,
+    vm: Option<String>,
+}
+
+impl<'a> Rollback<'a> {
+    fn new(d: &'a Daemon) -> Rollback<'a> {
+        Rollback { d, name: None, worker: None, ip: None, vm: None }
+    }
+
+    /// The VM is in the table now, with its name, process and address:
+    /// from here on, undoing means removing it.
+    fn tabled(&mut self, id: &str) {
+        self.name = None;
+        self.ip = None;
+        self.vm = Some(id.to_string());
+    }
+
+    /// Success: keep everything.
+    fn commit(mut self) {
+        self.vm = None;
+    }
+}
+
+impl Drop for Rollback<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.vm.take() {
+            let _ = self.d.remove(&id, true);
+            return;
+        }
+        if let Some(n) = self.name.take() {
+            self.d.vms.lock().release_name(&n);
+        }
+        if let Some(ip) = self.ip.take() {
+            self.d.net.free(Some(&ip));
+        }
+        if let Some(w) = self.worker.take() {
+            self.d.discard_worker(w);
+        }
+    }
+}
+
+impl Daemon {
+    /// Create and start a VM.
+    pub(super) fn create(&self, req: CreateVm) -> Result<VmInfo, ActionError> {
+        self.create_inner(req, false).map(|(info, _)| info)
+    }
+
+    /// Create and start a VM and return its console stream (until it ends)
+    /// along with it: one round trip from request to first output.
+    pub(super) fn create_attached(&self, req: CreateVm) -> Result<(VmInfo, Console), ActionError> {
+        let (info, stream) = self.create_inner(req, true)?;
+        Ok((info, Console::Live(stream.expect("attached start returns its stream"))))
+    }
+
+    fn create_inner(&self, req: CreateVm, attach: bool) -> Result<(VmInfo, Option<BufReader<UnixStream>>), ActionError> {
+        let mem = check_mem_size(req.mem.unwrap_or(DEFAULT_MEM)).map_err(ActionError::BadMemory)?;
+        if let Some(n) = &req.name {
+            if !valid_name(n) {
+                return Err(ActionError::InvalidName(n.clone()));
+            }
+        }
+        let path = images::resolve(&self.cfg.image_dirs, &req.image)?;
+        let image = self.images.get(&path)?;
+        let mut undo = Rollback::new(self);
+        // Reserve the name before any work.
+        if let Some(n) = &req.name {
+            self.vms.lock().reserve_name(n)?;
+            undo.name = Some(n.clone());
+        }
+        let worker = match self.pool.take(mem) {
+            Some(w) => w,
+            None => self.spawn_worker(mem).map_err(ActionError::Prepare)?,
+        };
+        let worker = undo.worker.insert(worker);
+        let net = if req.net || !req.ports.is_empty() {
+            let (spec, tap) = self.net.alloc(&worker.id).map_err(ActionError::Network)?;
+            undo.ip = Some(Ipv4Addr::from(spec.ip).to_string());
+            Some((spec, tap))
+        } else {
+            None
+        };
+        // Host ports first: a port in use fails the request before the VM starts.
+        let forwards = match &net {
+            Some((spec, _)) => Forward::start_all(&req.ports, Ipv4Addr::from(spec.ip))
+                .map_err(|(m, source)| ActionError::PortInUse { port: m.host, source })?,
+            None => Vec::new(),
+        };
+        let worker = undo.worker.take().expect("held above");
+        let info = VmInfo {
+            ports: req.ports.clone(),
+            ip: net.as_ref().map(|(spec, _)| Ipv4Addr::from(spec.ip).to_string()),
+            id: worker.id.clone(),
+            name: req.name.clone(),
+            image: req.image.clone(),
+            args: req.args.clone(),
+            mem,
+            state: VmState::Running,
+            pid: worker.pid,
+            created_ms: now_ms(),
+            exit: None,
+            boot_us: None,
+            parent: None,
+            family: None,
+        };
+        let dir = worker.dir.clone();
+        self.insert(info.clone(), dir.clone(), worker.child);
+        undo.tabled(&info.id);
+        if let Some(e) = self.vms.lock().by_id.get_mut(&info.id) {
+            e.forwards = forwards;
+        }
+        let (spec, tap) = net.map_or((None, None), |(n, t)| (Some(n), Some(t)));
+        // The family's uplink: forked VMs of this one announce themselves on it.
+        let uplink = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .ok();
+        let start = Request::Start {
+            image_name: image.image.name.clone(),
+            args: req.args,
+            timeout_ms: req.timeout_ms,
+            attach,
+            net: spec,
+            uplink: uplink.is_some(),
+        };
+        let mut fds = vec![&image.memfd];
+        fds.extend(tap.as_ref());
+        if let Some((mine, theirs)) = &uplink {
+            fds.push(theirs);
+            self.watch_uplink(&info.id, mine.as_fd());
+        }
+        // Record the VM while its VMM process loads the image.
+        let sent = proto::send(&dir.join("ctl.sock"), &start, &fds, Some(Duration::from_secs(10)));
+        // The VMM process holds the tap now: it disappears when that process ends.
+        drop(tap);
+        if let Some((mine, _theirs)) = uplink {
+            if let Some(e) = self.vms.lock().by_id.get_mut(&info.id) {
+                e.uplink = Some(mine);
+            }
+        }
+        write_atomic(&dir.join("vm.json"), &serde_json::to_vec(&info).unwrap_or_default()).map_err(ActionError::Record)?;
+        let (reply, stream) = sent.and_then(proto::read_reply).map_err(ActionError::Vmm)?;
+        let Reply { ok: true, boot_us, .. } = reply else {
+            return Err(ActionError::StartRefused(reply.error.unwrap_or_else(|| "start failed".into())));
+        };
+        undo.commit();
+        let stream = attach.then(|| {
+            let _ = stream.get_ref().set_read_timeout(None);
+            stream
+        });
+        let mut t = self.vms.lock();
+        if let Some(e) = t.by_id.get_mut(&info.id) {
+            e.info.boot_us = boot_us;
+            return Ok((e.info.clone(), stream));
+        }
+        Ok((info, stream))
+    }
+}

@@ -1,0 +1,73 @@
+//! The typed error of every action (after Firecracker's `VmmActionError`).
+//! Each variant carries what its message needs; the message is the one the
+//! API answers with, and the HTTP status of each variant is chosen in one
+//! place, by the router (`api.rs`).
+
+use std::io;
+
+use super::net::NetError;
+use super::process::SpawnError;
+use crate::images::ImageError;
+use crate::pool::PoolError;
+
+/// Why an action failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ActionError {
+    /// The memory size cannot be used.
+    #[error("{0}")]
+    BadMemory(wisp_vmm::Error),
+    /// The name is not a valid VM name.
+    #[error("invalid name '{0}': use 1-64 of [A-Za-z0-9_.-]")]
+    InvalidName(String),
+    /// The image cannot be found, read or used.
+    #[error(transparent)]
+    BadImage(#[from] ImageError),
+    /// The VMM process refused to start the VM (its message).
+    #[error("{0}")]
+    StartRefused(String),
+    /// A pool size that cannot be used.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    /// No VM has this id, id prefix or name.
+    #[error("no such VM: {0}")]
+    NotFound(String),
+    /// The VM was removed while the action waited for it.
+    #[error("VM {0} was removed")]
+    Gone(String),
+    /// Another VM has this name.
+    #[error("the name '{0}' is already in use")]
+    NameInUse(String),
+    /// The id prefix names several VMs.
+    #[error("'{0}' matches several VMs")]
+    Ambiguous(String),
+    /// The VM has exited.
+    #[error("VM {0} has exited")]
+    Exited(String),
+    /// The VM runs, and the action needs it ended.
+    #[error("VM {0} is running: stop it first or force removal")]
+    Running(String),
+    /// The VMM process refused a control request (its message).
+    #[error("{0}")]
+    Refused(String),
+    /// The VMM process's control socket did not answer.
+    #[error("VM {id} is not reachable: {source}")]
+    Unreachable { id: String, source: io::Error },
+    /// A host port to forward is taken.
+    #[error("cannot forward host port {port}: {source}")]
+    PortInUse { port: u16, source: io::Error },
+    /// The VM did not exit in time.
+    #[error("VM {0} did not exit in time")]
+    Timeout(String),
+    /// No VMM process could be prepared.
+    #[error("cannot prepare a VM: {0}")]
+    Prepare(SpawnError),
+    /// The VM's NIC could not be set up.
+    #[error("cannot set up the VM's network: {0}")]
+    Network(NetError),
+    /// The VM's record (`vm.json`) could not be written.
+    #[error("cannot record the VM: {0}")]
+    Record(io::Error),
+    /// Talking to the VMM process failed.
+    #[error("VMM process: {0}")]
+    Vmm(io::Error),
+}

@@ -1,0 +1,165 @@
+//! The life-cycle operations on VMs that exist: inspect, pause and resume,
+//! stop, kill, wait, console output, removal; and the quick control
+//! requests they send to a VMM process.
+
+use std::fs;
+use std::io::{self, BufRead, BufReader, Cursor};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use wisp_api::{ExitInfo, VmInfo, VmState};
+use wisp_vmm_process::proto::{self, Reply, Request, WorkerState};
+
+use super::console::Console;
+use super::error::ActionError;
+use super::process::kill_pid;
+use super::Daemon;
+
+impl Daemon {
+    /// One VM.
+    pub(super) fn get(&self, key: &str) -> Result<VmInfo, ActionError> {
+        Ok(self.vms.lock().find(key)?.1.info.clone())
+    }
+
+    /// Id, directory and state of the VM `key` names.
+    fn dir_of(&self, key: &str) -> Result<(String, PathBuf, VmInfo), ActionError> {
+        let t = self.vms.lock();
+        let (id, e) = t.find(key)?;
+        Ok((id, e.dir.clone(), e.info.clone()))
+    }
+
+    /// A quick control request to a running VM's VMM process.
+    fn call_worker(&self, key: &str, req: &Request) -> Result<(String, Reply), ActionError> {
+        let (id, dir, info) = self.dir_of(key)?;
+        if info.state == VmState::Exited {
+            return Err(ActionError::Exited(id));
+        }
+        match self.call_session(&id, &dir, req) {
+            Ok(r) if r.ok => Ok((id, r)),
+            Ok(r) => Err(ActionError::Refused(r.error.unwrap_or_default())),
+            Err(source) => Err(ActionError::Unreachable { id, source }),
+        }
+    }
+
+    /// A quick request on the VM's open control connection (opened on
+    /// first use, reopened once if it went stale).
+    fn call_session(&self, id: &str, dir: &Path, req: &Request) -> io::Result<Reply> {
+        let cached = self.vms.lock().by_id.get_mut(id).and_then(|e| e.ctl.take());
+        let fresh = || -> io::Result<UnixStream> {
+            let c = UnixStream::connect(dir.join("ctl.sock"))?;
+            c.set_read_timeout(Some(Duration::from_secs(5)))?;
+            Ok(c)
+        };
+        let once = |c: &UnixStream| -> io::Result<Reply> {
+            proto::send_line(c, req, None)?;
+            let mut line = String::new();
+            BufReader::new(c).read_line(&mut line)?;
+            if line.is_empty() {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "VMM process closed the connection"));
+            }
+            serde_json::from_str(&line).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+        };
+        let (conn, reply) = match cached.map(|c| once(&c).map(|r| (c, r))) {
+            Some(Ok(ok)) => ok,
+            _ => {
+                let c = fresh()?;
+                let r = once(&c)?;
+                (c, r)
+            }
+        };
+        if let Some(e) = self.vms.lock().by_id.get_mut(id) {
+            if e.ctl.is_none() && e.info.state != VmState::Exited {
+                e.ctl = Some(conn);
+            }
+        }
+        Ok(reply)
+    }
+
+    fn set_state(&self, id: &str, r: &Reply) {
+        let mut t = self.vms.lock();
+        if let Some(e) = t.by_id.get_mut(id) {
+            if e.info.state != VmState::Exited {
+                match r.state {
+                    Some(WorkerState::Paused) => e.info.state = VmState::Paused,
+                    Some(WorkerState::Running) => e.info.state = VmState::Running,
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Pause or resume.
+    pub(super) fn pause(&self, key: &str, pause: bool) -> Result<VmInfo, ActionError> {
+        let (id, r) = self.call_worker(key, if pause { &Request::Pause } else { &Request::Resume })?;
+        self.set_state(&id, &r);
+        self.get(&id)
+    }
+
+    /// Ask the guest to stop; kill it after `grace`.
+    pub(super) fn stop(&self, key: &str, grace: Duration) -> Result<VmInfo, ActionError> {
+        let (id, _) = self.call_worker(key, &Request::Stop { grace_ms: grace.as_millis() as u64 })?;
+        self.wait(&id, Some(grace + Duration::from_secs(5)))?;
+        self.get(&id)
+    }
+
+    /// Kill now.
+    pub(super) fn kill(&self, key: &str) -> Result<VmInfo, ActionError> {
+        let (id, dir, info) = self.dir_of(key)?;
+        if info.state == VmState::Exited {
+            return Err(ActionError::Exited(id));
+        }
+        if proto::call(&dir.join("ctl.sock"), &Request::Kill, None, Some(Duration::from_secs(2))).is_err() {
+            kill_pid(info.pid);
+        }
+        self.wait(&id, Some(Duration::from_secs(5)))?;
+        self.get(&id)
+    }
+
+    /// Wait until the VM has exited (or `timeout`).
+    pub(super) fn wait(&self, key: &str, timeout: Option<Duration>) -> Result<ExitInfo, ActionError> {
+        self.vms.wait_exit(key, timeout)
+    }
+
+    /// Console output: the buffer, then (if `follow`) new output until the
+    /// VM ends.
+    pub(super) fn logs(&self, key: &str, follow: bool) -> Result<Console, ActionError> {
+        let (_, dir, info) = self.dir_of(key)?;
+        if info.state != VmState::Exited {
+            if let Ok((r, stream)) = proto::call(&dir.join("ctl.sock"), &Request::Logs { follow }, None, None) {
+                if r.ok {
+                    return Ok(Console::Live(stream));
+                }
+            }
+        }
+        // Exited (or exiting): the VMM process saved the buffer.
+        Ok(Console::Saved(Cursor::new(fs::read(dir.join("console.log")).unwrap_or_default())))
+    }
+
+    /// Remove a VM (with `force`, kill it first if it runs).
+    pub(super) fn remove(&self, key: &str, force: bool) -> Result<(), ActionError> {
+        let (id, dir, info) = self.dir_of(key)?;
+        if info.state != VmState::Exited {
+            if !force {
+                return Err(ActionError::Running(id));
+            }
+            if proto::call(&dir.join("ctl.sock"), &Request::Kill, None, Some(Duration::from_secs(2))).is_err() {
+                kill_pid(info.pid);
+            }
+            if self.wait(&id, Some(Duration::from_secs(5))).is_err() {
+                kill_pid(info.pid);
+                self.wait(&id, Some(Duration::from_secs(5)))?;
+            }
+        }
+        let mut t = self.vms.lock();
+        if let Some(e) = t.remove(&id) {
+            for fd in e.pidfd.iter().chain(e.uplink.iter()) {
+                self.unwatch(fd.as_fd());
+            }
+        }
+        drop(t);
+        self.remove_dir(&dir);
+        Ok(())
+    }
+}

@@ -1,0 +1,112 @@
+//! The VM network: the bridge (set up on first use) and, per VM, an address
+//! from the subnet, a MAC and a tap attached to the bridge.
+
+use std::collections::HashSet;
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::OwnedFd;
+use std::sync::Mutex;
+
+use wisp_vmm_process::proto::NetSpec;
+
+use crate::netlink::{if_index, Netlink};
+
+/// Why a VM could not get its NIC.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    /// The netlink socket.
+    #[error("netlink: {0}")]
+    Netlink(io::Error),
+    /// Creating or bringing up the bridge.
+    #[error("bridge {bridge}: {source}")]
+    Bridge { bridge: String, source: io::Error },
+    /// Giving the bridge the gateway address.
+    #[error("address on {bridge}: {source}")]
+    Address { bridge: String, source: io::Error },
+    /// Every address of the subnet is given out.
+    #[error("the VM subnet is full")]
+    SubnetFull,
+    /// Creating the tap.
+    #[error("{0}")]
+    Tap(wisp_vmm::Error),
+    /// The tap was created but has no interface index.
+    #[error("tap {0} did not appear")]
+    TapMissing(String),
+    /// Attaching the tap to the bridge.
+    #[error("attach {tap}: {source}")]
+    Attach { tap: String, source: io::Error },
+}
+
+/// Bridge and address allocation.
+pub struct VmNet {
+    bridge_name: String,
+    /// Network address and prefix; the bridge takes host 1.
+    subnet: ([u8; 4], u8),
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    nl: Option<Netlink>,
+    bridge: u32,
+    /// Host parts given out.
+    used: HashSet<u32>,
+}
+
+impl VmNet {
+    /// VMs on bridge `bridge_name`, addresses from `subnet`.
+    pub fn new(bridge_name: &str, subnet: ([u8; 4], u8)) -> VmNet {
+        VmNet { bridge_name: bridge_name.to_string(), subnet, state: Mutex::new(State::default()) }
+    }
+
+    /// Set up the bridge (once) and give VM `id` an address, a MAC and a tap.
+    pub fn alloc(&self, id: &str) -> Result<(NetSpec, OwnedFd), NetError> {
+        let (net, prefix) = self.subnet;
+        let base = u32::from_be_bytes(net) & (u32::MAX << (32 - prefix as u32));
+        let hosts = (1u32 << (32 - prefix as u32)).saturating_sub(2);
+        let bridge_err = |source| NetError::Bridge { bridge: self.bridge_name.clone(), source };
+        let mut st = self.state.lock().unwrap();
+        if st.nl.is_none() {
+            let mut nl = Netlink::open().map_err(NetError::Netlink)?;
+            let bridge = nl.ensure_bridge(&self.bridge_name).map_err(bridge_err)?;
+            nl.add_address(bridge, (base + 1).to_be_bytes(), prefix)
+                .map_err(|source| NetError::Address { bridge: self.bridge_name.clone(), source })?;
+            st.bridge = bridge;
+            st.nl = Some(nl);
+        }
+        let host = (2..=hosts).find(|h| !st.used.contains(h)).ok_or(NetError::SubnetFull)?;
+        let ip = (base + host).to_be_bytes();
+        let tap_name = format!("wt{}", &id[..id.len().min(12)]);
+        let tap = wisp_vmm::tap::open_tap(&tap_name).map_err(NetError::Tap)?;
+        let index = if_index(&tap_name).ok_or_else(|| NetError::TapMissing(tap_name.clone()))?;
+        let bridge = st.bridge;
+        st.nl
+            .as_mut()
+            .expect("opened above")
+            .set_link(index, Some(bridge))
+            .map_err(|source| NetError::Attach { tap: tap_name.clone(), source })?;
+        st.used.insert(host);
+        Ok((NetSpec { ip, prefix, gateway: (base + 1).to_be_bytes(), mac: wisp_vmm::mac_for_ipv4(ip) }, tap))
+    }
+
+    /// The host part of address `ip` in the subnet.
+    fn host_part(&self, ip: &str) -> Option<u32> {
+        let a: Ipv4Addr = ip.parse().ok()?;
+        let (_, prefix) = self.subnet;
+        Some(u32::from(a) & !(u32::MAX << (32 - prefix as u32)))
+    }
+
+    /// Give address `ip` back (nothing for a VM without one).
+    pub fn free(&self, ip: Option<&str>) {
+        if let Some(h) = ip.and_then(|i| self.host_part(i)) {
+            self.state.lock().unwrap().used.remove(&h);
+        }
+    }
+
+    /// Count address `ip` as given out (a running VM re-adopted after a restart).
+    pub fn mark_used(&self, ip: &str) {
+        if let Some(h) = self.host_part(ip) {
+            self.state.lock().unwrap().used.insert(h);
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! The VM table: entries by id and names, lookup by id, unique id prefix or
+//! name, and the condition variable that wakes those waiting for an exit.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::Child;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use wisp_api::{ExitInfo, VmInfo};
+
+use super::error::ActionError;
+use super::uids::dir_uid;
+use crate::forward::Forward;
+
+/// One VM.
+pub struct Entry {
+    /// What the API shows.
+    pub info: VmInfo,
+    /// Its directory.
+    pub dir: PathBuf,
+    /// Its VMM process, if this daemon spawned it (to reap it).
+    pub child: Option<Child>,
+    /// Its VMM process's pidfd, watched for the exit.
+    pub pidfd: Option<OwnedFd>,
+    /// An open control connection to the VMM process, reused by quick requests.
+    pub ctl: Option<UnixStream>,
+    /// Host ports forwarded to the VM (closed when it exits).
+    pub forwards: Vec<Forward>,
+    /// For a family's root: the daemon's end of the family's uplink, on
+    /// which forked VMM processes announce themselves.
+    pub uplink: Option<OwnedFd>,
+}
+
+impl Entry {
+    /// A fresh entry for a VM.
+    pub fn new(info: VmInfo, dir: PathBuf, child: Option<Child>, pidfd: Option<OwnedFd>) -> Entry {
+        Entry { info, dir, child, pidfd, ctl: None, forwards: Vec::new(), uplink: None }
+    }
+}
+
+/// The VMs and their names.
+#[derive(Default)]
+pub struct Table {
+    /// Every VM by id.
+    pub by_id: HashMap<String, Entry>,
+    /// Names to ids; a name reserved by a create in progress maps to "".
+    names: HashMap<String, String>,
+}
+
+impl Table {
+    /// Find a VM by id, unique id prefix (3+ digits), or name.
+    pub fn lookup(&self, key: &str) -> Result<String, ActionError> {
+        if self.by_id.contains_key(key) {
+            return Ok(key.to_string());
+        }
+        if let Some(id) = self.names.get(key).filter(|id| !id.is_empty()) {
+            return Ok(id.clone());
+        }
+        let matches: Vec<&String> = self.by_id.keys().filter(|id| key.len() >= 3 && id.starts_with(key)).collect();
+        match matches.len() {
+            1 => Ok(matches[0].clone()),
+            0 => Err(ActionError::NotFound(key.to_string())),
+            _ => Err(ActionError::Ambiguous(key.to_string())),
+        }
+    }
+
+    /// The entry `key` names, with its id.
+    pub fn find(&self, key: &str) -> Result<(String, &Entry), ActionError> {
+        let id = self.lookup(key)?;
+        let e = &self.by_id[&id];
+        Ok((id, e))
+    }
+
+    /// All VMs, oldest first.
+    pub fn list(&self) -> Vec<VmInfo> {
+        let mut v: Vec<VmInfo> = self.by_id.values().map(|e| e.info.clone()).collect();
+        v.sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)));
+        v
+    }
+
+    /// Hold `name` for a VM being created.
+    pub fn reserve_name(&mut self, name: &str) -> Result<(), ActionError> {
+        if self.names.contains_key(name) {
+            return Err(ActionError::NameInUse(name.to_string()));
+        }
+        self.names.insert(name.to_string(), String::new());
+        Ok(())
+    }
+
+    /// Let go of a name reserved for a create that failed.
+    pub fn release_name(&mut self, name: &str) {
+        self.names.remove(name);
+    }
+
+    /// Add a VM (its name, if any, now names it).
+    pub fn insert(&mut self, e: Entry) {
+        if let Some(n) = &e.info.name {
+            self.names.insert(n.clone(), e.info.id.clone());
+        }
+        self.by_id.insert(e.info.id.clone(), e);
+    }
+
+    /// Take VM `id` out, with its name.
+    pub fn remove(&mut self, id: &str) -> Option<Entry> {
+        let e = self.by_id.remove(id)?;
+        if let Some(n) = &e.info.name {
+            self.names.remove(n);
+        }
+        Some(e)
+    }
+
+    /// Whether a VM's directory is owned by `uid` (forked VMs share their
+    /// family's).
+    pub fn uid_in_use(&self, uid: u32) -> bool {
+        self.by_id.values().any(|e| dir_uid(&e.dir) == Some(uid))
+    }
+}
+
+/// The table behind its lock, and the exit condition.
+#[derive(Default)]
+pub struct VmTable {
+    table: Mutex<Table>,
+    exited: Condvar,
+}
+
+impl VmTable {
+    /// Lock the table.
+    pub fn lock(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap()
+    }
+
+    /// Wake every waiter: a VM has exited.
+    pub fn notify_exit(&self) {
+        self.exited.notify_all();
+    }
+
+    /// Wait until VM `key` has exited (or `timeout`).
+    pub fn wait_exit(&self, key: &str, timeout: Option<Duration>) -> Result<ExitInfo, ActionError> {
+        let mut t = self.lock();
+        let id = t.lookup(key)?;
+        let deadline = timeout.map(|d| Instant::now() + d);
+        loop {
+            match t.by_id.get(&id) {
+                None => return Err(ActionError::Gone(id)),
+                Some(e) if e.info.exit.is_some() => {
+                    return Ok(e.info.exit.clone().unwrap_or(ExitInfo { code: 0, reason: String::new() }))
+                }
+                _ => {}
+            }
+            t = match deadline {
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return Err(ActionError::Timeout(id));
+                    }
+                    self.exited.wait_timeout(t, d - now).unwrap().0
+                }
+                None => self.exited.wait(t).unwrap(),
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wisp_api::VmState;
+
+    fn vm(id: &str, name: Option<&str>) -> Entry {
+        let info = VmInfo {
+            id: id.into(),
+            name: name.map(str::to_string),
+            image: "hello".into(),
+            args: vec![],
+            mem: 16 << 20,
+            state: VmState::Running,
+            pid: 1,
+            created_ms: 0,
+            exit: None,
+            boot_us: None,
+            ip: None,
+            ports: vec![],
+            parent: None,
+            family: None,
+        };
+        Entry::new(info, PathBuf::from("/nonexistent"), None, None)
+    }
+
+    #[test]
+    fn lookup_by_id_prefix_and_name() {
+        let mut t = Table::default();
+        t.insert(vm("abc123000000", Some("one")));
+        t.insert(vm("abc456000000", None));
+        assert_eq!(t.lookup("abc123000000").unwrap(), "abc123000000");
+        assert_eq!(t.lookup("one").unwrap(), "abc123000000");
+        assert_eq!(t.lookup("abc4").unwrap(), "abc456000000");
+        assert!(matches!(t.lookup("abc"), Err(ActionError::Ambiguous(k)) if k == "abc"));
+        assert!(matches!(t.lookup("ab"), Err(ActionError::NotFound(_))), "prefixes need 3 digits");
+        assert!(matches!(t.lookup("two"), Err(ActionError::NotFound(_))));
+        // A reserved name is taken but names no VM yet.
+        t.reserve_name("two").unwrap();
+        assert!(matches!(t.reserve_name("two"), Err(ActionError::NameInUse(_))));
+        assert!(matches!(t.reserve_name("one"), Err(ActionError::NameInUse(_))));
+        assert!(matches!(t.lookup("two"), Err(ActionError::NotFound(_))));
+        t.release_name("two");
+        t.reserve_name("two").unwrap();
+        // Removing a VM frees its name.
+        assert!(t.remove("abc123000000").is_some());
+        t.reserve_name("one").unwrap();
+        assert_eq!(t.list().len(), 1);
+    }
+
+    #[test]
+    fn waiting_for_an_exit() {
+        let vms = VmTable::default();
+        vms.lock().insert(vm("abc123000000", None));
+        let r = vms.wait_exit("abc123000000", Some(Duration::from_millis(10)));
+        assert!(matches!(r, Err(ActionError::Timeout(id)) if id == "abc123000000"));
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| vms.wait_exit("abc", None));
+            std::thread::sleep(Duration::from_millis(20));
+            vms.lock().by_id.get_mut("abc123000000").unwrap().info.exit = Some(ExitInfo { code: 7, reason: "exited".into() });
+            vms.notify_exit();
+            assert_eq!(waiter.join().unwrap().unwrap().code, 7);
+        });
+        vms.lock().insert(vm("def000000000", None));
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| vms.wait_exit("def", None));
+            std::thread::sleep(Duration::from_millis(20));
+            vms.lock().remove("def000000000");
+            vms.notify_exit();
+            assert!(matches!(waiter.join().unwrap(), Err(ActionError::Gone(_))));
+        });
+    }
+}
