@@ -46,6 +46,27 @@ pub mod features {
             _ => None,
         }
     }
+
+    /// Feature bits for people: `fork, family`, `bit 37` for a bit this
+    /// ABI does not define, `none` for no bit.
+    pub struct Names(pub u64);
+
+    impl core::fmt::Display for Names {
+        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+            if self.0 == 0 {
+                return f.write_str("none");
+            }
+            let mut sep = "";
+            for bit in (0..64).filter(|b| self.0 & (1 << b) != 0) {
+                match name(bit) {
+                    Some(n) => write!(f, "{sep}{n}")?,
+                    None => write!(f, "{sep}bit {bit}")?,
+                }
+                sep = ", ";
+            }
+            Ok(())
+        }
+    }
 }
 
 /// Bytes of a device name in the manifest (NUL-padded).
@@ -259,9 +280,40 @@ mod tests {
 
     #[test]
     fn feature_names() {
+        use core::fmt::Write;
         assert_eq!(features::name(0), Some("fork"));
         assert_eq!(features::name(1), Some("family"));
         assert_eq!(features::name(40), None);
         assert_eq!(features::ALL.count_ones(), 2);
+        let mut s = Buf::default();
+        write!(s, "{}|{}", features::Names(features::ALL | 1 << 40), features::Names(0)).unwrap();
+        assert_eq!(s.as_str(), "fork, family, bit 40|none");
+    }
+
+    /// A fixed buffer to format into (no alloc here).
+    struct Buf {
+        b: [u8; 64],
+        n: usize,
+    }
+
+    impl Default for Buf {
+        fn default() -> Self {
+            Buf { b: [0; 64], n: 0 }
+        }
+    }
+
+    impl Buf {
+        fn as_str(&self) -> &str {
+            core::str::from_utf8(&self.b[..self.n]).unwrap()
+        }
+    }
+
+    impl core::fmt::Write for Buf {
+        fn write_str(&mut self, s: &str) -> core::fmt::Result {
+            let end = self.n + s.len();
+            self.b.get_mut(self.n..end).ok_or(core::fmt::Error)?.copy_from_slice(s.as_bytes());
+            self.n = end;
+            Ok(())
+        }
     }
 }

@@ -47,9 +47,10 @@ pub struct NetStats {
     pub rx_dropped: u64,
 }
 
-/// The MAC address wisp gives a NIC with IPv4 address `ip` when none is
-/// asked for: locally administered `52:54:00` and the address's last
-/// three bytes (unique within a /8).
+/// The MAC address of a VM's NIC with IPv4 address `ip` unless one is
+/// given: locally administered (the QEMU/KVM prefix 52:54:00) followed by
+/// the address's last three bytes, so it is unique within a /8. The one
+/// rule for `wisp run --tap` and the daemon's bridge.
 pub fn mac_for_ipv4(ip: [u8; 4]) -> [u8; 6] {
     [0x52, 0x54, 0x00, ip[1], ip[2], ip[3]]
 }
@@ -309,5 +310,17 @@ impl Io {
             self.stats.rx_frames += 1;
             got += 1;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn macs_come_from_the_address() {
+        assert_eq!(mac_for_ipv4([10, 99, 0, 2]), [0x52, 0x54, 0, 99, 0, 2]);
+        // Unicast and locally administered.
+        assert_eq!(mac_for_ipv4([10, 1, 2, 3])[0] & 0b11, 0b10);
     }
 }

@@ -20,7 +20,7 @@ use wisp_abi::BootInfo;
 
 use crate::arch;
 use crate::control::{Control, Halt};
-use crate::devices::{net::NetConfig, Device, Devices};
+use crate::devices::{Device, Devices};
 use crate::error::{Error, Result};
 use crate::family::{Family, FamilyOptions};
 use crate::fault::{Fault, Outcome, StopReason};
@@ -68,13 +68,6 @@ impl Shell {
     /// Load `image` with arguments `args` (argument 0 is the image name).
     pub fn load(self, image: &Image, args: &[String]) -> Result<Vm> {
         self.load_devices(image, args, Vec::new())
-    }
-
-    /// [`Shell::load`] with a NIC (if any).
-    pub fn load_with(self, image: &Image, args: &[String], net: Option<NetConfig>) -> Result<Vm> {
-        let devices: Vec<Box<dyn Device>> =
-            net.into_iter().map(|c| Box::new(crate::devices::net::Nic::new(c)) as Box<dyn Device>).collect();
-        self.load_devices(image, args, devices)
     }
 
     /// [`Shell::load`] with devices: their regions take the top of RAM, in
@@ -155,15 +148,13 @@ impl Shell {
 /// The image's declared features, if this monitor has them all.
 fn check_features(image: &Image) -> Result<u64> {
     let wanted = image.manifest.feature_bits();
-    let missing = wanted & !FEATURES;
-    if missing == 0 {
-        return Ok(wanted);
+    match wanted & !FEATURES {
+        0 => Ok(wanted),
+        missing => Err(Error::Unsupported(format!(
+            "the image needs features this monitor lacks: {}",
+            wisp_abi::features::Names(missing)
+        ))),
     }
-    let names: Vec<String> = (0..64)
-        .filter(|b| missing & (1 << b) != 0)
-        .map(|b| wisp_abi::features::name(b).map_or(format!("bit {b} (unknown to this monitor)"), str::to_string))
-        .collect();
-    Err(Error::Unsupported(format!("the image needs features this monitor lacks: {}", names.join(", "))))
 }
 
 /// Put one segment's file bytes into guest RAM: whole pages copy-on-write
