@@ -187,6 +187,22 @@ fn life_cycle_through_the_cli() {
 }
 
 #[test]
+fn an_image_its_vm_cannot_serve_is_refused_and_leaves_nothing_behind() {
+    // daytime's manifest requires a NIC; asked for without one, the VMM
+    // process refuses it at load and the daemon answers 400 with that line.
+    let d = Daemon::start("manifest", "16M=1");
+    let mut c = d.client();
+    let r = c.create(&CreateVm { image: "daytime".into(), name: Some("nicless".into()), ..Default::default() });
+    assert!(
+        matches!(r, Err(ApiError::Status(400, ref m)) if m.contains("the image needs a net device ('net0'), and none was given")),
+        "{r:?}"
+    );
+    // Rolled back: no VM is listed, and the name is free again.
+    assert!(c.list().unwrap().is_empty(), "{:?}", c.list());
+    create(&mut c, "sleeper", &[], Some("nicless"));
+}
+
+#[test]
 fn names_and_bad_requests_get_4xx() {
     let d = Daemon::start("api", "16M=1");
     let mut c = d.client();
