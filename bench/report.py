@@ -149,6 +149,20 @@ def fork_section(k):
     return out
 
 
+def ab_section(a):
+    s = a["summary"]
+    out = ["## Before and after a change (`bench/ab.py`, `bench/results/ab.json`)", "",
+           "The same benchmarks on two builds, alternating before (%s) and after (%s) in one run, %d rounds;" % (
+               a["before"]["commit"], a["after"]["commit"], len(a["rounds"])),
+           "the median of the rounds' medians, and after/before (fork+exec is the host's noise reference):", "",
+           "| figure | before | after | after/before |", "|---|---|---|---|"]
+    for k, v in s.items():
+        unit = "ms" if k.endswith("_ms") else "µs"
+        name = k.rsplit("_", 1)[0]
+        out.append("| %s | %.3f %s | %.3f %s | %s |" % (name, v["before"], unit, v["after"], unit, ratio(v["after_vs_before"])))
+    return out + [""]
+
+
 def main():
     head = open(os.path.join(BENCH, "report-notes.md")).read()
     b, d = load("boot.json"), load("density.json")
@@ -160,6 +174,9 @@ def main():
     if os.path.exists(os.path.join(BENCH, "results", "fork.json")):
         fork_text = "\n".join(fork_section(load("fork.json")))
         text = text.replace("<!-- fork -->", fork_text) if "<!-- fork -->" in text else text + "\n" + fork_text
+    if os.path.exists(os.path.join(BENCH, "results", "ab.json")):
+        ab_text = "\n".join(ab_section(load("ab.json")))
+        text = text.replace("<!-- ab -->", ab_text) if "<!-- ab -->" in text else text + "\n" + ab_text
     with open(os.path.join(ROOT, "docs", "benchmarks.md"), "w") as f:
         f.write(text)
 
