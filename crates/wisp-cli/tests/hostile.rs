@@ -34,7 +34,24 @@ const CASES: &[(&str, &str)] = &[
     ("byte-hypercall", "1-byte out"),
     ("family-oob", "bad hypercall family: argument block at 0xfffffff0"),
     ("fork-oob", "bad hypercall fork: argument block at 0xfffffff0"),
+    // Buffers in the monitor's pages of guest RAM (the guest's page tables
+    // forbid them to it; the monitor must not write or read them for it).
+    ("clock-into-stubs", "bad hypercall clock: argument block at 0x4000 (16 bytes) is not in memory the guest may write"),
+    ("idle-into-page-tables", "bad hypercall idle: argument block at 0x6000 (16 bytes) is not in memory the guest may write"),
+    ("console-from-gdt", "bad hypercall console_write: buffer 0x2000+0x40 is not in memory the guest may read"),
+    ("console-block-in-code", "is not in memory the guest may write"),
 ];
+
+#[test]
+fn ipc_data_never_lands_in_the_monitors_pages() {
+    // Pipe and queue reads into the exception stubs, page tables, boot
+    // info, IDT and code, and a pipe write out of the GDT, all get EFAULT;
+    // then `ud2` is still reported by the monitor's intact stubs.
+    let r = wisp_limit(&["run", "--timeout", "10s", "hostile", "--", "monitor-pages"], Duration::from_secs(20));
+    assert!(r.stdout.contains("monitor-pages: 11 cases, 0 wrong"), "{}\n{}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(139), "{}", r.stderr);
+    assert!(r.stderr.contains("invalid opcode (#UD)"), "{}", r.stderr);
+}
 
 #[test]
 fn bad_family_calls_fail_with_their_errno_and_the_vm_goes_on() {

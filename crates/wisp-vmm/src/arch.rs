@@ -14,6 +14,7 @@ use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 use wisp_abi::layout::*;
 use wisp_abi::{FAULT_PORT, HYPERCALL_PORT_BASE, HYPERCALL_PORT_COUNT};
 
+use crate::access::UserMap;
 use crate::error::Result;
 use crate::image::{Image, PF_W, PF_X};
 use crate::memory::GuestRam;
@@ -104,8 +105,9 @@ pub fn write_system_pages(ram: &GuestRam) -> Result<()> {
 }
 
 /// Write the leaf page tables for `image` loaded in `ram`: 4 KiB pages with
-/// per-page permissions in the first 2 MiB, 2 MiB pages above.
-pub fn map_image(ram: &GuestRam, image: &Image) -> Result<()> {
+/// per-page permissions in the first 2 MiB, 2 MiB pages above. Returns the
+/// guest's own view of RAM (its user pages), read from those tables.
+pub fn map_image(ram: &GuestRam, image: &Image) -> Result<UserMap> {
     let image_end = image.end();
     let perm = |addr: u64, len: u64| -> u64 {
         // Union of the permissions of the segments touching [addr, addr+len).
@@ -145,7 +147,25 @@ pub fn map_image(ram: &GuestRam, image: &Image) -> Result<()> {
         pd.push(a | P | RW | US | PS | x);
     }
     ram.write(PD, &u64s(&pd))?;
-    Ok(())
+    Ok(user_map(&pt0, &pd))
+}
+
+/// The user pages of the first 2 MiB (`pt0`) and of the 2 MiB pages above
+/// (`pd`, entry 0 being `pt0` itself).
+fn user_map(pt0: &[u64], pd: &[u64]) -> UserMap {
+    let mut m = UserMap::default();
+    let mut add = |addr: u64, size: u64, e: u64| {
+        if e & (P | US) == P | US {
+            m.push(addr, addr + size, e & RW != 0);
+        }
+    };
+    for (i, &e) in pt0.iter().enumerate() {
+        add(i as u64 * PAGE_SIZE, PAGE_SIZE, e);
+    }
+    for (j, &e) in pd.iter().enumerate().skip(1) {
+        add(j as u64 * LARGE_PAGE_SIZE, LARGE_PAGE_SIZE, e);
+    }
+    m
 }
 
 /// Code run once by [`crate::Shell::warm_up`]: `mov dx, WARMUP_PORT;

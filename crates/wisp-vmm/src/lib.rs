@@ -12,6 +12,7 @@
 //! Nothing a guest does can make the monitor panic: every exit is turned
 //! into either a served hypercall or a [`StopReason`].
 
+pub mod access;
 pub mod arch;
 pub mod control;
 pub mod detach;

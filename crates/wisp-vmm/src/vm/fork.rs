@@ -19,7 +19,7 @@ impl Vm {
     /// The fork hypercall (`declared`: the image declared the feature).
     pub(super) fn fork_call(&mut self, gpa: u64, declared: bool) -> Served {
         let ram = self.shell.ram.view();
-        arg_block(&ram, Hypercall::Fork, gpa, size_of::<args::Fork>())?;
+        arg_block(&ram, &self.user, Hypercall::Fork, gpa, size_of::<args::Fork>(), true)?;
         let ret = if declared { self.fork() } else { wisp_abi::errno::ENOSYS };
         // In the child this writes its own (copy-on-write) RAM.
         write_block(&ram, Hypercall::Fork, gpa, &args::Fork { ret })

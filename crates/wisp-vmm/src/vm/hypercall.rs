@@ -17,6 +17,7 @@ use wisp_abi::args::{self, CONSOLE_WRITE_MAX};
 use wisp_abi::{Hypercall, FAULT_PORT};
 
 use super::Vm;
+use crate::access::UserMap;
 use crate::fault::StopReason;
 use crate::memory::RamView;
 
@@ -57,12 +58,15 @@ impl Vm {
     fn console_write(&mut self, gpa: u64, console: &mut dyn Write) -> Served {
         let hc = Hypercall::ConsoleWrite;
         let ram: &RamView = &self.shell.ram;
-        let mut a: args::ConsoleWrite = read_block(ram, hc, gpa)?;
+        let mut a: args::ConsoleWrite = read_block(ram, &self.user, hc, gpa, true)?;
         if a.len > CONSOLE_WRITE_MAX {
             return Err(bad(hc, format!("length {} exceeds the {CONSOLE_WRITE_MAX}-byte limit", a.len)));
         }
         if !ram.contains(a.data, a.len) {
             return Err(bad(hc, format!("buffer {:#x}+{:#x} is outside guest RAM", a.data, a.len)));
+        }
+        if !self.user.readable(a.data, a.len) {
+            return Err(bad(hc, format!("buffer {:#x}+{:#x} is not in memory the guest may read", a.data, a.len)));
         }
         let mut buf = vec![0u8; a.len as usize];
         ram.read(a.data, &mut buf).map_err(|e| bad(hc, e.to_string()))?;
@@ -72,13 +76,13 @@ impl Vm {
     }
 
     fn exit(&mut self, gpa: u64) -> Served {
-        let a: args::Exit = read_block(&self.shell.ram, Hypercall::Exit, gpa)?;
+        let a: args::Exit = read_block(&self.shell.ram, &self.user, Hypercall::Exit, gpa, false)?;
         Ok(Some(a.code))
     }
 
     fn clock(&mut self, gpa: u64) -> Served {
         let ram: &RamView = &self.shell.ram;
-        arg_block(ram, Hypercall::Clock, gpa, size_of::<args::Clock>())?;
+        arg_block(ram, &self.user, Hypercall::Clock, gpa, size_of::<args::Clock>(), true)?;
         let a = args::Clock {
             monotonic_ns: self.boot.elapsed().as_nanos() as u64,
             wall_ns: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0),
@@ -87,7 +91,7 @@ impl Vm {
     }
 
     fn notify(&mut self, gpa: u64) -> Served {
-        let a: args::Notify = read_block(&self.shell.ram, Hypercall::Notify, gpa)?;
+        let a: args::Notify = read_block(&self.shell.ram, &self.user, Hypercall::Notify, gpa, false)?;
         if !self.devices.notify(a.device) {
             return Err(bad(Hypercall::Notify, format!("no device number {}", a.device)));
         }
@@ -96,7 +100,7 @@ impl Vm {
 
     fn idle(&mut self, gpa: u64, deadline: Option<Instant>) -> Served {
         let ram: &RamView = &self.shell.ram;
-        let mut a: args::Idle = read_block(ram, Hypercall::Idle, gpa)?;
+        let mut a: args::Idle = read_block(ram, &self.user, Hypercall::Idle, gpa, true)?;
         let mut wait = Duration::from_nanos(a.timeout_ns);
         if let Some(d) = deadline {
             wait = wait.min(d.saturating_duration_since(Instant::now()));
@@ -126,23 +130,35 @@ impl Vm {
 }
 
 /// Hypercall `hc`'s argument block (`size` bytes at `gpa`) must lie in
-/// guest RAM.
-pub(super) fn arg_block(ram: &RamView, hc: Hypercall, gpa: u64, size: usize) -> Result<(), StopReason> {
-    if ram.contains(gpa, size as u64) {
-        Ok(())
+/// guest RAM the guest itself may read, and write if `out` (the call
+/// writes results back into it).
+pub(super) fn arg_block(ram: &RamView, user: &UserMap, hc: Hypercall, gpa: u64, size: usize, out: bool) -> Result<(), StopReason> {
+    let size = size as u64;
+    let detail = if !ram.contains(gpa, size) {
+        "is outside guest RAM"
+    } else if !user.readable(gpa, size) || (out && !user.writable(gpa, size)) {
+        if out { "is not in memory the guest may write" } else { "is not in memory the guest may read" }
     } else {
-        let detail = format!("argument block at {gpa:#x} ({size} bytes) is outside guest RAM");
-        Err(StopReason::BadHypercall { call: hc.name(), detail })
-    }
+        return Ok(());
+    };
+    Err(StopReason::BadHypercall { call: hc.name(), detail: format!("argument block at {gpa:#x} ({size} bytes) {detail}") })
 }
 
-/// Copy hypercall `hc`'s argument block out of guest RAM.
-pub(super) fn read_block<T: zerocopy::FromBytes + zerocopy::IntoBytes>(ram: &RamView, hc: Hypercall, gpa: u64) -> Result<T, StopReason> {
-    arg_block(ram, hc, gpa, size_of::<T>())?;
+/// Copy hypercall `hc`'s argument block out of guest RAM (checked as
+/// [`arg_block`] says).
+pub(super) fn read_block<T: zerocopy::FromBytes + zerocopy::IntoBytes>(
+    ram: &RamView,
+    user: &UserMap,
+    hc: Hypercall,
+    gpa: u64,
+    out: bool,
+) -> Result<T, StopReason> {
+    arg_block(ram, user, hc, gpa, size_of::<T>(), out)?;
     ram.read_obj(gpa).map_err(|e| bad(hc, e.to_string()))
 }
 
-/// Write hypercall `hc`'s argument block back (results).
+/// Write hypercall `hc`'s argument block back (results), into a block
+/// [`read_block`] or [`arg_block`] checked with `out`.
 pub(super) fn write_block<T: zerocopy::IntoBytes + zerocopy::Immutable>(ram: &RamView, hc: Hypercall, gpa: u64, v: &T) -> Served {
     ram.write_obj(gpa, v).map(|()| None).map_err(|e| bad(hc, e.to_string()))
 }

@@ -22,7 +22,8 @@ impl Vm {
         use wisp_abi::errno::*;
         let hc = Hypercall::Family;
         let ram = self.shell.ram.view();
-        let mut c: Call = read_block(&ram, hc, gpa)?;
+        let mut c: Call = read_block(&ram, &self.user, hc, gpa, true)?;
+        let user = &self.user;
         let [a0, a1, a2, a3] = c.a;
         let nowait = c.flags & flags::NOWAIT != 0;
         let control = self.control.clone();
@@ -43,7 +44,8 @@ impl Vm {
             op::CLOSE => fam.close(a0),
             op::READ | op::MSGRCV => {
                 let len = a2.min(IPC_CHUNK);
-                if !ram.contains(a1, len) {
+                // Into memory the guest may write, never the monitor's pages.
+                if !ram.contains(a1, len) || !user.writable(a1, len) {
                     Err(EFAULT)
                 } else {
                     let r = if c.op == op::READ {
@@ -61,7 +63,7 @@ impl Vm {
                 let len = a2.min(IPC_CHUNK);
                 if c.op == op::MSGSND && a2 > wisp_abi::family::limits::MSG_MAX as u64 {
                     Err(EINVAL)
-                } else if !ram.contains(a1, len) {
+                } else if !ram.contains(a1, len) || !user.readable(a1, len) {
                     Err(EFAULT)
                 } else {
                     buf.resize(len as usize, 0);

@@ -18,6 +18,7 @@ use kvm_ioctls::VcpuExit;
 use wisp_abi::layout::{BOOT_INFO, MIN_HEAP, STACK_BOTTOM, STACK_TOP};
 use wisp_abi::BootInfo;
 
+use crate::access::UserMap;
 use crate::arch;
 use crate::control::{Control, Halt};
 use crate::devices::{Device, Devices};
@@ -41,6 +42,9 @@ pub struct Vm {
     /// Features the image declared (and this monitor has): the hypercalls
     /// it may use.
     features: u64,
+    /// The guest's own view of its RAM: every buffer it names is checked
+    /// against it.
+    user: UserMap,
     /// Host monotonic time the guest's clock counts from.
     boot: Instant,
     control: Arc<Control>,
@@ -108,7 +112,7 @@ impl Shell {
         for s in &image.segments {
             load_segment(&self.ram, image, s)?;
         }
-        arch::map_image(&self.ram, image)?;
+        let user = arch::map_image(&self.ram, image)?;
         self.stats.phase("image_load", t);
 
         let t = Instant::now();
@@ -141,7 +145,7 @@ impl Shell {
         let family = Family::new_root(FamilyOptions::default()).map_err(|e| Error::Host("family region", e))?;
         let control = Arc::new(Control::new(family.bell_ref()));
         devices.activate(&self.ram, &control)?;
-        Ok(Vm { devices, shell: self, features, boot, control, family, forked: false, buf: Vec::new() })
+        Ok(Vm { devices, shell: self, features, user, boot, control, family, forked: false, buf: Vec::new() })
     }
 }
 

@@ -75,6 +75,22 @@ fn main() -> i32 {
             asm!("out dx, eax", in("dx") Hypercall::Fork.port(), in("eax") 0xffff_fff0u32);
         },
         "family-abuse" => return family_abuse(mem),
+        "monitor-pages" => monitor_pages(),
+        "clock-into-stubs" => {
+            // SAFETY: only the address is passed; the monitor must refuse it.
+            unsafe { asm!("out dx, eax", in("dx") Hypercall::Clock.port(), in("eax") 0x4000u32) };
+        }
+        "idle-into-page-tables" => unsafe {
+            asm!("out dx, eax", in("dx") Hypercall::Idle.port(), in("eax") 0x6000u32);
+        },
+        "console-from-gdt" => {
+            let mut a = args::ConsoleWrite { data: 0x2000, len: 64, ret: 0 };
+            wisp::hypercall::call(Hypercall::ConsoleWrite, &mut a);
+        }
+        "console-block-in-code" => unsafe {
+            // The block is read-only code: its `ret` must not be written.
+            asm!("out dx, eax", in("dx") Hypercall::ConsoleWrite.port(), in("eax") main as *const () as usize as u32);
+        },
         "byte-hypercall" => unsafe {
             asm!("out dx, al", in("dx") Hypercall::Exit.port(), in("al") 0u8);
         },
@@ -171,6 +187,54 @@ fn net_corrupt() -> i32 {
     let stopped = field(hdr::STOPPED).load(Ordering::Acquire);
     wisp::println!("net-corrupt: nic stopped = {}, guest still running", stopped);
     if stopped == 1 { 0 } else { 1 }
+}
+
+/// Have the monitor move IPC data into or out of the pages the guest may
+/// not touch itself (exception stubs, page tables, IDT, GDT, boot info,
+/// code): each must fail with `EFAULT`. Then `ud2`: the exception stubs
+/// still report it (the VM stops with "invalid opcode"), so nothing ran at
+/// CPL 0 but the monitor's own code.
+fn monitor_pages() {
+    use wisp::abi::errno::EFAULT;
+    use wisp::abi::family::{flags, op, Call};
+    let call = |o: u32, fl: u32, a: [u64; 4]| {
+        let mut c = Call { op: o, flags: fl, a, ..Default::default() };
+        wisp::hypercall::call(Hypercall::Family, &mut c);
+        c.ret
+    };
+    let (r, w) = wisp::family::pipe().unwrap();
+    let payload = [0xccu8; 256];
+    let q = call(op::MSGGET, 0, [0, flags::IPC_CREAT, 0, 0]) as u64;
+    let code = main as *const () as usize as u64 & !0xfff;
+    let mut bad = 0;
+    let targets: &[(&str, u64)] =
+        &[("exception stubs", 0x4000), ("page tables", 0x6000), ("boot info", 0x1000), ("IDT", 0x3000), ("code", code)];
+    for (what, at) in targets {
+        // Data waiting in the pipe and the queue, so only the buffer check can fail.
+        wisp::family::write(w, &payload).unwrap();
+        call(op::MSGSND, 0, [q, payload.as_ptr() as u64, 64, 1]);
+        let read = call(op::READ, flags::NOWAIT, [r as u64, *at, 256, 0]);
+        let rcv = call(op::MSGRCV, flags::NOWAIT, [q, *at, 64, 0]);
+        for (how, got) in [("read", read), ("msgrcv", rcv)] {
+            if got != EFAULT {
+                wisp::println!("monitor-pages: {} into the {}: got {}, want EFAULT", how, what, got);
+                bad += 1;
+            }
+        }
+        // Drain what the refused calls left.
+        let mut sink = [0u8; 256];
+        let _ = wisp::family::read_nowait(r, &mut sink);
+        call(op::MSGRCV, flags::NOWAIT, [q, sink.as_mut_ptr() as u64, 64, 0]);
+    }
+    // Out of the monitor's pages: a pipe write whose data is the GDT.
+    let got = call(op::WRITE, flags::NOWAIT, [w as u64, 0x2000, 64, 0]);
+    if got != EFAULT {
+        wisp::println!("monitor-pages: write from the GDT: got {}, want EFAULT", got);
+        bad += 1;
+    }
+    wisp::println!("monitor-pages: {} cases, {} wrong", targets.len() * 2 + 1, bad);
+    // SAFETY: deliberately invalid; the monitor's stub reports it.
+    unsafe { asm!("ud2") };
 }
 
 /// Family calls with bad operands: each must fail with its errno, and the
