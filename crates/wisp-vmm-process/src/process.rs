@@ -100,7 +100,7 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
             shared = match become_child_vm(cmd.uplink.as_ref(), &vm) {
                 Ok(s) => s,
                 Err(e) => {
-                    eprintln!("wisp-vmm: forked VM: {e}");
+                    wisp_vmm::stderr_line(&format!("wisp-vmm: forked VM: {e}"));
                     std::process::exit(ERROR.into());
                 }
             };

@@ -39,4 +39,5 @@ pub use devices::net::{mac_for_ipv4, NetConfig, Nic};
 pub use devices::{Device, DeviceState, Devices};
 pub use shell::{check_mem_size, open_kvm, Shell, DEFAULT_MEM};
 pub use state::{VcpuState, VmState};
+pub use sys::stderr_line;
 pub use vm::{Vm, FEATURES};

@@ -47,7 +47,10 @@ pub(crate) fn futex_wake(word: &AtomicU32) {
 /// # Safety
 /// Only the calling thread exists in the child. The caller must not, in the
 /// child, use any lock or object another thread of this process may have
-/// held or owned at the time of the call (glibc keeps `malloc` usable).
+/// held or owned at the time of the call — no `Mutex` of an object shared
+/// with other threads, no `std::io::stdout`/`stderr` ([`stderr_line`]
+/// instead) — until it has made its own. Allocation is fine: glibc's
+/// `fork` takes and resets the `malloc` locks around the call.
 pub(crate) unsafe fn fork() -> io::Result<i32> {
     // SAFETY: per the caller's contract.
     let pid = unsafe { libc::fork() };
@@ -56,6 +59,18 @@ pub(crate) unsafe fn fork() -> io::Result<i32> {
     } else {
         Ok(pid)
     }
+}
+
+/// Write `msg` and a newline to standard error with one `write(2)` and no
+/// lock. For a forked child before it owns its state: the standard
+/// library's stderr lock may have been held by another thread of the
+/// parent at the fork, and would then never be released in the child.
+pub fn stderr_line(msg: &str) {
+    let mut line = Vec::with_capacity(msg.len() + 1);
+    line.extend_from_slice(msg.as_bytes());
+    line.push(b'\n');
+    // SAFETY: descriptor 2 is only written; `line` is valid for its length.
+    let _ = unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
 }
 
 /// Close a descriptor owned by an object whose thread does not exist in

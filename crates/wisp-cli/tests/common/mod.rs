@@ -1,6 +1,8 @@
 //! Helpers for the CLI tests: run `wisp` on real KVM with a hang guard.
 #![allow(dead_code)]
 
+pub mod netns;
+
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

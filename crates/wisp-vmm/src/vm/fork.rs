@@ -47,11 +47,14 @@ impl Vm {
             }
         };
         let t = Instant::now();
-        // SAFETY: in the child only this (vCPU) thread exists. It builds new
-        // objects (KVM VM, control block, watchdog) and leaves alone
-        // everything the parent's other threads own (watchdog, device I/O
-        // threads, toolstack threads): devices let go of theirs
-        // (`on_fork_child`), the old watchdog is forgotten.
+        // SAFETY: in the child only this (vCPU) thread exists. Until it owns
+        // its state it takes no process-private lock another thread may have
+        // held: it builds new objects (KVM VM, control block, watchdog),
+        // uses only the family region's process-shared robust mutex, writes
+        // errors with `stderr_line`, and leaves alone everything the
+        // parent's other threads own (watchdog, device I/O threads, the
+        // reaper, toolstack threads): devices let go of theirs
+        // (`on_fork_child`), the old watchdog and reaper are forgotten.
         match unsafe { crate::sys::fork() } {
             Err(_) => {
                 self.family.fork_abort(&slot);
@@ -60,7 +63,7 @@ impl Vm {
             Ok(0) => match self.become_child(&slot, st, t) {
                 Ok(()) => 0,
                 Err(e) => {
-                    eprintln!("wisp: the forked VM could not start: {e}");
+                    crate::sys::stderr_line(&format!("wisp: the forked VM could not start: {e}"));
                     self.family.exit(wisp_abi::family::status::signaled(wisp_abi::family::signal::SIGSEGV));
                     std::process::exit(125);
                 }
