@@ -7,7 +7,16 @@
 //!
 //! The rings live in guest memory, so every index and length is untrusted:
 //! a guest that breaks the ring rules gets its NIC stopped (`stopped` set,
-//! the thread ends); the monitor and other VMs are not affected.
+//! the thread ends); the monitor and other VMs are not affected. The
+//! monitor's own indices (`tx_cons`, `rx_prod`) are kept here and only
+//! published to the ring, never read back: a guest that rewinds them cannot
+//! make the monitor send a frame twice or overwrite unread RX slots.
+//!
+//! Frames leave only with the VM's own identity: Ethernet source = its
+//! MAC, and only ARP (sender = its MAC and IPv4 address, or 0.0.0.0 for a
+//! probe) and IPv4 (source = its address); anything else is dropped and
+//! counted (`tx_spoofed`), so a tenant cannot ARP-spoof the gateway or
+//! another VM, or send under another address.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,6 +54,25 @@ pub struct NetStats {
     pub rx_frames: u64,
     /// Frames dropped because the RX ring was full.
     pub rx_dropped: u64,
+    /// Frames the guest sent under another identity (dropped).
+    pub tx_spoofed: u64,
+}
+
+/// Whether `frame`, sent by the NIC with `mac` and IPv4 address `ip`,
+/// carries only its own identity (see the module comment).
+pub fn own_frame(frame: &[u8], mac: [u8; 6], ip: [u8; 4]) -> bool {
+    const ARP: u16 = 0x0806;
+    const IPV4: u16 = 0x0800;
+    if frame.len() < 14 || frame[6..12] != mac {
+        return false;
+    }
+    match u16::from_be_bytes([frame[12], frame[13]]) {
+        // Ethernet/IPv4 ARP: sender hardware address at 22, protocol at 28.
+        ARP => frame.len() >= 42 && frame[22..28] == mac && (frame[28..32] == ip || frame[28..32] == [0; 4]),
+        // IPv4: source address at 26 (after a 20-byte minimum header).
+        IPV4 => frame.len() >= 34 && frame[26..30] == ip,
+        _ => false,
+    }
 }
 
 /// The MAC address of a VM's NIC with IPv4 address `ip` unless one is
@@ -122,7 +150,23 @@ impl Device for Nic {
         let kick = Arc::new(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
         let stop = Arc::new(AtomicBool::new(false));
         let tap_raw = std::os::fd::AsRawFd::as_raw_fd(&tap);
-        let io = Io { ram, base, tap, kick: kick.clone(), stop: stop.clone(), control, stats: NetStats::default() };
+        // Where the rings stand before the guest first runs: from here on
+        // the monitor's indices are its own.
+        let tx_cons = ram.load_u32(base + hdr::TX_CONS).map_err(std::io::Error::other)?;
+        let rx_prod = ram.load_u32(base + hdr::RX_PROD).map_err(std::io::Error::other)?;
+        let io = Io {
+            ram,
+            base,
+            tap,
+            kick: kick.clone(),
+            stop: stop.clone(),
+            control,
+            stats: NetStats::default(),
+            mac: self.mac,
+            ip: self.ip.0,
+            tx_cons,
+            rx_prod,
+        };
         let thread = std::thread::Builder::new().name("net0".into()).stack_size(256 << 10).spawn(move || io.run())?;
         self.state = NicState::Running(Running { tap_raw, kick, stop, thread: Some(thread) });
         Ok(())
@@ -191,6 +235,13 @@ struct Io {
     stop: Arc<AtomicBool>,
     control: Arc<Control>,
     stats: NetStats,
+    /// The NIC's identity: what its frames may say they come from.
+    mac: [u8; 6],
+    ip: [u8; 4],
+    /// TX frames sent (the monitor's copy of `hdr::TX_CONS`).
+    tx_cons: u32,
+    /// RX frames delivered (the monitor's copy of `hdr::RX_PROD`).
+    rx_prod: u32,
 }
 
 /// How many times the I/O thread re-checks the rings before sleeping.
@@ -252,7 +303,7 @@ impl Io {
 
     fn tx_pending(&self) -> Result<u32, String> {
         let prod = self.ram.load_u32(self.base + hdr::TX_PROD).map_err(|e| e.to_string())?;
-        let cons = self.ram.load_u32(self.base + hdr::TX_CONS).map_err(|e| e.to_string())?;
+        let cons = self.tx_cons;
         let n = prod.wrapping_sub(cons);
         if n > SLOTS {
             return Err(format!("TX producer index {prod} is {n} slots ahead of the consumer ({cons}); ring size {SLOTS}"));
@@ -263,7 +314,7 @@ impl Io {
     /// Send every frame the guest queued. Returns how many.
     fn drain_tx(&mut self, frame: &mut [u8]) -> Result<u32, String> {
         let n = self.tx_pending()?;
-        let mut cons = self.ram.load_u32(self.base + hdr::TX_CONS).map_err(|e| e.to_string())?;
+        let mut cons = self.tx_cons;
         for _ in 0..n {
             let slot = (cons % SLOTS) as u64;
             let d: SlotDesc = self.ram.read_obj(self.base + TX_DESC_OFF + slot * 8).map_err(|e| e.to_string())?;
@@ -272,10 +323,15 @@ impl Io {
             }
             let buf = &mut frame[..d.len as usize];
             self.ram.read(self.base + TX_BUF_OFF + slot * SLOT_SIZE as u64, buf).map_err(|e| e.to_string())?;
-            // A full tap queue drops the frame, as a NIC would.
-            let _ = rustix::io::write(&self.tap, buf);
-            self.stats.tx_frames += 1;
+            if own_frame(buf, self.mac, self.ip) {
+                // A full tap queue drops the frame, as a NIC would.
+                let _ = rustix::io::write(&self.tap, buf);
+                self.stats.tx_frames += 1;
+            } else {
+                self.stats.tx_spoofed += 1;
+            }
             cons = cons.wrapping_add(1);
+            self.tx_cons = cons;
             self.ram.store_u32(self.base + hdr::TX_CONS, cons).map_err(|e| e.to_string())?;
         }
         Ok(n)
@@ -283,7 +339,7 @@ impl Io {
 
     /// Move frames from the tap into free RX slots. Returns (frames, ring full).
     fn fill_rx(&mut self, frame: &mut [u8]) -> Result<(u32, bool), String> {
-        let mut prod = self.ram.load_u32(self.base + hdr::RX_PROD).map_err(|e| e.to_string())?;
+        let mut prod = self.rx_prod;
         let mut got = 0;
         loop {
             let cons = self.ram.load_u32(self.base + hdr::RX_CONS).map_err(|e| e.to_string())?;
@@ -306,6 +362,7 @@ impl Io {
                 .write_obj(self.base + RX_DESC_OFF + slot * 8, &SlotDesc { len: n as u32, flags: 0 })
                 .map_err(|e| e.to_string())?;
             prod = prod.wrapping_add(1);
+            self.rx_prod = prod;
             self.ram.store_u32(self.base + hdr::RX_PROD, prod).map_err(|e| e.to_string())?;
             self.stats.rx_frames += 1;
             got += 1;
@@ -316,6 +373,44 @@ impl Io {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_frames_with_the_nics_own_identity_leave() {
+        let mac = [0x52, 0x54, 0, 9, 0, 2];
+        let ip = [10, 9, 0, 2];
+        let eth = |src: [u8; 6], ty: u16, rest: &[u8]| -> Vec<u8> {
+            let mut f = vec![0xff; 6];
+            f.extend_from_slice(&src);
+            f.extend_from_slice(&ty.to_be_bytes());
+            f.extend_from_slice(rest);
+            f
+        };
+        let arp = |sha: [u8; 6], spa: [u8; 4]| -> Vec<u8> {
+            let mut a = vec![0, 1, 8, 0, 6, 4, 0, 2];
+            a.extend_from_slice(&sha);
+            a.extend_from_slice(&spa);
+            a.extend_from_slice(&[0; 10]);
+            a
+        };
+        let ipv4 = |src: [u8; 4]| -> Vec<u8> {
+            let mut h = vec![0x45, 0, 0, 20, 0, 0, 0, 0, 64, 17, 0, 0];
+            h.extend_from_slice(&src);
+            h.extend_from_slice(&[10, 9, 0, 1]);
+            h
+        };
+        assert!(own_frame(&eth(mac, 0x0800, &ipv4(ip)), mac, ip));
+        assert!(own_frame(&eth(mac, 0x0806, &arp(mac, ip)), mac, ip));
+        assert!(own_frame(&eth(mac, 0x0806, &arp(mac, [0; 4])), mac, ip), "ARP probe");
+        let other = [0x52, 0x54, 0, 9, 0, 3];
+        assert!(!own_frame(&eth(other, 0x0800, &ipv4(ip)), mac, ip), "another source MAC");
+        assert!(!own_frame(&eth(mac, 0x0806, &arp(mac, [10, 9, 0, 1])), mac, ip), "claims the gateway");
+        assert!(!own_frame(&eth(mac, 0x0806, &arp(other, ip)), mac, ip), "another sender MAC");
+        assert!(!own_frame(&eth(mac, 0x0800, &ipv4([10, 9, 0, 7])), mac, ip), "another source IP");
+        assert!(!own_frame(&eth(mac, 0x86dd, &[0; 40]), mac, ip), "IPv6 is not the NIC's");
+        assert!(!own_frame(&eth(mac, 0x8100, &ipv4(ip)), mac, ip), "VLAN-tagged");
+        assert!(!own_frame(&eth(mac, 0x0800, &[0x45; 10]), mac, ip), "truncated");
+        assert!(!own_frame(&[0; 13], mac, ip));
+    }
 
     #[test]
     fn macs_come_from_the_address() {

@@ -111,6 +111,7 @@ fn main() -> i32 {
         }
         "timers" => return timers(),
         "net-corrupt" => return net_corrupt(),
+        "net-spoof" => return net_spoof(),
         "clock" => {
             let (mono, wall) = wisp::hypercall::clock();
             let mine = wisp::time::wall_ns();
@@ -161,6 +162,92 @@ fn timers() -> i32 {
     } else {
         1
     }
+}
+
+/// Send raw frames that claim another identity (another source MAC, an
+/// ARP reply for the gateway's address, another source IPv4 address, an
+/// IPv6 frame), one good frame, then rewind the monitor's TX consumer
+/// index to have the good frame sent again, and a last "DONE" frame. A
+/// sniffer on the host side of the tap must see the good frame once and
+/// none of the others.
+fn net_spoof() -> i32 {
+    use core::sync::atomic::{AtomicU32, Ordering};
+    use wisp::abi::net::{decode_ipv4, decode_mac, hdr, SLOTS, SLOT_SIZE, TX_BUF_OFF, TX_DESC_OFF};
+    let info = wisp::env::boot_info();
+    let Some((idx, dev)) =
+        info.devices[..info.device_count as usize].iter().enumerate().find(|(_, d)| d.kind == wisp::abi::DeviceKind::Net as u32)
+    else {
+        wisp::println!("net-spoof: no NIC");
+        return 2;
+    };
+    let (mac, (ip, _)) = (decode_mac(dev.params[0]), decode_ipv4(dev.params[1]));
+    let gw = decode_ipv4(dev.params[2]).0;
+    // SAFETY: the header page of the NIC region is guest RAM shared with the
+    // monitor; u32 fields at 4-byte aligned offsets.
+    let field = |off: u64| unsafe { &*((dev.base + off) as *const AtomicU32) };
+    let send = |frame: &[u8]| {
+        let prod = field(hdr::TX_PROD).load(Ordering::Acquire);
+        let slot = (prod % SLOTS) as u64;
+        // SAFETY: slot `slot` of the TX ring belongs to the guest until it
+        // publishes it by bumping TX_PROD below; the frame fits a slot.
+        unsafe {
+            core::ptr::copy_nonoverlapping(frame.as_ptr(), (dev.base + TX_BUF_OFF + slot * SLOT_SIZE as u64) as *mut u8, frame.len());
+            core::ptr::write_volatile((dev.base + TX_DESC_OFF + slot * 8) as *mut u32, frame.len() as u32);
+        }
+        field(hdr::TX_PROD).store(prod.wrapping_add(1), Ordering::Release);
+        wisp::hypercall::notify(idx as u32);
+        // Wait until the monitor took it.
+        let start = wisp::time::Instant::now();
+        while field(hdr::TX_CONS).load(Ordering::Acquire) != prod.wrapping_add(1) && start.elapsed() < Duration::from_secs(5) {
+            core::hint::spin_loop();
+        }
+    };
+    let udp = |src_mac: [u8; 6], src_ip: [u8; 4], tag: &[u8]| -> Vec<u8> {
+        let mut f = Vec::new();
+        f.extend_from_slice(&[0xff; 6]);
+        f.extend_from_slice(&src_mac);
+        f.extend_from_slice(&[0x08, 0x00]);
+        let total = (20 + 8 + tag.len()) as u16;
+        f.extend_from_slice(&[0x45, 0]);
+        f.extend_from_slice(&total.to_be_bytes());
+        f.extend_from_slice(&[0, 0, 0x40, 0, 64, 17, 0, 0]);
+        f.extend_from_slice(&src_ip);
+        f.extend_from_slice(&gw);
+        f.extend_from_slice(&[0x27, 0x0f, 0x27, 0x0f]); // ports 9999 -> 9999
+        f.extend_from_slice(&(8 + tag.len() as u16).to_be_bytes());
+        f.extend_from_slice(&[0, 0]);
+        f.extend_from_slice(tag);
+        f
+    };
+    let mut other = mac;
+    other[5] ^= 0x55;
+    send(&udp(other, ip, b"SPOOF-MAC"));
+    let mut arp = Vec::new();
+    arp.extend_from_slice(&[0xff; 6]);
+    arp.extend_from_slice(&mac);
+    arp.extend_from_slice(&[0x08, 0x06, 0, 1, 8, 0, 6, 4, 0, 2]);
+    arp.extend_from_slice(&mac);
+    arp.extend_from_slice(&gw); // "the gateway is at my MAC"
+    arp.extend_from_slice(&[0xff; 6]);
+    arp.extend_from_slice(&gw);
+    send(&arp);
+    let mut forged = ip;
+    forged[3] = forged[3].wrapping_add(75);
+    send(&udp(mac, forged, b"SPOOF-IP"));
+    let mut v6 = Vec::new();
+    v6.extend_from_slice(&[0x33, 0x33, 0, 0, 0, 1]);
+    v6.extend_from_slice(&mac);
+    v6.extend_from_slice(&[0x86, 0xdd]);
+    v6.extend_from_slice(b"SPOOF-V6 padding to a plausible length......");
+    send(&v6);
+    send(&udp(mac, ip, b"GOOD"));
+    // Rewind the monitor's consumer index: the good frame must not go again.
+    let cons = field(hdr::TX_CONS).load(Ordering::Acquire);
+    field(hdr::TX_CONS).store(cons.wrapping_sub(1), Ordering::Release);
+    wisp::hypercall::notify(idx as u32);
+    send(&udp(mac, ip, b"DONE"));
+    wisp::println!("net-spoof: sent");
+    0
 }
 
 /// Break the NIC's ring rules (a TX producer index far ahead of the
