@@ -16,7 +16,7 @@ pub fn run(a: &RunArgs, t_main: u64) -> Result<(u8, Option<Vm>), String> {
     let (image, mem, timeout, stats, args) = (&a.image, a.mem, a.timeout, a.stats, &a.args);
     let img = load_image(image)?;
     let net = match (&a.tap, a.ip) {
-        (Some(tap), Some(ip)) => Some(tap_nic(tap, ip, a.mac, a.gw)?),
+        (Some(tap), Some(ip)) => Some(tap_nic(tap, ip, a.mac, a.gw, a.net_rate.unwrap_or_default())?),
         _ => None,
     };
     let shell = boot::prepare(mem.unwrap_or(DEFAULT_MEM)).map_err(|e| e.to_string())?;

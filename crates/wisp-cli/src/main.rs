@@ -51,9 +51,14 @@ pub struct RunArgs {
     /// Give the VM a NIC on wispd's bridge with an address from its subnet.
     #[arg(long, conflicts_with = "tap")]
     pub net: bool,
-    /// Forward a host TCP port to the VM, HOSTPORT:VMPORT (implies --net; repeatable).
+    /// Forward a host TCP port to the VM, [ADDR:]HOSTPORT:VMPORT: on 127.0.0.1
+    /// unless ADDR says otherwise (0.0.0.0: every address) (implies --net; repeatable).
     #[arg(short = 'p', long = "publish", value_parser = units::parse_port_map, conflicts_with = "tap")]
-    pub ports: Vec<(u16, u16)>,
+    pub ports: Vec<wisp_api::PortMap>,
+    /// Limit the NIC's traffic in each direction to BYTES[/FRAMES] per
+    /// second, e.g. 1M or 10M/2000 (with --tap).
+    #[arg(long, value_parser = wisp_vmm_process::units::parse_net_rate, requires = "tap")]
+    pub net_rate: Option<wisp_vmm::NetRate>,
     /// Connect a NIC to this tap device (without wispd; needs --ip).
     #[arg(long, requires = "ip")]
     pub tap: Option<String>,

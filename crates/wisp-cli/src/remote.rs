@@ -50,7 +50,7 @@ pub fn run(mut c: Client, a: &RunArgs) -> Result<u8, String> {
         name: a.name.clone(),
         timeout_ms: a.timeout.map(|t| t.as_millis() as u64),
         net: a.net,
-        ports: a.ports.iter().map(|&(host, vm)| wisp_api::PortMap { host, vm }).collect(),
+        ports: a.ports.clone(),
     };
     if let Some(n) = a.count {
         if !a.detach {

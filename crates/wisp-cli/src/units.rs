@@ -37,13 +37,10 @@ pub fn parse_ipv4_cidr(s: &str) -> Result<([u8; 4], u8), String> {
     Ok((parse_ipv4(a)?, p))
 }
 
-/// Parse a port mapping `HOSTPORT:VMPORT`, e.g. `8013:13`.
-pub fn parse_port_map(s: &str) -> Result<(u16, u16), String> {
-    let err = || format!("'{s}': expected HOSTPORT:VMPORT, e.g. 8013:13");
-    let (h, v) = s.split_once(':').ok_or_else(err)?;
-    let h: u16 = h.parse().ok().filter(|p| *p != 0).ok_or_else(err)?;
-    let v: u16 = v.parse().ok().filter(|p| *p != 0).ok_or_else(err)?;
-    Ok((h, v))
+/// Parse a port mapping `[ADDR:]HOSTPORT:VMPORT`, e.g. `8013:13` (on
+/// 127.0.0.1) or `0.0.0.0:8013:13` (every address).
+pub fn parse_port_map(s: &str) -> Result<wisp_api::PortMap, String> {
+    s.parse()
 }
 
 /// Parse a MAC address, e.g. `52:54:00:12:34:56`.
@@ -76,7 +73,9 @@ mod tests {
         assert_eq!(parse_mac("52:54:00:12:34:56"), Ok([0x52, 0x54, 0, 0x12, 0x34, 0x56]));
         assert!(parse_mac("01:00:00:00:00:00").is_err());
         assert!(parse_mac("52:54:00").is_err());
-        assert_eq!(parse_port_map("8013:13"), Ok((8013, 13)));
+        assert_eq!(parse_port_map("8013:13"), Ok(wisp_api::PortMap { host: 8013, vm: 13, addr: None }));
+        let any = parse_port_map("0.0.0.0:8013:13").map(|m| (m.host, m.vm, m.host_addr()));
+        assert_eq!(any, Ok((8013, 13, [0, 0, 0, 0].into())));
         assert!(parse_port_map("0:13").is_err());
         assert!(parse_port_map("8013").is_err());
     }

@@ -4,24 +4,25 @@
 
 use std::os::fd::OwnedFd;
 
-use wisp_vmm::{mac_for_ipv4, NetConfig};
+use wisp_vmm::{mac_for_ipv4, NetConfig, NetRate};
 
 use crate::proto::NetSpec;
 
 /// A NIC on tap device `tap` (opened here), with address `ip`/prefix,
 /// gateway `gw` and MAC `mac` (default: [`mac_for_ipv4`]).
-pub fn tap_nic(tap: &str, ip: ([u8; 4], u8), mac: Option<[u8; 6]>, gw: Option<[u8; 4]>) -> Result<NetConfig, String> {
+pub fn tap_nic(tap: &str, ip: ([u8; 4], u8), mac: Option<[u8; 6]>, gw: Option<[u8; 4]>, rate: NetRate) -> Result<NetConfig, String> {
     Ok(NetConfig {
         tap: wisp_vmm::tap::open_tap(tap).map_err(|e| format!("tap {tap}: {e}"))?,
         mac: mac.unwrap_or(mac_for_ipv4(ip.0)),
         ip,
         gateway: gw,
+        rate,
     })
 }
 
 impl NetSpec {
     /// The NIC the daemon described, on the tap it passed.
     pub fn into_config(self, tap: OwnedFd) -> NetConfig {
-        NetConfig { tap, mac: self.mac, ip: (self.ip, self.prefix), gateway: Some(self.gateway) }
+        NetConfig { tap, mac: self.mac, ip: (self.ip, self.prefix), gateway: Some(self.gateway), rate: NetRate::default() }
     }
 }

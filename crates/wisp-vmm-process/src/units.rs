@@ -28,9 +28,32 @@ pub fn parse_pool_target(s: &str) -> Result<(u64, u32), String> {
     Ok((mem, count))
 }
 
+/// Parse a NIC rate limit `BYTES[/FRAMES]` per second, for each direction
+/// (`wisp run --net-rate`), e.g. `1M` (1 MiB/s) or `10M/2000` (and at most
+/// 2,000 frames/s); `0` = unlimited.
+pub fn parse_net_rate(s: &str) -> Result<wisp_vmm::NetRate, String> {
+    let (b, f) = s.split_once('/').map_or((s, None), |(b, f)| (b, Some(f)));
+    let bytes = parse_size(b)?;
+    let ops = match f {
+        None => 0,
+        Some(f) => f.trim().parse().map_err(|_| format!("'{f}' is not a frame rate (frames per second)"))?,
+    };
+    let rate = wisp_vmm::Rate { bytes, ops };
+    Ok(wisp_vmm::NetRate { tx: rate, rx: rate })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn net_rates() {
+        let r = parse_net_rate("10M/2000").unwrap();
+        assert_eq!((r.tx.bytes, r.tx.ops, r.rx.bytes), (10 << 20, 2000, 10 << 20));
+        assert_eq!(parse_net_rate("1K").unwrap().tx.ops, 0);
+        assert!(parse_net_rate("fast").is_err());
+        assert!(parse_net_rate("1M/many").is_err());
+    }
 
     #[test]
     fn sizes() {

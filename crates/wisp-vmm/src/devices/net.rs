@@ -24,13 +24,16 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags};
-use wisp_abi::net::{hdr, SlotDesc, REGION_SIZE, RX_BUF_OFF, RX_DESC_OFF, SLOTS, SLOT_SIZE, TX_BUF_OFF, TX_DESC_OFF};
+use std::time::Duration;
+
+use wisp_abi::net::{hdr, SlotDesc, MAX_FRAME, REGION_SIZE, RX_BUF_OFF, RX_DESC_OFF, SLOTS, SLOT_SIZE, TX_BUF_OFF, TX_DESC_OFF};
 use wisp_abi::DeviceKind;
 
 use super::{Device, DeviceState};
 use crate::control::Control;
 use crate::error::{Error, Result as VmmResult};
 use crate::memory::RamView;
+use crate::rate_limiter::{Rate, RateLimiter};
 
 /// Configuration of a NIC, given at load time.
 #[derive(Debug)]
@@ -43,6 +46,22 @@ pub struct NetConfig {
     pub ip: ([u8; 4], u8),
     /// IPv4 gateway, if any.
     pub gateway: Option<[u8; 4]>,
+    /// Rate limits of each direction (default: none).
+    pub rate: NetRate,
+}
+
+/// Rate limits of a NIC (`wisp run --net-rate`): bytes and frames per
+/// second leaving the VM (`tx`) and reaching it (`rx`); 0 = unlimited.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetRate {
+    /// Guest → host.
+    pub tx: Rate,
+    /// Host → guest.
+    pub rx: Rate,
+}
+
+fn limiter(rate: Rate) -> Option<RateLimiter> {
+    (!rate.is_unlimited()).then(|| RateLimiter::new(rate, MAX_FRAME as u64))
 }
 
 /// Counters of a NIC.
@@ -88,6 +107,7 @@ pub struct Nic {
     mac: [u8; 6],
     ip: ([u8; 4], u8),
     gateway: Option<[u8; 4]>,
+    rate: NetRate,
     state: NicState,
 }
 
@@ -111,7 +131,7 @@ struct Running {
 impl Nic {
     /// A NIC on `cfg.tap`.
     pub fn new(cfg: NetConfig) -> Nic {
-        Nic { mac: cfg.mac, ip: cfg.ip, gateway: cfg.gateway, state: NicState::Ready(cfg.tap) }
+        Nic { mac: cfg.mac, ip: cfg.ip, gateway: cfg.gateway, rate: cfg.rate, state: NicState::Ready(cfg.tap) }
     }
 
     /// Stop the I/O thread; returns its counters, or why it stopped the NIC.
@@ -166,6 +186,8 @@ impl Device for Nic {
             ip: self.ip.0,
             tx_cons,
             rx_prod,
+            tx_limit: limiter(self.rate.tx),
+            rx_limit: limiter(self.rate.rx),
         };
         let thread = std::thread::Builder::new().name("net0".into()).stack_size(256 << 10).spawn(move || io.run())?;
         self.state = NicState::Running(Running { tap_raw, kick, stop, thread: Some(thread) });
@@ -240,6 +262,9 @@ struct Io {
     ip: [u8; 4],
     /// TX frames sent (the monitor's copy of `hdr::TX_CONS`).
     tx_cons: u32,
+    /// Budgets of each direction, if limited.
+    tx_limit: Option<RateLimiter>,
+    rx_limit: Option<RateLimiter>,
     /// RX frames delivered (the monitor's copy of `hdr::RX_PROD`).
     rx_prod: u32,
 }
@@ -265,17 +290,23 @@ impl Io {
             if self.stop.load(Ordering::Acquire) {
                 return Ok(());
             }
-            let sent = self.drain_tx(&mut frame)?;
-            let (received, rx_full) = self.fill_rx(&mut frame)?;
-            if received > 0 {
+            let (sent, tx_wait) = self.drain_tx(&mut frame)?;
+            let rx = self.fill_rx(&mut frame)?;
+            if rx.got > 0 {
                 self.control.post_events(wisp_abi::events::NET);
             }
-            if sent + received > 0 {
+            if sent + rx.got > 0 {
                 idle_rounds = 0;
                 continue;
             }
+            if let Some(wait) = tx_wait {
+                // Frames wait for the TX budget: sleep until it is there
+                // (the guest need not kick meanwhile: monitor_idle stays 0).
+                self.sleep(!rx.full && rx.wait.is_none(), Some(rx.wait.map_or(wait, |r| r.min(wait))));
+                continue;
+            }
             idle_rounds += 1;
-            if idle_rounds < SPIN_ROUNDS {
+            if idle_rounds < SPIN_ROUNDS && rx.wait.is_none() {
                 std::hint::spin_loop();
                 continue;
             }
@@ -288,17 +319,25 @@ impl Io {
             std::sync::atomic::fence(Ordering::SeqCst);
             let pending = self.tx_pending()?;
             if pending == 0 {
-                let mut fds = [PollFd::new(&self.tap, PollFlags::IN), PollFd::new(&*self.kick, PollFlags::IN)];
-                // With a full RX ring, the tap stays readable: check back
-                // soon instead of spinning on it.
-                let ts = rustix::time::Timespec { tv_sec: 0, tv_nsec: 1_000_000 };
-                let _ = poll(&mut fds, if rx_full { Some(&ts) } else { None });
-                let mut b = [0u8; 8];
-                let _ = rustix::io::read(self.kick.as_fd(), &mut b);
+                // With a full RX ring the tap stays readable: check back
+                // soon instead of spinning on it; with the RX budget spent,
+                // when it is there again.
+                let timeout = if rx.full { Some(Duration::from_millis(1)) } else { rx.wait };
+                self.sleep(!rx.full && rx.wait.is_none(), timeout);
             }
             self.ram.store_u32(self.base + hdr::MONITOR_IDLE, 0).map_err(|e| e.to_string())?;
             idle_rounds = 0;
         }
+    }
+
+    /// Sleep until a kick, the tap readable (if `tap`), or `timeout`.
+    fn sleep(&self, tap: bool, timeout: Option<Duration>) {
+        let ts = timeout.map(|t| rustix::time::Timespec { tv_sec: t.as_secs() as i64, tv_nsec: t.subsec_nanos() as i64 });
+        let mut fds = [PollFd::new(&*self.kick, PollFlags::IN), PollFd::new(&self.tap, PollFlags::IN)];
+        let n = if tap { 2 } else { 1 };
+        let _ = poll(&mut fds[..n], ts.as_ref());
+        let mut b = [0u8; 8];
+        let _ = rustix::io::read(self.kick.as_fd(), &mut b);
     }
 
     fn tx_pending(&self) -> Result<u32, String> {
@@ -311,15 +350,22 @@ impl Io {
         Ok(n)
     }
 
-    /// Send every frame the guest queued. Returns how many.
-    fn drain_tx(&mut self, frame: &mut [u8]) -> Result<u32, String> {
+    /// Send every frame the guest queued (as far as the TX budget allows).
+    /// Returns how many, and how long until the next one may go if the
+    /// budget stopped it.
+    fn drain_tx(&mut self, frame: &mut [u8]) -> Result<(u32, Option<Duration>), String> {
         let n = self.tx_pending()?;
         let mut cons = self.tx_cons;
-        for _ in 0..n {
+        for i in 0..n {
             let slot = (cons % SLOTS) as u64;
             let d: SlotDesc = self.ram.read_obj(self.base + TX_DESC_OFF + slot * 8).map_err(|e| e.to_string())?;
             if d.len == 0 || d.len > SLOT_SIZE {
                 return Err(format!("TX slot {slot}: length {} (1..={SLOT_SIZE} allowed)", d.len));
+            }
+            if let Some(l) = &mut self.tx_limit {
+                if !l.consume(d.len as u64) {
+                    return Ok((i, Some(l.ready_in(d.len as u64))));
+                }
             }
             let buf = &mut frame[..d.len as usize];
             self.ram.read(self.base + TX_BUF_OFF + slot * SLOT_SIZE as u64, buf).map_err(|e| e.to_string())?;
@@ -334,13 +380,15 @@ impl Io {
             self.tx_cons = cons;
             self.ram.store_u32(self.base + hdr::TX_CONS, cons).map_err(|e| e.to_string())?;
         }
-        Ok(n)
+        Ok((n, None))
     }
 
-    /// Move frames from the tap into free RX slots. Returns (frames, ring full).
-    fn fill_rx(&mut self, frame: &mut [u8]) -> Result<(u32, bool), String> {
+    /// Move frames from the tap into free RX slots (as far as the RX
+    /// budget allows; beyond it frames stay in the tap's queue, where the
+    /// host drops them when it is full).
+    fn fill_rx(&mut self, frame: &mut [u8]) -> Result<Rx, String> {
         let mut prod = self.rx_prod;
-        let mut got = 0;
+        let mut rx = Rx::default();
         loop {
             let cons = self.ram.load_u32(self.base + hdr::RX_CONS).map_err(|e| e.to_string())?;
             let used = prod.wrapping_sub(cons);
@@ -348,12 +396,23 @@ impl Io {
                 return Err(format!("RX consumer index {cons} is ahead of the producer ({prod})"));
             }
             if used == SLOTS {
-                return Ok((got, true));
+                rx.full = true;
+                return Ok(rx);
+            }
+            if let Some(l) = &mut self.rx_limit {
+                let wait = l.ready_in(MAX_FRAME as u64);
+                if !wait.is_zero() {
+                    rx.wait = Some(wait);
+                    return Ok(rx);
+                }
             }
             let n = match rustix::io::read(&self.tap, &mut frame[..]) {
-                Ok(0) | Err(_) => return Ok((got, false)),
+                Ok(0) | Err(_) => return Ok(rx),
                 Ok(n) => n,
             };
+            if let Some(l) = &mut self.rx_limit {
+                l.consume(n as u64);
+            }
             let slot = (prod % SLOTS) as u64;
             self.ram
                 .write(self.base + RX_BUF_OFF + slot * SLOT_SIZE as u64, &frame[..n])
@@ -365,9 +424,20 @@ impl Io {
             self.rx_prod = prod;
             self.ram.store_u32(self.base + hdr::RX_PROD, prod).map_err(|e| e.to_string())?;
             self.stats.rx_frames += 1;
-            got += 1;
+            rx.got += 1;
         }
     }
+}
+
+/// What one pass over the RX side did.
+#[derive(Default)]
+struct Rx {
+    /// Frames delivered.
+    got: u32,
+    /// The ring is full.
+    full: bool,
+    /// The RX budget is spent for this long.
+    wait: Option<Duration>,
 }
 
 #[cfg(test)]
