@@ -193,7 +193,10 @@ mod tests {
             name: Some("n".into()),
             timeout_ms: Some(5),
             net: true,
-            ports: vec![PortMap { host: 8013, vm: 13 }],
+            ports: vec![
+                PortMap { host: 8013, vm: 13, addr: None },
+                PortMap { host: 8014, vm: 14, addr: Some([0, 0, 0, 0].into()) },
+            ],
         };
         let pool = PoolInfo { target: vec![PoolTarget { mem: 16 << 20, count: 3 }], ready: vec![] };
         let all = [

@@ -1,5 +1,8 @@
 //! Request and response bodies of the wispd API.
 
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::str::FromStr;
+
 use serde::{Deserialize, Serialize};
 
 /// `POST /v1/vms`: create and start a VM.
@@ -29,8 +32,8 @@ pub struct CreateVm {
     pub ports: Vec<PortMap>,
 }
 
-/// A forwarded TCP port: connections to `host` on the daemon's host go to
-/// `vm` on the VM's address.
+/// A forwarded TCP port: connections to `host` on the daemon's host (on
+/// the address `addr`, by default 127.0.0.1) go to `vm` on the VM's address.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct PortMap {
@@ -38,6 +41,48 @@ pub struct PortMap {
     pub host: u16,
     /// VM port.
     pub vm: u16,
+    /// Host address to listen on; `None`: [`PortMap::DEFAULT_ADDR`], this
+    /// host only. `0.0.0.0` listens on every address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<IpAddr>,
+}
+
+impl PortMap {
+    /// Where a forward listens unless its map names an address: loopback,
+    /// so that a forwarded port is not open to the network by accident.
+    pub const DEFAULT_ADDR: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+    /// The host address to listen on.
+    pub fn host_addr(&self) -> IpAddr {
+        self.addr.unwrap_or(Self::DEFAULT_ADDR)
+    }
+}
+
+/// `[ADDR:]HOSTPORT:VMPORT`, as `wisp run -p` takes it: `8013:13`,
+/// `0.0.0.0:8013:13`, `[::1]:8013:13`.
+impl FromStr for PortMap {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<PortMap, String> {
+        let err = || format!("'{s}': expected [ADDR:]HOSTPORT:VMPORT, e.g. 8013:13 or 0.0.0.0:8013:13");
+        let (addr, ports) = match s.strip_prefix('[') {
+            Some(rest) => {
+                let (a, ports) = rest.split_once("]:").ok_or_else(err)?;
+                (Some(a.parse::<Ipv6Addr>().map_err(|_| err())?.into()), ports)
+            }
+            None => match s.matches(':').count() {
+                1 => (None, s),
+                2 => {
+                    let (a, ports) = s.split_once(':').ok_or_else(err)?;
+                    (Some(a.parse::<Ipv4Addr>().map_err(|_| format!("'{a}' is not an IPv4 address"))?.into()), ports)
+                }
+                _ => return Err(err()),
+            },
+        };
+        let (h, v) = ports.split_once(':').ok_or_else(err)?;
+        let port = |p: &str| p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(err);
+        Ok(PortMap { host: port(h)?, vm: port(v)?, addr })
+    }
 }
 
 /// Life-cycle state of a VM.
@@ -142,4 +187,29 @@ pub struct Version {
     pub version: String,
     /// Hypercall ABI version of its monitor.
     pub abi: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_maps_parse_and_keep_old_json() {
+        let pm = |host, vm, addr: Option<&str>| PortMap { host, vm, addr: addr.map(|a| a.parse().unwrap()) };
+        assert_eq!("8013:13".parse(), Ok(pm(8013, 13, None)));
+        assert_eq!("0.0.0.0:8013:13".parse(), Ok(pm(8013, 13, Some("0.0.0.0"))));
+        assert_eq!("10.99.0.1:80:8080".parse(), Ok(pm(80, 8080, Some("10.99.0.1"))));
+        assert_eq!("[::1]:8013:13".parse(), Ok(pm(8013, 13, Some("::1"))));
+        for bad in ["8013", "0:13", "8013:0", "x:8013:13", "1.2.3.4:5", "::1:8013:13", "[::1]8013:13", "a:b:c:d", ""] {
+            assert!(bad.parse::<PortMap>().is_err(), "{bad}");
+        }
+        assert_eq!("300.1.1.1:1:2".parse::<PortMap>().unwrap_err(), "'300.1.1.1' is not an IPv4 address");
+        // Requests and records without an address still read; one without is written as before.
+        let old: PortMap = serde_json::from_str(r#"{"host":8013,"vm":13}"#).unwrap();
+        assert_eq!((old, old.host_addr()), (pm(8013, 13, None), PortMap::DEFAULT_ADDR));
+        assert_eq!(serde_json::to_string(&old).unwrap(), r#"{"host":8013,"vm":13}"#);
+        let any = pm(8013, 13, Some("0.0.0.0"));
+        assert_eq!(serde_json::to_string(&any).unwrap(), r#"{"host":8013,"vm":13,"addr":"0.0.0.0"}"#);
+        assert!(serde_json::from_str::<PortMap>(r#"{"host":1,"vm":2,"addr":"nowhere"}"#).is_err());
+    }
 }

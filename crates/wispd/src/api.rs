@@ -3,34 +3,163 @@
 //! becomes an [`Action`] (bad input is a 4xx with a message), the daemon
 //! executes it, and its [`Outcome`] or [`ActionError`] becomes the response.
 //! The HTTP status of each error lives here, in [`status`].
+//!
+//! Connections are bounded: a peer that is not root, the daemon's user or a
+//! member of the API group is answered 403 ([`Access`]); beyond
+//! `max_connections` at once a connection is answered 503 (both by one
+//! thread that answers and closes, without reading more than a little of
+//! the request); a connection idle longer than `idle_timeout` between
+//! requests is closed, a request not received whole within `read_timeout`
+//! of its first byte is answered 408, and a peer that does not take a
+//! response within `write_timeout` loses its connection.
 
-use std::io::{self, BufReader, Read};
+use std::io::{self, BufRead, BufReader, Read};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
 use wisp_api::action::Action;
 use wisp_api::http::{self, HttpError, Request};
 use wisp_api::VM_ID_HEADER;
 
+use crate::access::{Access, Peer};
 use crate::daemon::{ActionError, Console, Daemon, Outcome};
+use crate::slots::Slots;
+
+/// How the API's connections are bounded.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Who may connect.
+    pub access: Access,
+    /// Most connections served at once.
+    pub max_connections: usize,
+    /// Longest wait for the next request on a kept-alive connection.
+    pub idle_timeout: Duration,
+    /// Longest time for a request to arrive whole, from its first byte.
+    pub read_timeout: Duration,
+    /// Longest time a response write may block on a peer that does not read.
+    pub write_timeout: Duration,
+}
+
+/// Refused connections waiting for their answer; more are closed unanswered.
+const REFUSALS_QUEUED: usize = 64;
+/// How long a refused connection is given to finish sending and take its answer.
+const REFUSAL_TIME: Duration = Duration::from_millis(500);
+
+/// A connection to answer with an error and close.
+struct Refusal {
+    conn: UnixStream,
+    status: u16,
+    message: String,
+}
 
 /// Serve the API on `listener` forever.
-pub fn serve(daemon: Arc<Daemon>, listener: UnixListener) {
+pub fn serve(daemon: Arc<Daemon>, listener: UnixListener, cfg: Config) {
+    let cfg = Arc::new(cfg);
+    let slots = Slots::new(cfg.max_connections);
+    let (refusals, queue) = mpsc::sync_channel::<Refusal>(REFUSALS_QUEUED);
+    let _ = std::thread::Builder::new().name("api-refuse".into()).spawn(move || queue.into_iter().for_each(refuse));
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
-        let d = daemon.clone();
-        let _ = std::thread::Builder::new().name("api".into()).spawn(move || connection(d, conn));
+        if let Err((peer, message)) = cfg.access.check(&conn) {
+            eprintln!("wispd: API: refused a connection from {}: {message}", describe(peer.as_ref()));
+            let _ = refusals.try_send(Refusal { conn, status: 403, message });
+            continue;
+        }
+        let Some(slot) = slots.try_take() else {
+            let message = format!("too many API connections (at most {}); try again later", slots.max());
+            let _ = refusals.try_send(Refusal { conn, status: 503, message });
+            continue;
+        };
+        let (d, cfg) = (daemon.clone(), cfg.clone());
+        let _ = std::thread::Builder::new().name("api".into()).spawn(move || {
+            let _slot = slot;
+            connection(d, conn, &cfg)
+        });
     }
 }
 
-fn connection(d: Arc<Daemon>, conn: UnixStream) {
+fn describe(peer: Option<&Peer>) -> String {
+    match peer {
+        Some(p) => format!("uid {} gid {} pid {}", p.uid, p.gid, p.pid),
+        None => "an unknown peer".into(),
+    }
+}
+
+/// Answer a refused connection and close it, after taking (a bounded amount
+/// of, for a bounded time) what the client sends, so that it reads the
+/// answer rather than a reset.
+fn refuse(r: Refusal) {
+    let conn = r.conn;
+    let _ = conn.set_write_timeout(Some(REFUSAL_TIME));
+    let _ = http::write_error(&mut &conn, r.status, &r.message, false);
+    let _ = conn.shutdown(std::net::Shutdown::Write);
+    let deadline = Instant::now() + REFUSAL_TIME;
+    let (mut buf, mut left) = ([0u8; 4096], 64usize << 10);
+    while left > 0 {
+        let rest = deadline.saturating_duration_since(Instant::now());
+        if rest.is_zero() || conn.set_read_timeout(Some(rest)).is_err() {
+            break;
+        }
+        match (&conn).read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => left = left.saturating_sub(n),
+        }
+    }
+}
+
+/// The read half of a connection: every read ends by a deadline.
+struct Timed {
+    stream: UnixStream,
+    deadline: Instant,
+    expired: bool,
+}
+
+impl Timed {
+    /// Reads from now on end within `limit`.
+    fn arm(&mut self, limit: Duration) {
+        self.deadline = Instant::now() + limit;
+        self.expired = false;
+    }
+}
+
+impl Read for Timed {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            self.expired = true;
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        let r = self.stream.read(buf);
+        if matches!(&r, Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)) {
+            self.expired = true;
+        }
+        r
+    }
+}
+
+fn connection(d: Arc<Daemon>, conn: UnixStream, cfg: &Config) {
+    let _ = conn.set_write_timeout(Some(cfg.write_timeout));
     let Ok(read_half) = conn.try_clone() else { return };
-    let mut r = BufReader::new(read_half);
+    let mut r = BufReader::new(Timed { stream: read_half, deadline: Instant::now(), expired: false });
     let mut w = conn;
     loop {
-        let req = match http::read_request(&mut r) {
+        // The next request begins within the idle timeout (or the connection
+        // is closed quietly) and arrives whole within the read timeout.
+        r.get_mut().arm(cfg.idle_timeout);
+        if !r.fill_buf().is_ok_and(|b| !b.is_empty()) {
+            return;
+        }
+        r.get_mut().arm(cfg.read_timeout);
+        let req = match http::read_request_with(&mut r, &mut w) {
             Ok(Some(req)) => req,
             Ok(None) => return,
+            Err(_) if r.get_ref().expired => {
+                let message = format!("the request did not arrive within {:?}", cfg.read_timeout);
+                let _ = http::write_error(&mut w, 408, &message, false);
+                return;
+            }
             Err(e) => {
                 let _ = http::write_error(&mut w, e.status, &e.message, false);
                 return;
@@ -58,6 +187,8 @@ fn status(e: &ActionError) -> u16 {
     match e {
         BadMemory(_) | InvalidName(_) | BadImage(_) | StartRefused(_) | Pool(_) => 400,
         NotFound(_) | Gone(_) => 404,
+        // A host address that is not this host's cannot be listened on: the request was wrong.
+        PortInUse { source, .. } if source.kind() == io::ErrorKind::AddrNotAvailable => 400,
         NameInUse(_) | Ambiguous(_) | Exited(_) | Running(_) | Refused(_) | Unreachable { .. } | PortInUse { .. } => 409,
         Timeout(_) => 504,
         Prepare(_) | Network(_) | Record(_) | Vmm(_) => 500,
@@ -162,6 +293,11 @@ mod tests {
             (ActionError::Refused("already paused".into()), 409, "already paused"),
             (ActionError::Unreachable { id: "x".into(), source: io() }, 409, "VM x is not reachable: Address in use"),
             (ActionError::PortInUse { port: 8013, source: io() }, 409, "cannot forward host port 8013: Address in use"),
+            (
+                ActionError::PortInUse { port: 8013, source: io::Error::new(ErrorKind::AddrNotAvailable, "Cannot assign") },
+                400,
+                "cannot forward host port 8013: Cannot assign",
+            ),
             (ActionError::Timeout("x".into()), 504, "VM x did not exit in time"),
             (ActionError::Record(io()), 500, "cannot record the VM: Address in use"),
             (ActionError::Vmm(io()), 500, "VMM process: Address in use"),

@@ -1,13 +1,14 @@
-//! The client side: a keep-alive HTTP/1.1 client over a Unix socket and its response reader.
+//! The client side: a keep-alive HTTP/1.1 client over a Unix socket and its response reader (heads and
+//! chunk sizes parsed by `httparse`).
 
 use serde::{de::DeserializeOwned, Serialize};
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
 use super::common::{
-    content_length, eof, find_header, has_token, invalid, is_tchar, is_vchar, read_headers, read_line, reason, HeadErr,
-    HttpError, CLIENT_MAX_BODY_BYTES, CLIENT_MAX_HEADER_BYTES,
+    content_length, eof, find_header, has_token, invalid, is_tchar, is_vchar, owned_headers, read_head, read_line,
+    reason, HeadErr, HttpError, CLIENT_MAX_BODY_BYTES, CLIENT_MAX_HEADER_BYTES, MAX_HEADERS,
 };
 
 /// A response received by [`Client`].
@@ -63,30 +64,33 @@ pub(super) struct Head {
     close: bool,
 }
 
-/// Read a response head, skipping interim 1xx responses. `Ok(None)`: EOF or I/O error before any byte.
+/// Read a response head (parsed by `httparse`), skipping interim 1xx responses. `Ok(None)`: EOF or I/O
+/// error before any byte.
 pub(super) fn read_response_head<R: BufRead>(r: &mut R) -> io::Result<Option<Head>> {
     for round in 0..8 {
         let mut budget = CLIENT_MAX_HEADER_BYTES;
-        let line = match read_line(r, &mut budget) {
-            Ok(Some(l)) => l,
+        let raw = match read_head(r, &mut budget) {
+            Ok(Some(h)) => h,
             Ok(None) if round == 0 => return Ok(None),
             Err(HeadErr::Io(_)) if round == 0 && budget == CLIENT_MAX_HEADER_BYTES => return Ok(None),
             Ok(None) => return Err(eof()),
             Err(e) => return Err(e.into_io()),
         };
-        let line = String::from_utf8_lossy(&line);
-        let mut it = line.splitn(3, ' ');
-        let (version, code) = (it.next().unwrap_or(""), it.next().unwrap_or(""));
-        if !version.starts_with("HTTP/1.") || code.len() != 3 || !code.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(invalid("malformed status line"));
+        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut slots);
+        match parsed.parse(&raw) {
+            Ok(httparse::Status::Complete(_)) => {}
+            Err(httparse::Error::TooManyHeaders) => return Err(invalid("too many response header fields")),
+            Err(httparse::Error::Version | httparse::Error::Status) => return Err(invalid("malformed status line")),
+            _ => return Err(invalid("malformed response head")),
         }
-        let status = code.bytes().fold(0u16, |a, b| a * 10 + u16::from(b - b'0'));
-        let headers = read_headers(r, &mut budget).map_err(HeadErr::into_io)?;
+        let (status, http10) = (parsed.code.unwrap_or_default(), parsed.version == Some(0));
+        let headers = owned_headers(parsed.headers).map_err(invalid)?;
         if (100..200).contains(&status) && status != 101 {
             continue;
         }
         let close = has_token(&headers, "connection", "close")
-            || (version == "HTTP/1.0" && !has_token(&headers, "connection", "keep-alive"));
+            || (http10 && !has_token(&headers, "connection", "keep-alive"));
         return Ok(Some(Head { status, headers, close }));
     }
     Err(invalid("too many interim responses"))
@@ -149,13 +153,16 @@ pub(super) fn read_body<R: BufRead>(r: &mut R, framing: &Framing, limit: u64, on
         Framing::Length(n) => pump(r, n, false, &mut total, limit, on_data),
         Framing::UntilEof => pump(r, u64::MAX, true, &mut total, limit, on_data),
         Framing::Chunked => loop {
-            let line = read_line(r, &mut 4096).map_err(HeadErr::into_io)?.ok_or_else(eof)?;
-            let line = String::from_utf8_lossy(&line);
-            let size = line.split(';').next().unwrap_or("").trim();
-            if size.is_empty() || size.len() > 15 || !size.bytes().all(|b| b.is_ascii_hexdigit()) {
+            let mut line = read_line(r, &mut 4096).map_err(HeadErr::into_io)?.ok_or_else(eof)?;
+            let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+            if digits == 0 || digits > 15 {
                 return Err(invalid("malformed chunk size"));
             }
-            let size = u64::from_str_radix(size, 16).map_err(|_| invalid("malformed chunk size"))?;
+            line.extend_from_slice(b"\r\n");
+            let size = match httparse::parse_chunk_size(&line) {
+                Ok(httparse::Status::Complete((_, size))) => size,
+                _ => return Err(invalid("malformed chunk size")),
+            };
             if size == 0 {
                 let mut budget = CLIENT_MAX_HEADER_BYTES; // skip the trailers
                 while read_line(r, &mut budget).map_err(HeadErr::into_io)?.is_some_and(|l| !l.is_empty()) {}
@@ -179,8 +186,19 @@ fn collect(out: &mut Vec<u8>) -> impl FnMut(&[u8]) -> bool + '_ {
     }
 }
 
-/// A keep-alive HTTP/1.1 client over a Unix socket. It reconnects after the server closed the
-/// connection, and retries once when a reused connection turns out closed before any response byte.
+/// A keep-alive HTTP/1.1 client over a Unix socket. It reconnects when the server has closed the
+/// connection, and never sends a request twice when the first one may have reached the server:
+/// - before a request goes out on a reused connection, the connection is checked (a non-blocking
+///   peek): one the server has closed, or one holding bytes nobody asked for, is replaced by a new one;
+/// - a request is sent again (once, on a new connection) only when the kernel took none of its bytes
+///   on a reused connection (its first `write` failed: the server had closed the connection), or when
+///   its method is safe (GET, HEAD: RFC 9110 9.2.1, there is no effect to repeat) and a reused
+///   connection ended before any byte of the response;
+/// - otherwise a request whose bytes left and that got no answer is an `UnexpectedEof` error, and not
+///   sent again: a POST that created a VM before the connection broke must not create a second one.
+///
+/// When the server closes the connection while the request is being written, its answer (a 503 at
+/// its connection cap, a 403) is still read.
 pub struct Client {
     path: Option<PathBuf>,
     conn: Option<BufReader<UnixStream>>,
@@ -250,7 +268,8 @@ impl Client {
         self.last_error.take()
     }
 
-    /// Write the request and read the response head, (re)connecting as needed.
+    /// Write the request and read the response head, (re)connecting as needed (see [`Client`] for when
+    /// a request is sent again).
     fn send(&mut self, method: &str, target: &str, body: Option<&[u8]>) -> io::Result<Head> {
         if method.is_empty()
             || !method.bytes().all(is_tchar)
@@ -269,7 +288,11 @@ impl Client {
         }
         req.extend_from_slice(b"\r\n");
         req.extend_from_slice(body.unwrap_or_default());
+        let safe = matches!(method, "GET" | "HEAD");
         loop {
+            if self.reused && !self.conn.as_ref().is_some_and(still_open) {
+                self.conn = None;
+            }
             if self.conn.is_none() {
                 let path = self
                     .path
@@ -278,26 +301,53 @@ impl Client {
                 self.conn = Some(BufReader::new(UnixStream::connect(path)?));
                 self.reused = false;
             }
-            let (reused, Some(conn)) = (self.reused, self.conn.as_mut()) else { continue };
-            let result = match conn.get_mut().write_all(&req) {
+            let (reused, can_reconnect) = (self.reused, self.path.is_some());
+            let Some(conn) = self.conn.as_mut() else { continue };
+            let (sent, written) = write_counting(conn.get_mut(), &req);
+            let result = match written {
                 Ok(()) => read_response_head(conn),
-                Err(e) if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) => Ok(None),
+                // Not one byte left: the server had closed this idle connection. Nothing to repeat.
+                Err(e) if closed(&e) && sent == 0 && reused && can_reconnect => {
+                    self.conn = None;
+                    self.reused = false;
+                    continue;
+                }
+                // Closed while we wrote: the server may have answered first (its cap, a refusal).
+                Err(e) if closed(&e) => match read_response_head(conn) {
+                    Ok(Some(head)) => Ok(Some(head)),
+                    _ => Err(io::Error::new(
+                        e.kind(),
+                        format!(
+                            "the server closed the connection while the request was being sent ({sent} of {} bytes \
+                             sent); it was not sent again",
+                            req.len()
+                        ),
+                    )),
+                },
                 Err(e) => Err(e),
             };
-            if let Ok(Some(head)) = result {
-                self.reused = true;
-                return Ok(head);
-            }
-            self.conn = None;
             match result {
-                Ok(None) if reused && self.path.is_some() => continue, // stale keep-alive connection
-                Ok(_) => {
+                Ok(Some(head)) => {
+                    self.reused = true;
+                    return Ok(head);
+                }
+                // A safe request on a connection the server closed as we used it: no effect to repeat.
+                Ok(None) if reused && safe && can_reconnect => {
+                    self.conn = None;
+                    self.reused = false;
+                }
+                Ok(None) => {
+                    self.conn = None;
                     return Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
-                        "server closed the connection without responding",
-                    ))
+                        "server closed the connection without responding (the request may have been \
+                         processed; it was not sent again)",
+                    ));
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    self.conn = None;
+                    return Err(e);
+                }
             }
         }
     }
@@ -311,4 +361,37 @@ impl Client {
         }
         result.map(drop)
     }
+}
+
+/// Whether a write error means the peer has closed the connection.
+fn closed(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset)
+}
+
+/// Write all of `buf`, returning how many bytes the kernel took along with the outcome.
+fn write_counting(s: &mut UnixStream, buf: &[u8]) -> (usize, io::Result<()>) {
+    let mut sent = 0;
+    while sent < buf.len() {
+        match s.write(&buf[sent..]) {
+            Ok(0) => return (sent, Err(io::ErrorKind::WriteZero.into())),
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return (sent, Err(e)),
+        }
+    }
+    (sent, Ok(()))
+}
+
+/// Whether a kept-alive connection can carry the next request: nothing unread in our buffer, and the
+/// socket neither closed by the server nor holding bytes nobody asked for (a non-blocking read; a byte
+/// it takes is one nobody asked for, and the connection is dropped anyway).
+fn still_open(conn: &BufReader<UnixStream>) -> bool {
+    if !conn.buffer().is_empty() {
+        return false;
+    }
+    let mut s = conn.get_ref();
+    let mut byte = [0u8; 1];
+    let idle = s.set_nonblocking(true).is_ok()
+        && matches!(s.read(&mut byte), Err(ref e) if e.kind() == io::ErrorKind::WouldBlock);
+    s.set_nonblocking(false).is_ok() && idle
 }

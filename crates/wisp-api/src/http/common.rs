@@ -1,5 +1,6 @@
 //! What the server and the client share: limits, the error type, the line
-//! and header readers, percent-coding and reason phrases.
+//! and message-head readers (the head is parsed by `httparse`), percent-coding
+//! and reason phrases.
 
 use std::fmt;
 use std::io::{self, BufRead};
@@ -67,8 +68,6 @@ pub(super) enum HeadErr {
     TooLong,
     /// I/O error or EOF in the middle.
     Io(io::Error),
-    /// Syntax error.
-    Bad(&'static str),
 }
 
 impl HeadErr {
@@ -76,7 +75,6 @@ impl HeadErr {
         match self {
             HeadErr::TooLong => invalid("response headers too large"),
             HeadErr::Io(e) => e,
-            HeadErr::Bad(m) => invalid(m),
         }
     }
 }
@@ -121,27 +119,55 @@ pub(super) fn read_line<R: BufRead>(r: &mut R, budget: &mut usize) -> Result<Opt
     }
 }
 
-/// Read header lines up to and including the empty line that ends the head.
-pub(super) fn read_headers<R: BufRead>(r: &mut R, budget: &mut usize) -> Result<Vec<(String, String)>, HeadErr> {
-    let mut headers = Vec::new();
+/// Read the raw bytes of a message head (start line and header lines, each ending in LF or CRLF) up to
+/// and including the empty line that ends it, consuming at most `*budget` bytes (decremented) and
+/// nothing after the head. Empty lines before the start line are skipped (and counted). `Ok(None)`: EOF
+/// before the start line. The bytes are then parsed by `httparse`.
+pub(super) fn read_head<R: BufRead>(r: &mut R, budget: &mut usize) -> Result<Option<Vec<u8>>, HeadErr> {
+    let mut head = Vec::new();
+    let mut line_start = 0;
     loop {
-        let line = read_line(r, budget)?.ok_or_else(|| HeadErr::Io(eof()))?;
-        match line.first() {
-            None => return Ok(headers),
-            Some(b' ' | b'\t') => return Err(HeadErr::Bad("obsolete header line folding is not supported")),
-            _ => {}
+        let buf = match r.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(HeadErr::Io(e)),
+        };
+        if buf.is_empty() {
+            return if head.is_empty() { Ok(None) } else { Err(HeadErr::Io(eof())) };
         }
-        let colon = line.iter().position(|&b| b == b':').ok_or(HeadErr::Bad("malformed header line"))?;
-        let (name, value) = (&line[..colon], &line[colon + 1..]);
-        if name.is_empty() || !name.iter().all(|&b| is_tchar(b)) {
-            return Err(HeadErr::Bad("invalid header name"));
+        let avail = &buf[..buf.len().min(*budget)];
+        let nl = avail.iter().position(|&b| b == b'\n');
+        let take = nl.map_or(avail.len(), |i| i + 1);
+        head.extend_from_slice(&avail[..take]);
+        r.consume(take);
+        *budget -= take;
+        if nl.is_some() {
+            if matches!(&head[line_start..], b"\n" | b"\r\n") {
+                if line_start > 0 {
+                    return Ok(Some(head));
+                }
+                head.clear(); // an empty line before the start line
+            } else {
+                line_start = head.len();
+            }
+        } else if *budget == 0 {
+            return Err(HeadErr::TooLong);
         }
-        if value.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
-            return Err(HeadErr::Bad("invalid character in header value"));
-        }
-        let value = std::str::from_utf8(value).map_err(|_| HeadErr::Bad("header value is not valid UTF-8"))?;
-        headers.push((String::from_utf8_lossy(name).to_ascii_lowercase(), value.trim_matches([' ', '\t']).into()));
     }
+}
+
+/// Most header fields in a message head (requests and responses).
+pub const MAX_HEADERS: usize = 100;
+
+/// The header fields `httparse` found, as (lower-cased name, value) pairs; values must be UTF-8 and are
+/// trimmed of spaces and tabs.
+pub(super) fn owned_headers(parsed: &[httparse::Header<'_>]) -> Result<Vec<(String, String)>, &'static str> {
+    let mut headers = Vec::with_capacity(parsed.len());
+    for h in parsed {
+        let value = std::str::from_utf8(h.value).map_err(|_| "header value is not valid UTF-8")?;
+        headers.push((h.name.to_ascii_lowercase(), value.trim_matches([' ', '\t']).to_string()));
+    }
+    Ok(headers)
 }
 
 /// The `Content-Length` of a message, `Ok(None)` when absent; values beyond u64 read as `u64::MAX`.
@@ -195,7 +221,8 @@ pub fn reason(status: u16) -> &'static str {
         100 => "Continue", 200 => "OK", 201 => "Created", 202 => "Accepted", 204 => "No Content",
         304 => "Not Modified", 400 => "Bad Request", 403 => "Forbidden", 404 => "Not Found",
         405 => "Method Not Allowed", 408 => "Request Timeout", 409 => "Conflict", 411 => "Length Required",
-        413 => "Content Too Large", 415 => "Unsupported Media Type", 422 => "Unprocessable Content",
+        413 => "Content Too Large", 415 => "Unsupported Media Type", 417 => "Expectation Failed",
+        422 => "Unprocessable Content",
         429 => "Too Many Requests", 431 => "Request Header Fields Too Large", 500 => "Internal Server Error",
         501 => "Not Implemented", 502 => "Bad Gateway", 503 => "Service Unavailable", 504 => "Gateway Timeout",
         505 => "HTTP Version Not Supported",

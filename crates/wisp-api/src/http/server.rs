@@ -1,11 +1,12 @@
-//! The server side: read one request, write responses (whole, JSON, errors, chunked streams).
+//! The server side: read one request (its head parsed by `httparse`), write responses (whole, JSON,
+//! errors, chunked streams).
 
 use serde::{de::DeserializeOwned, Serialize};
 use std::io::{self, BufRead, Read, Write};
 
 use super::common::{
-    bad, content_length, find_header, has_token, is_tchar, is_vchar, percent_decode, read_headers, read_line, reason,
-    HeadErr, HttpError, MAX_BODY_BYTES, MAX_HEADER_BYTES,
+    bad, content_length, find_header, has_token, is_tchar, is_vchar, owned_headers, percent_decode, read_head, reason,
+    HeadErr, HttpError, MAX_BODY_BYTES, MAX_HEADERS, MAX_HEADER_BYTES,
 };
 
 /// A parsed request.
@@ -50,30 +51,49 @@ impl Request {
     }
 }
 
-/// Parse a request line into method, target and "is HTTP/1.0".
-fn parse_request_line(line: &[u8]) -> Result<(&str, &str, bool), HttpError> {
+/// Why `httparse` refused a request head, in the words of the checks it replaced: the request line is
+/// diagnosed first (method, target, version: 505 for an HTTP version other than 1.x), then the header
+/// lines.
+fn head_error(e: httparse::Error, head: &[u8]) -> HttpError {
+    if e == httparse::Error::TooManyHeaders {
+        return HttpError::new(431, format!("too many header fields (limit {MAX_HEADERS})"));
+    }
+    let mut lines = head.split(|&b| b == b'\n').map(|l| l.strip_suffix(b"\r").unwrap_or(l));
+    let first = lines.next().unwrap_or_default();
+    if let Err(e) = diagnose_request_line(first) {
+        return e;
+    }
+    let rest: Vec<&[u8]> = lines.filter(|l| !l.is_empty()).collect();
+    if rest.iter().any(|l| l.starts_with(b" ") || l.starts_with(b"\t")) {
+        return bad("obsolete header line folding is not supported");
+    }
+    match e {
+        httparse::Error::HeaderValue => bad("invalid character in header value"),
+        _ if rest.iter().any(|l| !l.contains(&b':')) => bad("malformed header line"),
+        httparse::Error::HeaderName => bad("invalid header name"),
+        _ => bad("malformed request head"),
+    }
+}
+
+/// What is wrong with a request line that `httparse` refused, if it is the request line.
+fn diagnose_request_line(line: &[u8]) -> Result<(), HttpError> {
     let s = std::str::from_utf8(line).map_err(|_| bad("request line is not valid UTF-8"))?;
     let mut it = s.split(' ');
     let (Some(method), Some(target), Some(version), None) = (it.next(), it.next(), it.next(), it.next()) else {
         return Err(bad("malformed request line"));
     };
-    let http10 = match version {
-        "HTTP/1.1" => false,
-        "HTTP/1.0" => true,
-        _ => {
-            let n = version.strip_prefix("HTTP/").unwrap_or("");
-            let numeric =
-                n.starts_with(|c: char| c.is_ascii_digit()) && n.bytes().all(|b| b.is_ascii_digit() || b == b'.');
-            return Err(match numeric && n.len() <= 3 {
-                true => HttpError::new(505, format!("unsupported HTTP version {version}")),
-                false => bad("malformed request line"),
-            });
-        }
-    };
+    if !matches!(version, "HTTP/1.1" | "HTTP/1.0") {
+        let n = version.strip_prefix("HTTP/").unwrap_or("");
+        let numeric = n.starts_with(|c: char| c.is_ascii_digit()) && n.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+        return Err(match numeric && n.len() <= 3 {
+            true => HttpError::new(505, format!("unsupported HTTP version {version}")),
+            false => bad("malformed request line"),
+        });
+    }
     if method.is_empty() || !method.bytes().all(is_tchar) {
         return Err(bad("invalid method"));
     }
-    Ok((method, target, http10))
+    parse_target(target).map(drop)
 }
 
 /// Split an origin-form target (`/path?query`) into decoded path and query.
@@ -100,31 +120,60 @@ fn parse_target(target: &str) -> Result<(String, Vec<(String, String)>), HttpErr
 
 /// Read one request. `Ok(None)` on a clean EOF, or an I/O error (read timeout, reset), before any byte
 /// of a request: the peer is gone or idle and there is nobody to answer. Leading empty lines are skipped.
+/// `Expect: 100-continue` is not answered here (there is no writer; see [`read_request_with`]) but
+/// any other expectation is refused with 417.
 pub fn read_request<R: BufRead>(r: &mut R) -> Result<Option<Request>, HttpError> {
-    let head_err = |e| match e {
-        HeadErr::TooLong => HttpError::new(431, format!("request head too large (limit {MAX_HEADER_BYTES} bytes)")),
-        HeadErr::Io(_) => bad("incomplete request"),
-        HeadErr::Bad(m) => bad(m),
-    };
+    read(r, None)
+}
+
+/// [`read_request`] on a connection: a request with `Expect: 100-continue` and a body gets its
+/// `100 Continue` on `w` once the head has been accepted, before the body is read (a head refused with
+/// 411, 413 or 417 gets no `100`: the final answer comes instead).
+pub fn read_request_with<R: BufRead>(r: &mut R, w: &mut dyn Write) -> Result<Option<Request>, HttpError> {
+    read(r, Some(w))
+}
+
+fn read<R: BufRead>(r: &mut R, interim: Option<&mut dyn Write>) -> Result<Option<Request>, HttpError> {
     let mut budget = MAX_HEADER_BYTES;
-    let line = loop {
-        match read_line(r, &mut budget) {
-            Ok(Some(l)) if l.is_empty() => continue,
-            Ok(Some(l)) => break l,
-            Ok(None) => return Ok(None),
-            Err(HeadErr::Io(_)) if budget == MAX_HEADER_BYTES => return Ok(None),
-            Err(e) => return Err(head_err(e)),
+    let head = match read_head(r, &mut budget) {
+        Ok(Some(head)) => head,
+        Ok(None) => return Ok(None),
+        Err(HeadErr::Io(_)) if budget == MAX_HEADER_BYTES => return Ok(None),
+        Err(HeadErr::Io(_)) => return Err(bad("incomplete request")),
+        Err(HeadErr::TooLong) => {
+            return Err(HttpError::new(431, format!("request head too large (limit {MAX_HEADER_BYTES} bytes)")))
         }
     };
-    let (method, target, http10) = parse_request_line(&line)?;
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut slots);
+    match parsed.parse(&head) {
+        Ok(httparse::Status::Complete(n)) if n == head.len() => {}
+        Ok(_) => return Err(bad("malformed request head")),
+        Err(e) => return Err(head_error(e, &head)),
+    }
+    let (method, target) = (parsed.method.unwrap_or_default(), parsed.path.unwrap_or_default());
+    let http10 = parsed.version == Some(0);
     let (path, query) = parse_target(target)?;
-    let mut headers = read_headers(r, &mut budget).map_err(head_err)?;
+    let mut headers = owned_headers(parsed.headers).map_err(bad)?;
     if find_header(&headers, "transfer-encoding").is_some() {
         return Err(HttpError::new(411, "Transfer-Encoding request bodies are not supported; send Content-Length"));
     }
     let len = content_length(&headers).map_err(bad)?.unwrap_or(0);
     if len > MAX_BODY_BYTES as u64 {
         return Err(HttpError::new(413, format!("request body too large ({len} bytes; limit {MAX_BODY_BYTES})")));
+    }
+    // RFC 9110 10.1.1: 100-continue is the one expectation; an HTTP/1.0 request's is ignored.
+    if !http10 {
+        for (_, v) in headers.iter().filter(|(n, _)| n == "expect") {
+            if !v.eq_ignore_ascii_case("100-continue") {
+                return Err(HttpError::new(417, format!("unsupported expectation '{v}' (only 100-continue is)")));
+            }
+        }
+        if let (Some(w), true) = (interim, len > 0 && has_token(&headers, "expect", "100-continue")) {
+            if w.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").and_then(|()| w.flush()).is_err() {
+                return Err(bad("incomplete request"));
+            }
+        }
     }
     let mut body = Vec::with_capacity(len as usize); // checked just above
     match r.take(len).read_to_end(&mut body) {

@@ -366,3 +366,138 @@ fn random_input_never_panics() {
         }
     }
 }
+
+/// A listener on a fresh socket path; the directory is removed by the caller.
+fn listener(tag: &str) -> (std::path::PathBuf, UnixListener) {
+    let dir = std::env::temp_dir().join(format!("wisp-http-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("api.sock");
+    let l = UnixListener::bind(&sock).unwrap();
+    (dir, l)
+}
+
+#[test]
+fn a_request_that_may_have_reached_the_server_is_not_sent_again() {
+    // The server answers a GET (keep-alive), then reads a POST in full and closes without answering,
+    // as a daemon that created the VM and died would. The client must report it, not send it again.
+    let (dir, l) = listener("no-retry");
+    let srv = thread::spawn(move || {
+        let mut posts = 0;
+        loop {
+            let (s, _) = l.accept().unwrap();
+            let mut w = s.try_clone().unwrap();
+            let mut r = BufReader::new(s);
+            while let Ok(Some(req)) = read_request(&mut r) {
+                match req.method.as_str() {
+                    "POST" => {
+                        posts += 1;
+                        break; // read it all, answer nothing, close
+                    }
+                    _ if req.path == "/done" => return posts,
+                    _ => write_response(&mut w, 200, "text/plain", b"ok", true).unwrap(),
+                }
+            }
+        }
+    });
+    let mut c = Client::connect(&dir.join("api.sock")).unwrap();
+    assert_eq!(c.request("GET", "/first", None).unwrap().status, 200);
+    let e = c.request("POST", "/v1/vms", Some(b"{\"image\":\"noop\"}")).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
+    assert!(e.to_string().contains("not sent again"), "{e}");
+    // Connections are accepted in order: a re-sent POST would have come before this one.
+    let _ = Client::connect(&dir.join("api.sock")).unwrap().request("GET", "/done", None);
+    assert_eq!(srv.join().unwrap(), 1, "the POST reached the server twice");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_closed_idle_connection_is_replaced_before_the_request_leaves() {
+    // The server closes a kept-alive connection while it is idle (its idle timeout); the next POST
+    // goes out once, on a new connection.
+    let (dir, l) = listener("stale");
+    let (closed_tx, closed_rx) = mpsc::channel();
+    let srv = thread::spawn(move || {
+        let mut posts = 0;
+        for round in 0..2 {
+            let (s, _) = l.accept().unwrap();
+            let mut w = s.try_clone().unwrap();
+            let mut r = BufReader::new(s);
+            let req = read_request(&mut r).unwrap().unwrap();
+            posts += usize::from(req.method == "POST");
+            write_response(&mut w, 200, "text/plain", req.method.as_bytes(), true).unwrap();
+            if round == 0 {
+                drop((r, w));
+                closed_tx.send(()).unwrap();
+            }
+        }
+        posts
+    });
+    let mut c = Client::connect(&dir.join("api.sock")).unwrap();
+    assert_eq!(c.request("GET", "/", None).unwrap().body, b"GET");
+    closed_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(c.request("POST", "/v1/vms", Some(b"{}")).unwrap().body, b"POST");
+    assert_eq!(srv.join().unwrap(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_answer_sent_before_the_server_closes_is_read() {
+    // A server at its connection cap answers 503 without reading and closes; the client, still
+    // writing a large body, gets EPIPE, and then reads the answer.
+    let (a, b) = UnixStream::pair().unwrap();
+    let srv = thread::spawn(move || {
+        write_error(&mut &b, 503, "too many connections", false).unwrap();
+    });
+    let body = vec![b'x'; 1 << 20];
+    let r = Client::from_stream(a).request("POST", "/v1/vms", Some(&body)).unwrap();
+    assert_eq!((r.status, r.error_message().as_str()), (503, "too many connections"));
+    srv.join().unwrap();
+}
+
+#[test]
+fn expect_100_continue_is_answered_before_the_body_is_read() {
+    let (mut a, b) = UnixStream::pair().unwrap();
+    a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let srv = thread::spawn(move || {
+        let mut w = b.try_clone().unwrap();
+        read_request_with(&mut BufReader::new(b), &mut w)
+    });
+    a.write_all(b"POST /v1/vms HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-Continue\r\n\r\n").unwrap();
+    // The body is sent only once the 100 is there, as curl does.
+    let interim = b"HTTP/1.1 100 Continue\r\n\r\n";
+    let mut got = vec![0; interim.len()];
+    a.read_exact(&mut got).expect("no 100 Continue before the body");
+    assert_eq!(got, interim);
+    a.write_all(b"{}").unwrap();
+    assert_eq!(srv.join().unwrap().unwrap().unwrap().body, b"{}");
+
+    // Other expectations are refused; HTTP/1.0's are ignored; a body too large gets 413, no 100.
+    let e = parse(b"POST / HTTP/1.1\r\nContent-Length: 2\r\nExpect: fancy\r\n\r\n{}").unwrap_err();
+    assert_eq!((e.status, e.message.as_str()), (417, "unsupported expectation 'fancy' (only 100-continue is)"));
+    assert!(parse(b"POST / HTTP/1.0\r\nContent-Length: 2\r\nExpect: fancy\r\n\r\n{}").is_ok());
+    let mut out = Vec::new();
+    let raw = b"POST / HTTP/1.1\r\nContent-Length: 2000000\r\nExpect: 100-continue\r\n\r\n";
+    assert_eq!(read_request_with(&mut &raw[..], &mut out).unwrap_err().status, 413);
+    assert!(out.is_empty(), "100 Continue sent for a refused request");
+    assert_eq!(reason(417), "Expectation Failed");
+}
+
+#[test]
+fn header_field_count_is_bounded() {
+    let many: String = (0..=MAX_HEADERS).map(|i| format!("X-{i}: v\r\n")).collect();
+    let e = parse(format!("GET / HTTP/1.1\r\n{many}\r\n").as_bytes()).unwrap_err();
+    assert_eq!((e.status, e.message), (431, format!("too many header fields (limit {MAX_HEADERS})")));
+    let ok: String = (0..MAX_HEADERS).map(|i| format!("X-{i}: v\r\n")).collect();
+    assert_eq!(parse(format!("GET / HTTP/1.1\r\n{ok}\r\n").as_bytes()).unwrap().unwrap().headers.len(), MAX_HEADERS);
+    // The messages of the checks httparse replaced.
+    let msg = |b: &[u8]| parse(b).unwrap_err().message;
+    assert_eq!(msg(b"G(T / HTTP/1.1\r\n\r\n"), "invalid method");
+    assert_eq!(msg(b"GET / HTTP/2.0\r\n\r\n"), "unsupported HTTP version HTTP/2.0");
+    assert_eq!(msg(b"GET /a\x01 HTTP/1.1\r\n\r\n"), "invalid character in request target");
+    assert_eq!(msg(b"GET / HTTP/1.1\r\nX: a\r\n folded\r\n\r\n"), "obsolete header line folding is not supported");
+    assert_eq!(msg(b"GET / HTTP/1.1\r\nNoColon\r\n\r\n"), "malformed header line");
+    assert_eq!(msg(b"GET / HTTP/1.1\r\nBad Name: x\r\n\r\n"), "invalid header name");
+    assert_eq!(msg(b"GET / HTTP/1.1\r\nX: a\x01b\r\n\r\n"), "invalid character in header value");
+    assert_eq!(msg(b"GET / HTTP/1.1\r\nX: \xff\r\n\r\n"), "header value is not valid UTF-8");
+}
