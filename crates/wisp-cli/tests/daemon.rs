@@ -408,7 +408,12 @@ fn a_forked_vm_outlives_a_parent_that_exits_at_once() {
     let kid = eventually(Duration::from_secs(10), || "the child was not registered".into(), || {
         c.list().unwrap().into_iter().find(|v| v.parent.as_deref() == Some(&root.id))
     });
-    assert_eq!(c.wait(&kid.id).unwrap().code, 0);
+    // The child waits for its parent's end (end of file on a pipe only the
+    // parent could write), then says so and exits.
+    let exit = eventually(Duration::from_secs(20), || "the child did not see its parent go".into(), || {
+        c.get(&kid.id).unwrap().exit
+    });
     let out = console(&mut c, &kid.id);
+    assert_eq!(exit.code, 0, "{out}");
     assert!(out.contains("outlived its parent true"), "{out}");
 }

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{image, images, wisp, wisp_limit};
+use common::{fresh_dir, image, images, wisp, wisp_limit};
 
 #[test]
 fn noop_exits_zero_silently() {
@@ -147,14 +147,31 @@ fn bad_flags_are_usage_errors() {
 
 #[test]
 fn no_access_to_dev_kvm_is_a_clear_error() {
-    if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/usr/bin/setpriv").exists() {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root || !std::path::Path::new("/usr/bin/setpriv").exists() {
         panic!("this test needs root and setpriv (util-linux) to drop privileges");
     }
+    // What the unprivileged user runs, copied where it can read it: the
+    // checkout may lie under a directory only root may enter.
+    let dir = fresh_dir("no-kvm");
+    let (wisp, noop) = (dir.join("wisp"), dir.join("noop"));
+    std::fs::copy(env!("CARGO_BIN_EXE_wisp"), &wisp).unwrap();
+    std::fs::copy(image("noop"), &noop).unwrap();
+    for (path, mode) in [(&dir, 0o755), (&wisp, 0o755), (&noop, 0o644)] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
     let out = std::process::Command::new("/usr/bin/setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_wisp"), "run"])
-        .arg(image("noop"))
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&wisp)
+        .arg("run")
+        .arg(&noop)
+        .env("WISP_SOCKET", "/nonexistent/wisp-test.sock")
+        .current_dir("/")
         .output()
         .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(125), "{stderr}");
     assert!(stderr.contains("cannot open /dev/kvm"), "{stderr}");

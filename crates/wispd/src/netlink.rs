@@ -1,11 +1,20 @@
 //! Host network plumbing through rtnetlink, from inside the daemon — no
 //! `ip`, no scripts (LightVM's xendevd lesson): create the bridge, give it
 //! the gateway address, attach a tap to it and bring links up.
+//!
+//! A request waits for the kernel's acknowledgement at most
+//! [`ACK_TIMEOUT`], whatever arrives meanwhile: the daemon never hangs on
+//! its netlink socket.
 
 use std::io;
 use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
 
+use rustix::net::sockopt::{set_socket_timeout, Timeout};
 use rustix::net::{recv, send, socket_with, AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
+
+/// How long a request waits for its acknowledgement.
+pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 
 const RTM_NEWLINK: u16 = 16;
 const RTM_NEWADDR: u16 = 20;
@@ -28,6 +37,8 @@ const AF_INET: u8 = 2;
 pub struct Netlink {
     fd: OwnedFd,
     seq: u32,
+    /// How long a request waits for its acknowledgement.
+    ack_timeout: Duration,
 }
 
 fn attr(buf: &mut Vec<u8>, ty: u16, data: &[u8]) {
@@ -35,9 +46,7 @@ fn attr(buf: &mut Vec<u8>, ty: u16, data: &[u8]) {
     buf.extend_from_slice(&(len as u16).to_ne_bytes());
     buf.extend_from_slice(&ty.to_ne_bytes());
     buf.extend_from_slice(data);
-    while buf.len() % 4 != 0 {
-        buf.push(0);
-    }
+    buf.resize(buf.len().next_multiple_of(4), 0);
 }
 
 /// `struct ifinfomsg`.
@@ -58,37 +67,35 @@ impl Netlink {
     /// Open the socket.
     pub fn open() -> io::Result<Netlink> {
         let fd = socket_with(AddressFamily::NETLINK, SocketType::RAW, SocketFlags::CLOEXEC, None)?;
-        Ok(Netlink { fd, seq: 1 })
+        Netlink::over(fd, ACK_TIMEOUT)
     }
 
-    /// Send one request and wait for its acknowledgement.
+    /// A netlink client on socket `fd` whose requests wait at most
+    /// `ack_timeout` for their acknowledgement.
+    fn over(fd: OwnedFd, ack_timeout: Duration) -> io::Result<Netlink> {
+        // Each receive wakes up at least this often to look at the deadline.
+        set_socket_timeout(&fd, Timeout::Recv, Some(ack_timeout.min(Duration::from_millis(500))))?;
+        Ok(Netlink { fd, seq: 1, ack_timeout })
+    }
+
+    /// Send one request and wait for its acknowledgement (replies to other
+    /// requests are skipped), [`ACK_TIMEOUT`] at most.
     fn request(&mut self, ty: u16, flags: u16, body: &[u8]) -> io::Result<()> {
         self.seq = self.seq.wrapping_add(1);
-        let len = 16 + body.len();
-        let mut msg = Vec::with_capacity(len);
-        msg.extend_from_slice(&(len as u32).to_ne_bytes());
-        msg.extend_from_slice(&ty.to_ne_bytes());
-        msg.extend_from_slice(&(flags | NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
-        msg.extend_from_slice(&self.seq.to_ne_bytes());
-        msg.extend_from_slice(&0u32.to_ne_bytes());
-        msg.extend_from_slice(body);
-        send(&self.fd, &msg, SendFlags::empty())?;
+        send(&self.fd, &message(ty, flags, self.seq, body), SendFlags::empty())?;
+        let deadline = Instant::now() + self.ack_timeout;
         let mut buf = vec![0u8; 8192];
         loop {
-            let (n, _) = recv(&self.fd, &mut buf, RecvFlags::empty())?;
-            let mut at = 0;
-            while at + 16 <= n {
-                let mlen = u32::from_ne_bytes(buf[at..at + 4].try_into().unwrap_or_default()) as usize;
-                let mty = u16::from_ne_bytes([buf[at + 4], buf[at + 5]]);
-                let mseq = u32::from_ne_bytes(buf[at + 8..at + 12].try_into().unwrap_or_default());
-                if mlen < 16 || at + mlen > n {
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, "malformed netlink reply"));
-                }
-                if mty == NLMSG_ERROR && mseq == self.seq && mlen >= 20 {
-                    let err = i32::from_ne_bytes(buf[at + 16..at + 20].try_into().unwrap_or_default());
-                    return if err == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(-err)) };
-                }
-                at += (mlen + 3) & !3;
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "no answer from netlink"));
+            }
+            let n = match recv(&self.fd, &mut buf, RecvFlags::empty()) {
+                Ok((n, _)) => n,
+                Err(e) if e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::INTR => continue,
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(r) = find_ack(&buf[..n], self.seq) {
+                return r;
             }
         }
     }
@@ -96,14 +103,7 @@ impl Netlink {
     /// Create bridge `name` if it does not exist; bring it up.
     pub fn ensure_bridge(&mut self, name: &str) -> io::Result<u32> {
         if if_index(name).is_none() {
-            let mut body = ifinfo(0, 0, 0);
-            let mut cname = name.as_bytes().to_vec();
-            cname.push(0);
-            attr(&mut body, IFLA_IFNAME, &cname);
-            let mut info = Vec::new();
-            attr(&mut info, IFLA_INFO_KIND, b"bridge");
-            attr(&mut body, IFLA_LINKINFO | 0x8000 /* NLA_F_NESTED */, &info);
-            match self.request(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, &body) {
+            match self.request(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, &new_bridge(name)) {
                 Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
                 Err(e) => return Err(e),
@@ -116,22 +116,244 @@ impl Netlink {
 
     /// Bring link `index` up, optionally enslaving it to bridge `master`.
     pub fn set_link(&mut self, index: u32, master: Option<u32>) -> io::Result<()> {
-        let mut body = ifinfo(index as i32, IFF_UP, IFF_UP);
-        if let Some(m) = master {
-            attr(&mut body, IFLA_MASTER, &m.to_ne_bytes());
-        }
-        self.request(RTM_NEWLINK, 0, &body)
+        self.request(RTM_NEWLINK, 0, &link_up(index, master))
     }
 
     /// Add IPv4 address `addr/prefix` to link `index` (no error if present).
     pub fn add_address(&mut self, index: u32, addr: [u8; 4], prefix: u8) -> io::Result<()> {
-        let mut body = vec![AF_INET, prefix, 0, 0];
-        body.extend_from_slice(&index.to_ne_bytes());
-        attr(&mut body, IFA_LOCAL, &addr);
-        attr(&mut body, IFA_ADDRESS, &addr);
-        match self.request(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, &body) {
+        match self.request(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, &new_address(index, addr, prefix)) {
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
             r => r,
         }
+    }
+}
+
+/// A request: `struct nlmsghdr` (asking for an acknowledgement), then `body`.
+fn message(ty: u16, flags: u16, seq: u32, body: &[u8]) -> Vec<u8> {
+    let len = 16 + body.len();
+    let mut msg = Vec::with_capacity(len);
+    msg.extend_from_slice(&(len as u32).to_ne_bytes());
+    msg.extend_from_slice(&ty.to_ne_bytes());
+    msg.extend_from_slice(&(flags | NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
+    msg.extend_from_slice(&seq.to_ne_bytes());
+    msg.extend_from_slice(&0u32.to_ne_bytes());
+    msg.extend_from_slice(body);
+    msg
+}
+
+/// RTM_NEWLINK's body for a new bridge `name`.
+fn new_bridge(name: &str) -> Vec<u8> {
+    let mut body = ifinfo(0, 0, 0);
+    let mut cname = name.as_bytes().to_vec();
+    cname.push(0);
+    attr(&mut body, IFLA_IFNAME, &cname);
+    let mut info = Vec::new();
+    attr(&mut info, IFLA_INFO_KIND, b"bridge");
+    attr(&mut body, IFLA_LINKINFO | 0x8000 /* NLA_F_NESTED */, &info);
+    body
+}
+
+/// RTM_NEWLINK's body bringing link `index` up (under bridge `master`).
+fn link_up(index: u32, master: Option<u32>) -> Vec<u8> {
+    let mut body = ifinfo(index as i32, IFF_UP, IFF_UP);
+    if let Some(m) = master {
+        attr(&mut body, IFLA_MASTER, &m.to_ne_bytes());
+    }
+    body
+}
+
+/// RTM_NEWADDR's body: `struct ifaddrmsg` and the address.
+fn new_address(index: u32, addr: [u8; 4], prefix: u8) -> Vec<u8> {
+    let mut body = vec![AF_INET, prefix, 0, 0];
+    body.extend_from_slice(&index.to_ne_bytes());
+    attr(&mut body, IFA_LOCAL, &addr);
+    attr(&mut body, IFA_ADDRESS, &addr);
+    body
+}
+
+/// The outcome of request `seq`, if datagram `buf` carries its
+/// acknowledgement (NLMSG_ERROR: 0 or a negative errno).
+fn find_ack(buf: &[u8], seq: u32) -> Option<io::Result<()>> {
+    let mut at = 0;
+    while at + 16 <= buf.len() {
+        let mlen = u32::from_ne_bytes(buf[at..at + 4].try_into().unwrap_or_default()) as usize;
+        let mty = u16::from_ne_bytes([buf[at + 4], buf[at + 5]]);
+        let mseq = u32::from_ne_bytes(buf[at + 8..at + 12].try_into().unwrap_or_default());
+        if mlen < 16 || mlen > buf.len() - at {
+            return Some(Err(io::Error::new(io::ErrorKind::InvalidData, "malformed netlink reply")));
+        }
+        if mty == NLMSG_ERROR && mseq == seq && mlen >= 20 {
+            let err = i32::from_ne_bytes(buf[at + 16..at + 20].try_into().unwrap_or_default());
+            return Some(if err == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(err.saturating_neg())) });
+        }
+        at += (mlen + 3) & !3;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc;
+
+    use rustix::net::socketpair;
+
+    use super::*;
+
+    fn u16s(v: u16) -> [u8; 2] {
+        v.to_ne_bytes()
+    }
+
+    fn u32s(v: u32) -> [u8; 4] {
+        v.to_ne_bytes()
+    }
+
+    /// A reply: `struct nlmsghdr` of type `ty` for `seq`, then `body`.
+    fn reply(ty: u16, seq: u32, body: &[u8]) -> Vec<u8> {
+        let mut m = [&u32s(16 + body.len() as u32)[..], &u16s(ty), &u16s(0), &u32s(seq), &u32s(0), body].concat();
+        m.resize(m.len().next_multiple_of(4), 0);
+        m
+    }
+
+    /// An acknowledgement (NLMSG_ERROR) with `err` for request `seq`
+    /// (followed, as the kernel does, by the request's header).
+    fn ack(seq: u32, err: i32) -> Vec<u8> {
+        reply(NLMSG_ERROR, seq, &[&err.to_ne_bytes()[..], &[0; 16]].concat())
+    }
+
+    #[test]
+    fn requests_are_encoded_as_the_kernel_reads_them() {
+        let m = message(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, 7, &[1, 2, 3, 4]);
+        let want: Vec<u8> = [&u32s(20)[..], &u16s(20), &u16s(0x605), &u32s(7), &u32s(0), &[1, 2, 3, 4]].concat();
+        assert_eq!(m, want);
+
+        // ifinfomsg, IFLA_IFNAME "wisp0\0" padded to 4, nested IFLA_LINKINFO
+        // holding IFLA_INFO_KIND "bridge".
+        let b = new_bridge("wisp0");
+        let want: Vec<u8> = [
+            &[0u8; 16][..],
+            &u16s(10),
+            &u16s(IFLA_IFNAME),
+            b"wisp0\0\0\0",
+            &u16s(16),
+            &u16s(IFLA_LINKINFO | 0x8000),
+            &u16s(10),
+            &u16s(IFLA_INFO_KIND),
+            b"bridge\0\0",
+        ]
+        .concat();
+        assert_eq!(b, want);
+        assert_eq!(b.len() % 4, 0);
+
+        let up = link_up(5, Some(2));
+        let want: Vec<u8> =
+            [&[0u8, 0, 0, 0][..], &5i32.to_ne_bytes(), &u32s(1), &u32s(1), &u16s(8), &u16s(IFLA_MASTER), &u32s(2)].concat();
+        assert_eq!(up, want);
+        assert_eq!(link_up(5, None), want[..16]);
+
+        let a = new_address(5, [10, 77, 6, 1], 24);
+        let want: Vec<u8> =
+            [&[AF_INET, 24, 0, 0][..], &u32s(5), &u16s(8), &u16s(IFA_LOCAL), &[10, 77, 6, 1], &u16s(8), &u16s(IFA_ADDRESS), &[10, 77, 6, 1]]
+                .concat();
+        assert_eq!(a, want);
+    }
+
+    #[test]
+    fn acknowledgements_are_found_by_sequence_number() {
+        assert!(matches!(find_ack(&ack(3, 0), 3), Some(Ok(()))));
+        let e = find_ack(&ack(3, -libc::EEXIST), 3).unwrap().unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
+        // Another request's, a notification, a short datagram: not ours.
+        assert!(find_ack(&ack(2, 0), 3).is_none());
+        assert!(find_ack(&reply(RTM_NEWLINK, 3, &[0; 16]), 3).is_none());
+        assert!(find_ack(&[0; 15], 3).is_none());
+        assert!(find_ack(&[], 3).is_none());
+        // Several messages in one datagram, with padding between them.
+        let many = [reply(RTM_NEWLINK, 0, &[9; 5]), ack(2, -1), ack(3, -libc::EPERM)].concat();
+        assert_eq!(find_ack(&many, 3).unwrap().unwrap_err().raw_os_error(), Some(libc::EPERM));
+        // Lengths that do not fit: an error, never a panic or a loop.
+        for bad in [0u32, 15, 1 << 20, u32::MAX] {
+            let mut m = ack(3, 0);
+            m[..4].copy_from_slice(&u32s(bad));
+            let r = find_ack(&m, 3).expect("a malformed reply is an answer");
+            assert_eq!(r.unwrap_err().kind(), io::ErrorKind::InvalidData, "length {bad}");
+        }
+        // An error code no errno has.
+        assert!(find_ack(&ack(3, i32::MIN), 3).unwrap().is_err());
+    }
+
+    /// A client over one end of a datagram socket pair (the other end plays
+    /// the kernel) whose requests wait `timeout`.
+    fn pair(timeout: Duration) -> (Netlink, OwnedFd) {
+        let (a, b) = socketpair(AddressFamily::UNIX, SocketType::DGRAM, SocketFlags::CLOEXEC, None).unwrap();
+        (Netlink::over(a, timeout).unwrap(), b)
+    }
+
+    /// Run `f` on another thread; fail if it has not returned in 10 s.
+    fn bounded<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(Duration::from_secs(10)).expect("the request blocked for more than 10 s")
+    }
+
+    #[test]
+    fn a_peer_that_never_answers_cannot_block_a_request() {
+        let (mut nl, peer) = pair(Duration::from_millis(200));
+        let t = Instant::now();
+        let r = bounded(move || nl.set_link(4, None));
+        assert_eq!(r.unwrap_err().kind(), io::ErrorKind::TimedOut);
+        assert!(t.elapsed() >= Duration::from_millis(200), "gave up after {:?}", t.elapsed());
+        // The request did go out.
+        let mut buf = [0u8; 256];
+        let (n, _) = recv(&peer, &mut buf, RecvFlags::DONTWAIT).unwrap();
+        assert_eq!(&buf[..n], message(RTM_NEWLINK, 0, 2, &link_up(4, None)));
+    }
+
+    #[test]
+    fn a_peer_that_only_chatters_cannot_block_a_request_either() {
+        let (mut nl, peer) = pair(Duration::from_millis(300));
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let chatter = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                // Replies to other requests, faster than the receive timeout.
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = send(&peer, &ack(9999, 0), SendFlags::DONTWAIT);
+                    std::thread::yield_now();
+                }
+            })
+        };
+        let r = bounded(move || nl.set_link(4, None));
+        stop.store(true, Ordering::Relaxed);
+        chatter.join().unwrap();
+        assert_eq!(r.unwrap_err().kind(), io::ErrorKind::TimedOut);
+    }
+
+    #[test]
+    fn a_request_gets_its_own_acknowledgement() {
+        let (mut nl, peer) = pair(Duration::from_secs(5));
+        let kernel = std::thread::spawn(move || {
+            let mut buf = [0u8; 256];
+            for err in [0, -libc::EEXIST, -libc::EPERM] {
+                let (n, _) = recv(&peer, &mut buf, RecvFlags::empty()).unwrap();
+                let seq = u32::from_ne_bytes(buf[8..12].try_into().unwrap());
+                assert_eq!(n, u32::from_ne_bytes(buf[..4].try_into().unwrap()) as usize);
+                // Someone else's acknowledgement first, then ours.
+                send(&peer, &ack(seq.wrapping_sub(1), -libc::EINVAL), SendFlags::empty()).unwrap();
+                send(&peer, &[reply(RTM_NEWLINK, 0, &[0; 16]), ack(seq, err)].concat(), SendFlags::empty()).unwrap();
+            }
+        });
+        let r = bounded(move || {
+            let up = nl.set_link(3, Some(1));
+            // EEXIST: the address is there already, which is what was asked.
+            let addr = nl.add_address(3, [10, 0, 0, 1], 24);
+            let denied = nl.set_link(3, None);
+            (up, addr, denied)
+        });
+        kernel.join().unwrap();
+        assert!(r.0.is_ok() && r.1.is_ok(), "{r:?}");
+        assert_eq!(r.2.unwrap_err().raw_os_error(), Some(libc::EPERM));
     }
 }

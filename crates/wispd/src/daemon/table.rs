@@ -90,24 +90,33 @@ impl Table {
         Ok(())
     }
 
-    /// Let go of a name reserved for a create that failed.
+    /// Let go of a name reserved for a create that failed (a name that
+    /// names a VM stays).
     pub fn release_name(&mut self, name: &str) {
-        self.names.remove(name);
+        if self.names.get(name).is_some_and(String::is_empty) {
+            self.names.remove(name);
+        }
     }
 
-    /// Add a VM (its name, if any, now names it).
+    /// Add a VM (its name, if any, now names it, unless another VM in the
+    /// table has it already).
     pub fn insert(&mut self, e: Entry) {
         if let Some(n) = &e.info.name {
-            self.names.insert(n.clone(), e.info.id.clone());
+            let held = self.names.get(n).is_some_and(|id| id != &e.info.id && self.by_id.contains_key(id));
+            if !held {
+                self.names.insert(n.clone(), e.info.id.clone());
+            }
         }
         self.by_id.insert(e.info.id.clone(), e);
     }
 
-    /// Take VM `id` out, with its name.
+    /// Take VM `id` out, with its name (if the name is this VM's).
     pub fn remove(&mut self, id: &str) -> Option<Entry> {
         let e = self.by_id.remove(id)?;
         if let Some(n) = &e.info.name {
-            self.names.remove(n);
+            if self.names.get(n).is_some_and(|holder| holder == id) {
+                self.names.remove(n);
+            }
         }
         Some(e)
     }
@@ -214,25 +223,100 @@ mod tests {
     }
 
     #[test]
+    fn names_are_unique_and_ids_come_first() {
+        let mut t = Table::default();
+        t.insert(vm("abc123000000", Some("web")));
+        assert!(matches!(t.reserve_name("web"), Err(ActionError::NameInUse(n)) if n == "web"));
+        // Order: a whole id, then a name, then a unique id prefix (3+).
+        t.insert(vm("def456000000", Some("abc123000000")));
+        assert_eq!(t.lookup("abc123000000").unwrap(), "abc123000000", "an id is not hidden by a name");
+        assert_eq!(t.lookup("def").unwrap(), "def456000000");
+        t.insert(vm("fed000000000", Some("abc")));
+        assert_eq!(t.lookup("abc").unwrap(), "fed000000000", "a name comes before an id prefix");
+        assert_eq!(t.lookup("abc1").unwrap(), "abc123000000");
+        // A name reserved by a create in progress names nothing yet: the
+        // key is still an id prefix.
+        t.reserve_name("def").unwrap();
+        assert_eq!(t.lookup("def").unwrap(), "def456000000");
+        // Names are exact: no prefixes, no case folding.
+        for key in ["we", "WEB", "web ", ""] {
+            assert!(matches!(t.lookup(key), Err(ActionError::NotFound(_))), "{key:?}");
+        }
+        assert_eq!(t.find("web").unwrap().1.info.id, "abc123000000");
+    }
+
+    #[test]
+    fn a_name_is_freed_only_by_its_own_vm() {
+        let mut t = Table::default();
+        t.insert(vm("aaa000000000", Some("x")));
+        // A second VM recorded with the same name (as a re-adoption may
+        // read it) does not take the name from the first.
+        t.insert(vm("bbb000000000", Some("x")));
+        assert_eq!(t.lookup("x").unwrap(), "aaa000000000");
+        // Removing the second leaves the first its name.
+        assert!(t.remove("bbb000000000").is_some());
+        assert_eq!(t.lookup("x").unwrap(), "aaa000000000");
+        assert!(matches!(t.reserve_name("x"), Err(ActionError::NameInUse(_))));
+        // Letting go of a reservation never frees a VM's name.
+        t.release_name("x");
+        assert_eq!(t.lookup("x").unwrap(), "aaa000000000");
+        assert!(matches!(t.reserve_name("x"), Err(ActionError::NameInUse(_))));
+        // Once its VM is removed the name is free; the create that reserves
+        // it makes its VM the name's.
+        assert!(t.remove("aaa000000000").is_some());
+        assert!(t.remove("aaa000000000").is_none());
+        t.reserve_name("x").unwrap();
+        t.insert(vm("ccc000000000", Some("x")));
+        assert_eq!(t.lookup("x").unwrap(), "ccc000000000");
+        assert_eq!(t.list().len(), 1);
+    }
+
+    #[test]
     fn waiting_for_an_exit() {
-        let vms = VmTable::default();
+        let vms = &VmTable::default();
         vms.lock().insert(vm("abc123000000", None));
         let r = vms.wait_exit("abc123000000", Some(Duration::from_millis(10)));
         assert!(matches!(r, Err(ActionError::Timeout(id)) if id == "abc123000000"));
         std::thread::scope(|s| {
-            let waiter = s.spawn(|| vms.wait_exit("abc", None));
-            std::thread::sleep(Duration::from_millis(20));
+            let (tx, rx) = std::sync::mpsc::channel();
+            let waiter = s.spawn(move || {
+                tx.send(rustix::thread::gettid()).unwrap();
+                vms.wait_exit("abc", None)
+            });
+            until_asleep(rx.recv().unwrap());
             vms.lock().by_id.get_mut("abc123000000").unwrap().info.exit = Some(ExitInfo { code: 7, reason: "exited".into() });
             vms.notify_exit();
             assert_eq!(waiter.join().unwrap().unwrap().code, 7);
         });
         vms.lock().insert(vm("def000000000", None));
         std::thread::scope(|s| {
-            let waiter = s.spawn(|| vms.wait_exit("def", None));
-            std::thread::sleep(Duration::from_millis(20));
+            let (tx, rx) = std::sync::mpsc::channel();
+            let waiter = s.spawn(move || {
+                tx.send(rustix::thread::gettid()).unwrap();
+                vms.wait_exit("def", None)
+            });
+            until_asleep(rx.recv().unwrap());
             vms.lock().remove("def000000000");
             vms.notify_exit();
             assert!(matches!(waiter.join().unwrap(), Err(ActionError::Gone(_))));
         });
+    }
+
+    /// Wait (10 s at most) until thread `tid` of this process sleeps. For
+    /// a waiter with nobody else holding the table's lock, that is in the
+    /// condition variable: the exit is then signalled to a blocked waiter,
+    /// not seen at once.
+    fn until_asleep(tid: rustix::thread::Pid) {
+        let path = format!("/proc/self/task/{}/stat", tid.as_raw_nonzero());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let stat = std::fs::read_to_string(&path).unwrap_or_default();
+            // The state follows the thread's name, in parentheses.
+            if stat.rsplit(')').next().and_then(|s| s.split_whitespace().next()) == Some("S") {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the waiter never blocked: {stat}");
+            std::thread::yield_now();
+        }
     }
 }

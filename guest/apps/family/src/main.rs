@@ -49,15 +49,7 @@ fn main() -> i32 {
         "nap" => nap(n(2, 2) as u32),
         "idle-wait" => idle_wait(),
         "orphan-eof" => orphan_eof(),
-        "daemonize" => {
-            // The parent leaves at once; the child lives on.
-            if f::fork() == Ok(0) {
-                wisp::time::sleep(core::time::Duration::from_millis(300));
-                println!("daemonize: child {} outlived its parent {}", f::getpid(), f::getppid() == 0);
-                wisp::exit(0);
-            }
-            Ok(())
-        }
+        "daemonize" => daemonize(),
         "hold" => hold(n(2, 77) as i64),
         "cross" => cross(n(2, 0) as u32, n(3, 77) as i64),
         "bench" => bench(n(2, 1000)),
@@ -339,17 +331,63 @@ fn msgq() -> R {
     let (n, _) = f::msgrcv(q, &mut buf, 2, false).map_err(e)?;
     ensure!(&buf[..n] == b"message 2", "type 2");
     ensure!(reap(c)? == 0, "sender failed");
-    // A receiver blocked on a removed queue gets EIDRM.
-    let c = f::fork().map_err(e)?;
-    if c == 0 {
-        let r = f::msgrcv(q, &mut buf, 42, false);
-        println!("child: blocked receive ended with {:?}", r.map_err(|x| x.name()));
-        wisp::exit(if r == Err(Errno::EIDRM) { 0 } else { 1 });
-    }
-    wisp::time::sleep(core::time::Duration::from_millis(30));
     f::msgrmid(q).map_err(e)?;
-    ensure!(reap(c)? == 0, "EIDRM");
+    ensure!(f::msgrcv(q, &mut buf, 0, true) == Err(Errno::EINVAL), "removed queue still there");
+    removed_while_blocked()?;
     println!("msgq ok");
+    Ok(())
+}
+
+/// A receiver blocked on a queue that is removed gets EIDRM. The receiver
+/// says (a pipe byte) that it is about to receive, and the queue is
+/// removed then. No call shows that it has blocked yet: one that had not
+/// reached the queue when it went finds none (EINVAL), which proves
+/// nothing either way, and the round is run again on a new queue. Any
+/// other outcome fails, and so do 20 rounds without a blocked receiver.
+fn removed_while_blocked() -> R {
+    const ROUNDS: u32 = 20;
+    let (ready_r, ready_w) = f::pipe().map_err(e)?;
+    for round in 1..=ROUNDS {
+        let q = f::msgget(0, f::IPC_CREAT).map_err(e)?;
+        let c = f::fork().map_err(e)?;
+        if c == 0 {
+            let mut buf = [0u8; 64];
+            f::write(ready_w, b"r").map_err(e)?;
+            let r = f::msgrcv(q, &mut buf, 42, false);
+            println!("child: blocked receive ended with {:?}", r.map_err(|x| x.name()));
+            wisp::exit(match r {
+                Err(Errno::EIDRM) => 0,
+                Err(Errno::EINVAL) => 2,
+                _ => 1,
+            });
+        }
+        let mut b = [0u8; 1];
+        f::read(ready_r, &mut b).map_err(e)?;
+        f::msgrmid(q).map_err(e)?;
+        match reap(c)? {
+            0 => {
+                println!("msgq: EIDRM in round {}", round);
+                return Ok(());
+            }
+            2 => continue,
+            _ => return Err("a receiver on a removed queue got neither EIDRM nor EINVAL".into()),
+        }
+    }
+    Err(alloc::format!("no receiver was blocked when its queue was removed in {ROUNDS} rounds"))
+}
+
+/// The parent leaves at once; the child lives on. It learns that its parent
+/// has gone from a pipe only the parent can write: end of file once the
+/// parent's end is closed, which its exit does.
+fn daemonize() -> R {
+    let (r, w) = f::pipe().map_err(e)?;
+    if f::fork().map_err(e)? == 0 {
+        f::close(w).map_err(e)?;
+        let mut b = [0u8; 1];
+        let n = f::read(r, &mut b).map_err(e)?;
+        println!("daemonize: child {} outlived its parent {}", f::getpid(), n == 0 && f::getppid() == 0);
+        wisp::exit(0);
+    }
     Ok(())
 }
 

@@ -8,11 +8,11 @@ use core::time::Duration;
 use wisp::net::{TcpStream, UdpSocket};
 use wisp::time::Instant;
 
-use crate::json;
-use crate::params::{Mode, Params, Proto};
+use iperf_params::{Mode, Params, Proto, IENUMSTREAMS};
+
 use crate::protocol::{
     read_json, read_state, server_error, write_json, CLIENT_TERMINATE, CREATE_STREAMS, DISPLAY_RESULTS,
-    EXCHANGE_RESULTS, IENUMSTREAMS, IPERF_DONE, MESSAGE_TIMEOUT, PARAM_EXCHANGE, TEST_END, TEST_RUNNING, TEST_START,
+    EXCHANGE_RESULTS, IPERF_DONE, MESSAGE_TIMEOUT, PARAM_EXCHANGE, TEST_END, TEST_RUNNING, TEST_START,
 };
 use crate::session::{now, Phase, Test};
 use crate::streams::{udp_receive, udp_send};
@@ -32,9 +32,13 @@ pub async fn control(port: u16, test: &Rc<Test>, conn: TcpStream) {
         wisp::println!("iperf: no parameters from the client");
         return;
     };
-    let Some(obj) = json::parse(&text) else {
-        wisp::println!("iperf: malformed parameters: {}", String::from_utf8_lossy(&text));
-        return;
+    let obj = match jsonlite::parse(&text) {
+        Ok(obj) => obj,
+        Err(e) => {
+            let shown = &text[..text.len().min(200)];
+            wisp::println!("iperf: refusing parameters ({}): {}", e, String::from_utf8_lossy(shown));
+            return;
+        }
     };
     let p = match Params::from_json(&obj) {
         Ok(p) => p,
@@ -96,9 +100,7 @@ pub async fn control(port: u16, test: &Rc<Test>, conn: TcpStream) {
         }
     }
 
-    let limit =
-        if p.time > 0 { Duration::from_secs(p.time + p.omit) + TEST_END_SLACK } else { Duration::from_secs(86_400) };
-    let deadline = Instant::now().add(limit);
+    let deadline = Instant::now().add(p.time_limit(TEST_END_SLACK));
     // The first `omit` seconds (-O) do not count.
     let omit_end = Instant::now().add(Duration::from_secs(p.omit));
     let mut omitting = p.omit > 0;

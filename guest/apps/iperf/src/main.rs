@@ -23,15 +23,14 @@
 //! messages); `params.rs`: a test's parameters and the server's sizes;
 //! `session.rs`: a test, its streams and their counters, its results;
 //! `control.rs`: driving a test; `streams.rs`: the data streams;
-//! `json.rs`, `sync.rs`: helpers.
+//! `sync.rs`: helpers. A test's parameters (`iperf-params`) and the JSON
+//! they come in (`jsonlite`) are crates of their own, tested on the host.
 #![no_std]
 #![no_main]
 
 extern crate alloc;
 
 mod control;
-mod json;
-mod params;
 mod protocol;
 mod session;
 mod streams;
@@ -41,7 +40,7 @@ use alloc::rc::Rc;
 use core::cell::{Cell, RefCell};
 
 use control::control;
-use params::{Proto, SOCKET_BUFFER};
+use iperf_params::{Proto, SOCKET_BUFFER};
 use protocol::{deny, read_exact, COOKIE_SIZE, MESSAGE_TIMEOUT};
 use session::Test;
 use streams::tcp_stream;

@@ -25,11 +25,6 @@ pub const IPERF_DONE: u8 = 16;
 pub const ACCESS_DENIED: u8 = -1i8 as u8;
 pub const SERVER_ERROR: u8 = -2i8 as u8;
 
-// Error codes (i_errno) sent after SERVER_ERROR.
-pub const IENUMSTREAMS: i32 = 6;
-pub const IEBLOCKSIZE: i32 = 7;
-pub const IENOSCTP: i32 = 18;
-
 /// The UDP "connect" datagram and the answer, as x86 iperf3 sends them
 /// (an int in host order): "9876" and "6789"; before 3.11: 123456789 and
 /// 987654321.

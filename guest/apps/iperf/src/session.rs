@@ -10,8 +10,8 @@ use core::cell::{Cell, OnceCell, RefCell};
 use wisp::net::Ipv4Addr;
 use wisp::time::Instant;
 
-use crate::json;
-use crate::params::{Mode, Params, Proto};
+use iperf_params::{Mode, Params, Proto};
+use jsonlite as json;
 use crate::protocol::COOKIE_SIZE;
 use crate::sync::Signal;
 
@@ -148,7 +148,7 @@ impl Test {
         // No per-connection retransmit counts here: -1 marks "none" for a
         // receiving server, 0 "not available" for a sending one.
         let sender_has_retransmits = if p.mode == Mode::Receive { -1 } else { 0 };
-        let end = json::secs(self.duration_ns());
+        let end = json::seconds(self.duration_ns());
         let mut s = format!(
             "{{\"cpu_util_total\":0,\"cpu_util_user\":0,\"cpu_util_system\":0,\"sender_has_retransmits\":{},\"streams\":[",
             sender_has_retransmits
@@ -161,7 +161,7 @@ impl Test {
                 "{{\"id\":{},\"bytes\":{},\"retransmits\":-1,\"jitter\":{},\"errors\":{},\"packets\":{},\"start_time\":0,\"end_time\":{}}}",
                 st.id.get(),
                 st.counted(),
-                json::secs(st.jitter.get() / 256),
+                json::seconds(st.jitter.get() / 256),
                 st.errors.get(),
                 st.packets.get(),
                 end
@@ -192,14 +192,14 @@ impl Test {
                 dir,
                 bytes,
                 ours.len(),
-                json::secs(ns),
+                json::seconds(ns),
                 mbits(bytes, ns)
             );
             if self.p().proto == Proto::Udp && !sender {
                 let packets: u64 = ours.iter().map(|s| s.packets.get()).sum();
                 let lost: u64 = ours.iter().map(|s| s.errors.get()).sum();
                 let jitter = ours.iter().map(|s| s.jitter.get() / 256).max().unwrap_or(0);
-                out += &format!(", {}/{} datagrams lost, jitter {} ms", lost, packets, json::secs(jitter * 1000));
+                out += &format!(", {}/{} datagrams lost, jitter {} ms", lost, packets, json::seconds(jitter * 1000));
             }
             out.push('\n');
         }

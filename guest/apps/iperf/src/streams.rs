@@ -7,9 +7,9 @@ use alloc::vec;
 use alloc::vec::Vec;
 use core::time::Duration;
 
+use iperf_params::{Proto, RECV_BUFFER, SEND_BLOCK};
 use wisp::net::{TcpStream, UdpSocket};
 
-use crate::params::{Proto, RECV_BUFFER, SEND_BLOCK};
 use crate::protocol::{LEGACY_UDP_CONNECT_MSG, LEGACY_UDP_CONNECT_REPLY, UDP_CONNECT_REPLY};
 use crate::session::{now, Phase, Stream, Test};
 use crate::sync::until;

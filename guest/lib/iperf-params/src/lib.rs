@@ -1,15 +1,36 @@
-//! A test's parameters (the client's PARAM_EXCHANGE message), and the
-//! server's sizes that bound them and decide what a test costs.
+//! The iperf app's test parameters (iperf3's PARAM_EXCHANGE message, read
+//! with `jsonlite`), checked against the server's sizes that bound them and
+//! decide what a test costs. A crate of its own (`no_std`, no wisp-libos)
+//! so that `make test` tests it on the host.
+#![cfg_attr(not(test), no_std)]
+
+extern crate alloc;
 
 use alloc::format;
 use alloc::string::String;
+use core::time::Duration;
 
-use crate::json;
-use crate::protocol::{IEBLOCKSIZE, IENOSCTP};
+use jsonlite::Object;
+
+// iperf3's error codes (i_errno, iperf_api.h) a refused test is answered
+// with after SERVER_ERROR.
+pub const IEDURATION: i32 = 5;
+pub const IENUMSTREAMS: i32 = 6;
+pub const IEBLOCKSIZE: i32 = 7;
+pub const IEOMIT: i32 = 12;
+pub const IENOSCTP: i32 = 18;
+
+/// Longest test and longest omitted start, in seconds: iperf3's own limits
+/// (`MAX_TIME`, `MAX_OMIT_TIME`), which its client enforces and a hostile
+/// one need not.
+pub const MAX_TIME: u64 = 86_400;
+pub const MAX_OMIT: u64 = 600;
+/// How long a test without a time limit (`-n`, `-k`) may run.
+const UNTIMED_LIMIT: Duration = Duration::from_secs(86_400);
 
 /// Largest UDP payload that fits one frame (the stack does not reassemble
 /// IP fragments).
-pub const MAX_DATAGRAM: usize = wisp::abi::net::MTU as usize - 20 - 8;
+pub const MAX_DATAGRAM: usize = wisp_abi::net::MTU as usize - 20 - 8;
 /// TCP socket buffers (the largest window we advertise).
 pub const SOCKET_BUFFER: usize = 128 << 10;
 /// Largest block a TCP sending stream writes at once.
@@ -67,7 +88,7 @@ pub struct Params {
 
 impl Params {
     /// The parameters of `j`, or the iperf3 error code to refuse them with.
-    pub fn from_json(j: &json::Object) -> Result<Params, i32> {
+    pub fn from_json(j: &Object) -> Result<Params, i32> {
         let proto = if j.flag("udp") {
             Proto::Udp
         } else if j.flag("sctp") {
@@ -108,7 +129,23 @@ impl Params {
             // The stack neither fragments nor reassembles datagrams.
             return Err(IEBLOCKSIZE);
         }
+        if p.time > MAX_TIME {
+            return Err(IEDURATION);
+        }
+        if p.omit > MAX_OMIT {
+            return Err(IEOMIT);
+        }
         Ok(p)
+    }
+
+    /// How long the test may run before the server gives up on a client
+    /// that does not end it: its time, the omitted start and `slack`.
+    pub fn time_limit(&self, slack: Duration) -> Duration {
+        if self.time > 0 {
+            Duration::from_secs(self.time + self.omit) + slack
+        } else {
+            UNTIMED_LIMIT
+        }
     }
 
     /// Streams in all.
@@ -153,7 +190,10 @@ impl Params {
             Mode::Send => "sending (reverse)",
             Mode::Both => "both ways",
         };
-        let mut s = format!("{:?}, {} stream(s), {}, {} byte blocks", self.proto, self.parallel, dir, self.len);
+        let mut s = format!(
+            "{:?}, {} stream(s), {}, {} byte blocks",
+            self.proto, self.parallel, dir, self.len
+        );
         if self.time > 0 {
             s += &format!(", {} s", self.time);
         }
@@ -161,8 +201,15 @@ impl Params {
             s += &format!(", {} bit/s", self.rate);
         }
         if self.window > 0 {
-            s += &format!(", window {} requested (buffers are {} KiB)", self.window, SOCKET_BUFFER >> 10);
+            s += &format!(
+                ", window {} requested (buffers are {} KiB)",
+                self.window,
+                SOCKET_BUFFER >> 10
+            );
         }
         s
     }
 }
+
+#[cfg(test)]
+mod tests;
