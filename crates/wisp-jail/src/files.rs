@@ -18,11 +18,13 @@ pub struct JailFiles {
 }
 
 impl JailFiles {
-    /// Open the VM directory and the temporary files in it.
+    /// Open the VM directory and the temporary files in it (never through
+    /// a link: this runs as root, before the jail closes).
     pub fn open(dir: &Path) -> std::io::Result<JailFiles> {
-        let dir = openat(CWD, dir, OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
+        let dir = openat(CWD, dir, OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
         let tmp = |name: &str| -> std::io::Result<File> {
-            let fd = openat(&dir, name, OFlags::CREATE | OFlags::TRUNC | OFlags::WRONLY | OFlags::CLOEXEC, Mode::from_raw_mode(0o644))?;
+            let flags = OFlags::CREATE | OFlags::TRUNC | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            let fd = openat(&dir, name, flags, Mode::from_raw_mode(0o644))?;
             Ok(File::from(fd))
         };
         Ok(JailFiles { exit_tmp: tmp("exit.json.tmp")?, console_tmp: tmp("console.log.tmp")?, dir })

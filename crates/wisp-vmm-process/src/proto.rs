@@ -2,13 +2,19 @@
 //! VMM process's control socket (`<state>/vms/<id>/ctl.sock`), a JSON line
 //! each way, optionally a file descriptor (the image) passed with the
 //! request, and for `logs` a raw byte stream after the reply line.
+//!
+//! Each side treats the other's lines as untrusted input: a line longer
+//! than [`MAX_LINE`] is refused (never buffered whole), and so are more
+//! than [`MAX_FDS`] descriptors with one request. The daemon's side of a
+//! family uplink neither waits to read nor to answer ([`try_recv_packet`],
+//! [`try_send_packet`]).
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustix::net::{
     recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
@@ -17,8 +23,8 @@ use rustix::net::{
 use serde::{Deserialize, Serialize};
 use wisp_api::ExitInfo;
 
-/// Largest request line accepted.
-const MAX_LINE: usize = 64 * 1024;
+/// Largest request or reply line accepted (without its newline).
+pub const MAX_LINE: usize = 64 * 1024;
 
 /// A request to a VMM process.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -144,6 +150,17 @@ pub struct ForkKit {
 
 /// Send one message with descriptors on a SEQPACKET socket.
 pub fn send_packet<T: Serialize>(sock: BorrowedFd<'_>, v: &T, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    send_packet_flags(sock, v, fds, SendFlags::NOSIGNAL)
+}
+
+/// [`send_packet`] without waiting: a peer whose socket is full gets
+/// nothing (`WouldBlock`), whatever the descriptor's own mode (which the
+/// peer shares and may have set).
+pub fn try_send_packet<T: Serialize>(sock: BorrowedFd<'_>, v: &T, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    send_packet_flags(sock, v, fds, SendFlags::NOSIGNAL | SendFlags::DONTWAIT)
+}
+
+fn send_packet_flags<T: Serialize>(sock: BorrowedFd<'_>, v: &T, fds: &[BorrowedFd<'_>], flags: SendFlags) -> io::Result<()> {
     let msg = serde_json::to_vec(v).map_err(io::Error::other)?;
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut anc = SendAncillaryBuffer::new(&mut space);
@@ -151,20 +168,25 @@ pub fn send_packet<T: Serialize>(sock: BorrowedFd<'_>, v: &T, fds: &[BorrowedFd<
     if !fds.is_empty() {
         anc.push(SendAncillaryMessage::ScmRights(fds));
     }
-    sendmsg(sock, &[io::IoSlice::new(&msg)], &mut anc, SendFlags::NOSIGNAL)?;
+    sendmsg(sock, &[io::IoSlice::new(&msg)], &mut anc, flags)?;
     Ok(())
 }
 
 /// One `recvmsg` into `buf`, adding the descriptors that came with it to
-/// `fds`; end of stream is an error.
-fn recv_some(sock: BorrowedFd<'_>, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
+/// `fds` (more than [`MAX_FDS`] in all is an error; the kernel closes
+/// those that did not fit one message); end of stream is an error.
+fn recv_some(sock: BorrowedFd<'_>, buf: &mut [u8], fds: &mut Vec<OwnedFd>, flags: RecvFlags) -> io::Result<usize> {
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut anc = RecvAncillaryBuffer::new(&mut space);
-    let r = recvmsg(sock, &mut [io::IoSliceMut::new(buf)], &mut anc, RecvFlags::CMSG_CLOEXEC)?;
+    let r = recvmsg(sock, &mut [io::IoSliceMut::new(buf)], &mut anc, RecvFlags::CMSG_CLOEXEC | flags)?;
     for msg in anc.drain() {
         if let RecvAncillaryMessage::ScmRights(got) = msg {
             fds.extend(got);
         }
+    }
+    if fds.len() > MAX_FDS {
+        fds.clear();
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("more than {MAX_FDS} descriptors")));
     }
     if r.bytes == 0 {
         return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed"));
@@ -172,11 +194,23 @@ fn recv_some(sock: BorrowedFd<'_>, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io
     Ok(r.bytes)
 }
 
+/// Largest packet read from a SEQPACKET socket (a longer one is cut).
+const MAX_PACKET: usize = 4096;
+
 /// Receive one message (and its descriptors) from a SEQPACKET socket.
 pub fn recv_packet(sock: BorrowedFd<'_>) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
-    let mut buf = vec![0u8; 4096];
+    recv_packet_flags(sock, RecvFlags::empty())
+}
+
+/// [`recv_packet`] without waiting (`WouldBlock` if there is none).
+pub fn try_recv_packet(sock: BorrowedFd<'_>) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    recv_packet_flags(sock, RecvFlags::DONTWAIT)
+}
+
+fn recv_packet_flags(sock: BorrowedFd<'_>, flags: RecvFlags) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    let mut buf = vec![0u8; MAX_PACKET];
     let mut fds = Vec::new();
-    let n = recv_some(sock, &mut buf, &mut fds)?;
+    let n = recv_some(sock, &mut buf, &mut fds, flags)?;
     buf.truncate(n);
     Ok((buf, fds))
 }
@@ -203,25 +237,121 @@ pub fn send_line_fds<T: Serialize>(sock: &UnixStream, v: &T, fds: &[&OwnedFd]) -
     Ok(())
 }
 
-/// Receive the request line (and a descriptor, if one came with it) from
-/// `sock`. A connection carries exactly one request line, so whole reads
+fn too_long(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("{what} line too long (over {MAX_LINE} bytes)"))
+}
+
+/// Receive the request line (and the descriptors that came with it, at
+/// most [`MAX_FDS`]) from `sock`; a line over [`MAX_LINE`] bytes is
+/// refused. A connection carries exactly one request line, so whole reads
 /// are safe: nothing after the newline belongs to anyone else.
 pub fn recv_line(sock: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let mut line = Vec::new();
     let mut fds = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
-        let n = recv_some(sock.as_fd(), &mut buf, &mut fds)?;
+        let n = recv_some(sock.as_fd(), &mut buf, &mut fds, RecvFlags::empty())?;
         let got = &buf[..n];
-        if let Some(nl) = got.iter().position(|&b| b == b'\n') {
-            line.extend_from_slice(&got[..nl]);
-            return Ok((line, fds));
+        let end = got.iter().position(|&b| b == b'\n');
+        if line.len() + end.unwrap_or(n) > MAX_LINE {
+            return Err(too_long("request"));
         }
-        line.extend_from_slice(got);
-        if line.len() > MAX_LINE {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "request line too long"));
+        match end {
+            Some(nl) => {
+                line.extend_from_slice(&got[..nl]);
+                return Ok((line, fds));
+            }
+            None => line.extend_from_slice(got),
         }
     }
+}
+
+/// A socket whose reads may time out (the control connection, or a
+/// borrow of it).
+pub trait Timed: Read {
+    /// The read timeout.
+    fn timeout(&self) -> io::Result<Option<Duration>>;
+    /// Set the read timeout.
+    fn set_timeout(&self, t: Option<Duration>) -> io::Result<()>;
+}
+
+impl Timed for UnixStream {
+    fn timeout(&self) -> io::Result<Option<Duration>> {
+        self.read_timeout()
+    }
+    fn set_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(t)
+    }
+}
+
+impl Timed for &UnixStream {
+    fn timeout(&self) -> io::Result<Option<Duration>> {
+        self.read_timeout()
+    }
+    fn set_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(t)
+    }
+}
+
+/// Read one line (without its newline) of at most [`MAX_LINE`] bytes from
+/// `r`: a longer one is refused after [`MAX_LINE`] bytes of it, never
+/// buffered whole. The socket's read timeout, if it has one, bounds the
+/// whole line, not each read (a peer that trickles a byte now and then
+/// does not hold the reader), and is set back afterwards. End of stream
+/// before any byte is an error.
+pub fn read_line_capped<S: Timed>(r: &mut BufReader<S>, what: &str) -> io::Result<Vec<u8>> {
+    let orig = r.get_ref().timeout()?;
+    let deadline = orig.map(|t| Instant::now() + t);
+    let line = read_line_until(r, what, deadline);
+    if orig.is_some() {
+        r.get_ref().set_timeout(orig)?;
+    }
+    line
+}
+
+fn read_line_until<S: Timed>(r: &mut BufReader<S>, what: &str, deadline: Option<Instant>) -> io::Result<Vec<u8>> {
+    let mut line = Vec::new();
+    loop {
+        if let (Some(d), true) = (deadline, r.buffer().is_empty()) {
+            let left = d.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, format!("no whole {what} line in time")));
+            }
+            r.get_ref().set_timeout(Some(left))?;
+        }
+        let buf = match r.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, format!("no whole {what} line in time")))
+            }
+            Err(e) => return Err(e),
+        };
+        if buf.is_empty() {
+            if line.is_empty() {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "VMM process closed the connection"));
+            }
+            return Ok(line);
+        }
+        let (take, end) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i, true),
+            None => (buf.len(), false),
+        };
+        if line.len() + take > MAX_LINE {
+            return Err(too_long(what));
+        }
+        line.extend_from_slice(&buf[..take]);
+        r.consume(take + end as usize);
+        if end {
+            return Ok(line);
+        }
+    }
+}
+
+/// Read and decode one reply line from `r` ([`read_line_capped`]).
+pub fn read_reply_line<S: Timed>(r: &mut BufReader<S>) -> io::Result<Reply> {
+    let line = read_line_capped(r, "reply")?;
+    serde_json::from_slice(&line).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 /// Client side: send `req` to the VMM process at `sock_path`, read the reply
@@ -244,14 +374,153 @@ pub fn send(sock_path: &Path, req: &Request, fds: &[&OwnedFd], timeout: Option<D
     Ok(sock)
 }
 
-/// Second half of [`call`]: read the reply line.
+/// Second half of [`call`]: read the reply line (at most [`MAX_LINE`]
+/// bytes, within the socket's read timeout as a whole).
 pub fn read_reply(sock: UnixStream) -> io::Result<(Reply, BufReader<UnixStream>)> {
     let mut r = BufReader::new(sock);
-    let mut line = String::new();
-    r.by_ref().take(MAX_LINE as u64).read_line(&mut line)?;
-    if line.is_empty() {
-        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "VMM process closed the connection"));
-    }
-    let reply = serde_json::from_str(&line).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let reply = read_reply_line(&mut r)?;
     Ok((reply, r))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::ErrorKind;
+    use std::os::unix::net::UnixStream;
+
+    /// A peer that writes `n` bytes of `b'x'` and then `tail`, as fast as it
+    /// can, until the reader hangs up; gives back how many bytes it got out.
+    fn flood(n: usize, tail: &'static [u8]) -> (UnixStream, std::thread::JoinHandle<usize>) {
+        let (a, b) = UnixStream::pair().unwrap();
+        let t = std::thread::spawn(move || {
+            let mut b = b;
+            let chunk = vec![b'x'; 64 * 1024];
+            let mut sent = 0;
+            while sent < n {
+                match b.write(&chunk[..chunk.len().min(n - sent)]) {
+                    Ok(k) => sent += k,
+                    Err(_) => return sent,
+                }
+            }
+            let _ = b.write_all(tail);
+            sent
+        });
+        (a, t)
+    }
+
+    #[test]
+    fn an_oversized_reply_line_is_refused_without_reading_it_whole() {
+        let (a, t) = flood(256 << 20, b"\n");
+        let e = read_reply(a).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidData);
+        assert!(e.to_string().contains("reply line too long"), "{e}");
+        // The reader hung up long before the 256 MiB were out.
+        assert!(t.join().unwrap() < 16 << 20);
+    }
+
+    #[test]
+    fn a_reply_line_up_to_the_limit_is_read() {
+        let base = serde_json::to_vec(&Reply::err("")).unwrap();
+        let pad = "y".repeat(MAX_LINE - base.len());
+        let line = serde_json::to_vec(&Reply::err(pad.clone())).unwrap();
+        assert_eq!(line.len(), MAX_LINE);
+        let (a, mut b) = UnixStream::pair().unwrap();
+        b.write_all(&line).unwrap();
+        b.write_all(b"\nafter").unwrap();
+        let (reply, mut rest) = read_reply(a).unwrap();
+        assert_eq!(reply.error.as_deref(), Some(pad.as_str()));
+        drop(b);
+        let mut after = String::new();
+        rest.read_to_string(&mut after).unwrap();
+        assert_eq!(after, "after", "bytes after the reply line stay for the stream");
+        // One more byte is refused; an empty connection is an error too.
+        let (a, mut b) = UnixStream::pair().unwrap();
+        b.write_all(&[b'x'; MAX_LINE + 1]).unwrap();
+        assert_eq!(read_reply(a).unwrap_err().kind(), ErrorKind::InvalidData);
+        let (a, b) = UnixStream::pair().unwrap();
+        drop(b);
+        assert_eq!(read_reply(a).unwrap_err().kind(), ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
+    fn a_trickling_reply_times_out_as_a_whole() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        a.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let t = std::time::Instant::now();
+            let _ = tx.send((read_reply(a).map(drop), t.elapsed()));
+        });
+        // A byte every 50 ms: no single read ever waits 300 ms.
+        let mut result = None;
+        for _ in 0..200 {
+            if b.write_all(b"x").is_err() {
+                break;
+            }
+            if let Ok(r) = rx.recv_timeout(Duration::from_millis(50)) {
+                result = Some(r);
+                break;
+            }
+        }
+        let (r, took) = result.expect("the reader was still reading after 10 s");
+        assert_eq!(r.unwrap_err().kind(), ErrorKind::TimedOut);
+        assert!(took < Duration::from_secs(2), "{took:?}");
+        // The timeout is the socket's own again afterwards.
+        let (a, mut b) = UnixStream::pair().unwrap();
+        a.set_read_timeout(Some(Duration::from_secs(7))).unwrap();
+        b.write_all(b"{\"ok\":true}\n").unwrap();
+        let mut r = BufReader::new(&a);
+        assert!(read_reply_line(&mut r).unwrap().ok);
+        assert_eq!(a.read_timeout().unwrap(), Some(Duration::from_secs(7)));
+    }
+
+    #[test]
+    fn request_lines_and_their_descriptors_are_capped() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let t = std::thread::spawn(move || {
+            let chunk = vec![b'x'; 4096];
+            while b.write_all(&chunk).is_ok() {}
+        });
+        let e = recv_line(&a).unwrap_err();
+        assert!(e.to_string().contains("request line too long"), "{e}");
+        drop(a);
+        t.join().unwrap();
+        // A normal request, with a descriptor.
+        let (a, b) = UnixStream::pair().unwrap();
+        let fd: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
+        send_line(&b, &Request::Status, Some(&fd)).unwrap();
+        let (line, fds) = recv_line(&a).unwrap();
+        assert_eq!(serde_json::from_slice::<Request>(&line).unwrap(), Request::Status);
+        assert_eq!(fds.len(), 1);
+        // More than MAX_FDS descriptors over several messages of one request.
+        let (a, b) = UnixStream::pair().unwrap();
+        let fds: Vec<OwnedFd> = (0..MAX_FDS).map(|_| std::fs::File::open("/dev/null").unwrap().into()).collect();
+        let refs: Vec<&OwnedFd> = fds.iter().collect();
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+        for part in [&b"{\"op\":"[..], b"\"status\"}\n"] {
+            let mut anc = SendAncillaryBuffer::new(&mut space);
+            let borrowed: Vec<_> = refs.iter().map(|f| f.as_fd()).collect();
+            anc.push(SendAncillaryMessage::ScmRights(&borrowed));
+            sendmsg(&b, &[io::IoSlice::new(part)], &mut anc, SendFlags::NOSIGNAL).unwrap();
+        }
+        let e = recv_line(&a).unwrap_err();
+        assert!(e.to_string().contains("descriptors"), "{e}");
+    }
+
+    #[test]
+    fn uplink_packets_are_sent_and_read_without_waiting() {
+        use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+        let (a, b) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).unwrap();
+        assert_eq!(try_recv_packet(a.as_fd()).unwrap_err().kind(), ErrorKind::WouldBlock);
+        // Fill b's queue from a: a blocking send would now wait forever.
+        let big = vec![0u8; 16 << 10];
+        while sendmsg(&a, &[io::IoSlice::new(&big)], &mut SendAncillaryBuffer::default(), SendFlags::DONTWAIT).is_ok() {}
+        let t = std::time::Instant::now();
+        let e = try_send_packet(a.as_fd(), &ForkKit { id: None, error: Some("x".into()) }, &[]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::WouldBlock);
+        assert!(t.elapsed() < Duration::from_secs(1));
+        let (msg, fds) = try_recv_packet(b.as_fd()).unwrap();
+        // A packet longer than MAX_PACKET is cut.
+        assert_eq!((msg.len(), fds.len()), (MAX_PACKET, 0));
+    }
 }

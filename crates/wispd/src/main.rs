@@ -3,14 +3,15 @@
 //! `wispd __worker ...` is the VMM process itself (spawned by the daemon;
 //! crate `wisp-vmm-process`).
 
-use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use wisp_vmm_process::images::image_dirs;
 use wisp_vmm_process::units::parse_pool_target;
 
+mod access;
 mod api;
 mod daemon;
 mod forward;
@@ -19,6 +20,7 @@ mod images;
 mod netlink;
 mod pool;
 mod signals;
+mod slots;
 
 #[derive(Parser)]
 #[command(name = "wispd", version, about = "The wisp daemon")]
@@ -26,6 +28,31 @@ struct Cli {
     /// API socket.
     #[arg(long, default_value = wisp_api::DEFAULT_SOCKET)]
     socket: PathBuf,
+    /// Group allowed to use the API socket (mode 0660), by name or number;
+    /// if it does not exist the socket stays root-only (0600).
+    #[arg(long, default_value = "wisp")]
+    socket_group: String,
+    /// Most API connections served at once (more are answered 503).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    max_api_connections: u32,
+    /// Close an API connection idle this long between requests (e.g. 60s, 500ms).
+    #[arg(long, value_parser = parse_timeout, default_value = "60s")]
+    api_idle_timeout: Duration,
+    /// Answer 408 to a request not received whole this long after its first byte.
+    #[arg(long, value_parser = parse_timeout, default_value = "30s")]
+    api_read_timeout: Duration,
+    /// Drop an API connection whose peer does not take a response for this long.
+    #[arg(long, value_parser = parse_timeout, default_value = "60s")]
+    api_write_timeout: Duration,
+    /// Most forwarded (-p) connections at once, all VMs together (more are refused).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    max_forward_connections: u32,
+    /// Most forwarded connections at once through one forwarded port.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    max_port_connections: u32,
+    /// Close a forwarded connection that moved no byte either way for this long.
+    #[arg(long, value_parser = parse_timeout, default_value = "300s")]
+    forward_idle_timeout: Duration,
     /// State directory (one subdirectory per VM).
     #[arg(long, default_value = wisp_api::DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
@@ -68,6 +95,23 @@ fn parse_subnet(s: &str) -> Result<([u8; 4], u8), String> {
     Ok((a.octets(), p))
 }
 
+/// A timeout: a number with a unit (ms, s, m), 10 ms to a day.
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| format!("'{s}': expected a duration such as 500ms, 30s or 5m"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" | "" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        _ => return Err(format!("'{s}': unknown unit '{unit}' (use ms, s or m)")),
+    };
+    if !(Duration::from_millis(10)..=Duration::from_secs(86_400)).contains(&d) {
+        return Err(format!("'{s}': must be between 10ms and 24h"));
+    }
+    Ok(d)
+}
+
 fn parse_pool(s: &str) -> Result<(u64, u32), String> {
     let (mem, count) = parse_pool_target(s)?;
     Ok((wisp_vmm::check_mem_size(mem).map_err(|e| e.to_string())?, count))
@@ -86,8 +130,9 @@ fn main() {
     }
 }
 
-/// One descriptor per VM (its pidfd) and per API connection: raise the
-/// open-files limit as far as allowed.
+/// One descriptor per VM (its pidfd), per API connection and two per
+/// forwarded connection (both bounded): raise the open-files limit as far
+/// as allowed.
 fn raise_nofile() {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let cur = getrlimit(Resource::Nofile);
@@ -105,7 +150,21 @@ fn run(cli: Cli) -> Result<(), String> {
         return Err(format!("another wispd is serving {}", cli.socket.display()));
     }
     let _ = std::fs::remove_file(&cli.socket);
-    let listener = UnixListener::bind(&cli.socket).map_err(|e| format!("bind {}: {e}", cli.socket.display()))?;
+    // Owner-only from the start; then the group's, if it exists.
+    let (listener, access, note) = access::bind(&cli.socket, &cli.socket_group)?;
+    eprintln!("wispd: {note}");
+    forward::configure(forward::Limits {
+        max_connections: cli.max_forward_connections as usize,
+        max_per_port: cli.max_port_connections as usize,
+        idle_timeout: cli.forward_idle_timeout,
+    });
+    let api_cfg = api::Config {
+        access,
+        max_connections: cli.max_api_connections as usize,
+        idle_timeout: cli.api_idle_timeout,
+        read_timeout: cli.api_read_timeout,
+        write_timeout: cli.api_write_timeout,
+    };
     let cfg = daemon::Config {
         state_dir: cli.state_dir.clone(),
         image_dirs: image_dirs(cli.images),
@@ -134,7 +193,23 @@ fn run(cli: Cli) -> Result<(), String> {
         })
         .map_err(|e| e.to_string())?;
     eprintln!("wispd: serving {} (state in {})", cli.socket.display(), cli.state_dir.display());
-    api::serve(Arc::clone(&d), listener);
+    api::serve(Arc::clone(&d), listener, api_cfg);
     Ok(())
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_have_units_and_bounds() {
+        assert_eq!(parse_timeout("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_timeout("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_timeout("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_timeout("5m"), Ok(Duration::from_secs(300)));
+        for bad in ["", "s", "1h", "-1s", "5ms", "25h", "1441m", "99999999999999999999s"] {
+            assert!(parse_timeout(bad).is_err(), "{bad}");
+        }
+    }
+}

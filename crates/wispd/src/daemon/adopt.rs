@@ -1,65 +1,261 @@
-//! Re-adoption: a daemon started again finds the VMs a previous one left
-//! in the state directory. Running ones are adopted (state asked over the
-//! control socket, exit watched, address and host ports taken again),
-//! exited ones are listed with their status, pooled shells are stopped.
+//! Re-adoption: a daemon started again finds the VMs a previous one left,
+//! from its own records (`meta/<id>.json`, see `record`). Running ones are
+//! adopted (state asked over the control socket, exit watched, address and
+//! host ports taken again), exited ones are listed with their status,
+//! pooled shells are stopped.
+//!
+//! Nothing is taken on trust, not even the daemon's own records: a record
+//! must name its file and its VM's directory (a real directory owned by the
+//! VM's user id); its process must be a VMM process of that VM running
+//! under that user id (and started when recorded) — any other process is
+//! left alone, never signalled; its address must be a free VM address of
+//! the subnet and its host ports non-zero and unclaimed, or they are not
+//! restored. What a VM's directory holds is only read as advisory
+//! (`exit.json`).
+//!
+//! A state directory of the previous layout (the record as `vm.json` and
+//! `pid` inside each VM's directory, which its VMM process could replace)
+//! is migrated once, when `meta/` does not exist yet: each record that
+//! names its directory becomes a record of the daemon's, with the same
+//! checks before anything is signalled, bound or forwarded.
 
+use std::collections::HashSet;
 use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::time::Duration;
 
 use wisp_api::{VmInfo, VmState};
 use wisp_vmm_process::proto::{self, Request, WorkerState};
 
-use super::process::{is_ours, kill_pid, read_exit};
-use super::uids::dir_uid;
+use super::process::{is_ours, kill_fd, open_ours, proc_start};
+use super::record::{check_ports, valid_id, Claimed, Proc, Record, MAX_RECORD};
+use super::uids::{UID_BASE, UID_COUNT};
 use super::Daemon;
 use crate::forward::Forward;
+use crate::fsutil::read_capped;
+
+/// What earlier adopted VMs hold: a process or a host port is adopted once.
+#[derive(Default)]
+struct Seen {
+    pids: HashSet<u32>,
+    ports: Claimed,
+}
+
+/// The owner of `dir` if it is a real directory (not a link) owned by a
+/// VMM process's user id.
+fn vm_dir_owner(dir: &Path) -> Option<u32> {
+    let m = fs::symlink_metadata(dir).ok()?;
+    (m.file_type().is_dir() && (UID_BASE..UID_BASE + UID_COUNT).contains(&m.uid())).then_some(m.uid())
+}
 
 impl Daemon {
-    /// Find the VMs a previous daemon left: adopt running ones, record
-    /// exited ones, and stop pooled shells (the new pool replaces them).
-    pub(super) fn adopt(&self) {
+    /// Find the VMMs a previous daemon left: adopt running VMs, record
+    /// exited ones, stop pooled shells (the new pool replaces them), and
+    /// remove directories nobody recorded.
+    pub(super) fn adopt(&self, old_layout: bool) {
+        if old_layout {
+            self.migrate();
+        }
+        let mut seen = Seen::default();
+        for id in self.records.ids() {
+            self.adopt_one(&id, &mut seen);
+        }
         let Ok(rd) = fs::read_dir(self.vms_dir()) else { return };
         for ent in rd.flatten() {
-            let dir = ent.path();
-            let id = ent.file_name().to_string_lossy().into_owned();
-            let pid: Option<u32> = fs::read_to_string(dir.join("pid")).ok().and_then(|s| s.trim().parse().ok());
-            let info: Option<VmInfo> = fs::read(dir.join("vm.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
-            // A forked VM's process carries its family root's command line.
-            let cmd_id = info.as_ref().and_then(|i| i.family.clone()).unwrap_or_else(|| id.clone());
-            let alive = pid.is_some_and(|p| is_ours(p, &cmd_id));
-            let Some(mut info) = info else {
-                // A pooled shell or a VM that never started.
-                if alive {
-                    kill_pid(pid.unwrap_or(0));
-                }
-                let _ = fs::remove_dir_all(&dir);
-                continue;
+            let name = ent.file_name().to_string_lossy().into_owned();
+            if valid_id(&name) && !self.records.exists(&name) && ent.file_type().is_ok_and(|t| t.is_dir()) {
+                // Made just before a crash, or left by a VM whose record was
+                // refused when migrated: nothing here is signalled.
+                let _ = fs::remove_dir_all(ent.path());
+            } else if !valid_id(&name) {
+                eprintln!("wispd: {}: not a VM directory, left alone", ent.path().display());
+            }
+        }
+    }
+
+    /// A pid is taken for VM `id`'s process only if it is one of its VMM
+    /// processes ([`open_ours`]) and no VM adopted before has it; the
+    /// pidfd is opened before the check.
+    fn verified(&self, rec: &Record, cmd_id: &str, seen: &mut Seen) -> Option<std::os::fd::OwnedFd> {
+        if rec.pid == 0 {
+            return None;
+        }
+        if seen.pids.contains(&rec.pid) {
+            eprintln!("wispd: VM {}: pid {} is another VM's: not its process", rec.id, rec.pid);
+            return None;
+        }
+        let fd = open_ours(rec.pid, cmd_id, rec.uid, rec.start);
+        match &fd {
+            Some(_) => {
+                seen.pids.insert(rec.pid);
+            }
+            None if Path::new(&format!("/proc/{}", rec.pid)).exists() => {
+                eprintln!("wispd: VM {}: pid {} is not its VMM process: left alone", rec.id, rec.pid);
+            }
+            None => {}
+        }
+        fd
+    }
+
+    /// Adopt the VMM process of record `id`.
+    fn adopt_one(&self, id: &str, seen: &mut Seen) {
+        let rec = match self.records.read(id) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("wispd: record of VM {id}: {e}: ignored");
+                return;
+            }
+        };
+        let dir = self.vms_dir().join(id);
+        // The daemon keeps nothing in a VM's directory any more: such files
+        // there were put there by someone else (its VMM process?).
+        for name in ["vm.json", "pid"] {
+            if fs::symlink_metadata(dir.join(name)).is_ok() {
+                eprintln!("wispd: VM {id}: {name} in its directory is not the daemon's: ignored");
+            }
+        }
+        let Some(mut info) = rec.vm.clone() else {
+            // A pooled shell: the new pool replaces it.
+            if let Some(fd) = self.verified(&rec, id, seen) {
+                kill_fd(&fd);
+            }
+            self.records.forget(id);
+            let _ = fs::remove_dir_all(&dir);
+            return;
+        };
+        // Whatever becomes of the record, a process may still hold its user
+        // id: it is not given to another VM.
+        if (UID_BASE..UID_BASE + UID_COUNT).contains(&rec.uid) {
+            self.uids.mark_used(rec.uid);
+        }
+        if vm_dir_owner(&dir) != Some(rec.uid) {
+            eprintln!("wispd: VM {id}: its directory is missing or not its own (user {}): record ignored", rec.uid);
+            if fs::symlink_metadata(&dir).is_err() {
+                self.records.forget(id);
+            }
+            return;
+        }
+        if [&info.family, &info.parent].into_iter().flatten().any(|f| !valid_id(f)) {
+            eprintln!("wispd: VM {id}: its family is no VM id: record ignored");
+            return;
+        }
+        // A forked VM's process carries its family root's command line.
+        let cmd_id = info.family.clone().unwrap_or_else(|| id.to_string());
+        let pidfd = if info.exit.is_none() { self.verified(&rec, &cmd_id, seen) } else { None };
+        let alive = pidfd.is_some();
+        let mut restore = Vec::new();
+        // The pid shown is the recorded one (0 if none was ever checked).
+        info.pid = rec.pid;
+        if alive {
+            if let Ok((r, _)) = proto::call(&dir.join("ctl.sock"), &Request::Status, None, Some(Duration::from_secs(2))) {
+                info.state = if r.state == Some(WorkerState::Paused) { VmState::Paused } else { VmState::Running };
+                info.boot_us = r.boot_us;
+            }
+            self.adopt_net(&mut info, seen);
+            restore = info.ports.clone();
+        } else if info.exit.is_some() {
+            info.state = VmState::Exited;
+        }
+        let start = rec.start.or_else(|| alive.then(|| proc_start(rec.pid)).flatten());
+        let p = Proc { uid: rec.uid, pid: rec.pid, start };
+        if let Err(e) = self.records.register(id, p, Some(info.clone())) {
+            eprintln!("wispd: VM {id}: cannot write its record: {e}");
+        }
+        let ip = info.ip.clone();
+        // A VM whose process is gone is recorded as exited at once.
+        self.insert_watched(info, dir, None, pidfd);
+        if let Some(ip) = ip.filter(|_| alive).and_then(|i| i.parse().ok()) {
+            let fw = Forward::restore(id, &restore, ip);
+            if let Some(e) = self.vms.lock().by_id.get_mut(id) {
+                e.forwards = fw;
+            }
+        }
+    }
+
+    /// Take a running VM's address and host ports again, dropping what
+    /// cannot be its: an address that is no free VM address of the subnet
+    /// (and then every port), ports that are zero or claimed before.
+    fn adopt_net(&self, info: &mut VmInfo, seen: &mut Seen) {
+        let id = info.id.clone();
+        match info.ip.as_deref().map(|ip| self.net.claim(ip)) {
+            Some(Err(why)) => {
+                eprintln!("wispd: VM {id}: address not restored: {why}");
+                info.ip = None;
+            }
+            Some(Ok(())) => {}
+            None => {}
+        }
+        if info.ip.is_none() {
+            if !info.ports.is_empty() {
+                eprintln!("wispd: VM {id}: host ports not restored: the VM has no address");
+            }
+            info.ports.clear();
+            return;
+        }
+        let (keep, refused) = check_ports(&info.ports, &mut seen.ports);
+        for r in refused {
+            eprintln!("wispd: VM {id}: host port not restored: {r}");
+        }
+        info.ports = keep;
+    }
+
+    /// Migrate a state directory of the previous layout: each VM
+    /// directory's `vm.json` that names its directory becomes a record (its
+    /// process taken only once checked, see [`Daemon::verified`]); other
+    /// directories are those of pooled shells, or hold a record that was
+    /// replaced: their process is stopped if it is that VM's own, and the
+    /// directory goes.
+    fn migrate(&self) {
+        let Ok(rd) = fs::read_dir(self.vms_dir()) else { return };
+        for ent in rd.flatten() {
+            let (name, dir) = (ent.file_name().to_string_lossy().into_owned(), ent.path());
+            let Some(uid) = valid_id(&name).then(|| vm_dir_owner(&dir)).flatten() else { continue };
+            let old_pid = read_capped(&dir.join("pid"), 32)
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok())
+                .and_then(|s| s.trim().parse::<u32>().ok());
+            let old = match read_capped(&dir.join("vm.json"), MAX_RECORD) {
+                Ok(b) => Some(serde_json::from_slice::<VmInfo>(&b).map_err(|e| e.to_string())),
+                Err(_) => None,
             };
-            if let Some(u) = dir_uid(&dir) {
-                self.uids.mark_used(u);
-            }
-            info.exit = read_exit(&dir);
-            if info.exit.is_none() && alive {
-                if let Some(ip) = info.ip.as_deref() {
-                    self.net.mark_used(ip);
+            let mut info = match old {
+                Some(Ok(info)) if info.id == name && old_pid.is_none_or(|p| p == info.pid) => info,
+                refused => {
+                    match refused {
+                        Some(Ok(info)) => eprintln!("wispd: {}: vm.json names VM {:?}, pid {}: not adopted", dir.display(), info.id, info.pid),
+                        Some(Err(e)) => eprintln!("wispd: {}: vm.json: {e}: not adopted", dir.display()),
+                        None => {}
+                    }
+                    match old_pid.and_then(|p| open_ours(p, &name, uid, None)) {
+                        Some(fd) => kill_fd(&fd),
+                        // A process of its may still run: its user id is not reused.
+                        None => self.uids.mark_used(uid),
+                    }
+                    let _ = fs::remove_dir_all(&dir);
+                    continue;
                 }
+            };
+            // That layout had no listening addresses: its forwards listen on
+            // the default one (whatever the file says).
+            for m in &mut info.ports {
+                m.addr = None;
             }
-            if info.exit.is_some() {
-                info.state = VmState::Exited;
-            } else if alive {
-                if let Ok((r, _)) = proto::call(&dir.join("ctl.sock"), &Request::Status, None, Some(Duration::from_secs(2))) {
-                    info.state = if r.state == Some(WorkerState::Paused) { VmState::Paused } else { VmState::Running };
-                    info.boot_us = r.boot_us;
-                }
+            let cmd_id = info.family.clone().filter(|f| valid_id(f)).unwrap_or_else(|| name.clone());
+            // Taken as its process only if it is one now; the start time
+            // makes the record hold for that process alone from here on.
+            let ours = is_ours(info.pid, &cmd_id, uid, None);
+            if !ours {
+                eprintln!("wispd: VM {name}: pid {} is not its VMM process: not taken", info.pid);
             }
-            let restore: Vec<_> = if info.exit.is_none() && alive { info.ports.clone() } else { Vec::new() };
-            let (id, ip) = (info.id.clone(), info.ip.clone());
-            self.insert(info, dir, None);
-            if let Some(ip) = ip.and_then(|i| i.parse().ok()) {
-                let fw = Forward::restore(&id, &restore, ip);
-                if let Some(e) = self.vms.lock().by_id.get_mut(&id) {
-                    e.forwards = fw;
+            let p = Proc { uid, pid: if ours { info.pid } else { 0 }, start: ours.then(|| proc_start(info.pid)).flatten() };
+            match self.records.register(&name, p, Some(info)) {
+                Ok(()) => {
+                    let _ = fs::remove_file(dir.join("vm.json"));
+                    let _ = fs::remove_file(dir.join("pid"));
+                    eprintln!("wispd: VM {name}: record migrated out of its directory");
                 }
+                Err(e) => eprintln!("wispd: VM {name}: cannot migrate its record: {e}"),
             }
         }
     }

@@ -18,7 +18,6 @@ use super::error::ActionError;
 use super::process::Worker;
 use super::{now_ms, Daemon};
 use crate::forward::Forward;
-use crate::fsutil::write_atomic;
 use crate::images;
 
 fn valid_name(n: &str) -> bool {
@@ -178,7 +177,8 @@ impl Daemon {
                 e.uplink = Some(mine);
             }
         }
-        write_atomic(&dir.join("vm.json"), &serde_json::to_vec(&info).unwrap_or_default()).map_err(ActionError::Record)?;
+        // The record lives where VMM processes cannot write (`record`).
+        self.save(&info.id).map_err(ActionError::Record)?;
         let (reply, stream) = sent.and_then(proto::read_reply).map_err(ActionError::Vmm)?;
         let Reply { ok: true, boot_us, .. } = reply else {
             return Err(ActionError::StartRefused(reply.error.unwrap_or_else(|| "start failed".into())));

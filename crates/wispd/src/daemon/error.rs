@@ -64,7 +64,7 @@ pub enum ActionError {
     /// The VM's NIC could not be set up.
     #[error("cannot set up the VM's network: {0}")]
     Network(NetError),
-    /// The VM's record (`vm.json`) could not be written.
+    /// The VM's record (`meta/<id>.json`) could not be written.
     #[error("cannot record the VM: {0}")]
     Record(io::Error),
     /// Talking to the VMM process failed.

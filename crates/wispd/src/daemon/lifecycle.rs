@@ -2,8 +2,7 @@
 //! stop, kill, wait, console output, removal; and the quick control
 //! requests they send to a VMM process.
 
-use std::fs;
-use std::io::{self, BufRead, BufReader, Cursor};
+use std::io::{self, BufReader, Cursor};
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -14,8 +13,8 @@ use wisp_vmm_process::proto::{self, Reply, Request, WorkerState};
 
 use super::console::Console;
 use super::error::ActionError;
-use super::process::kill_pid;
 use super::Daemon;
+use crate::fsutil::read_tail;
 
 impl Daemon {
     /// One VM.
@@ -54,12 +53,8 @@ impl Daemon {
         };
         let once = |c: &UnixStream| -> io::Result<Reply> {
             proto::send_line(c, req, None)?;
-            let mut line = String::new();
-            BufReader::new(c).read_line(&mut line)?;
-            if line.is_empty() {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "VMM process closed the connection"));
-            }
-            serde_json::from_str(&line).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+            // The reply is untrusted: one line, capped.
+            proto::read_reply_line(&mut BufReader::new(c))
         };
         let (conn, reply) = match cached.map(|c| once(&c).map(|r| (c, r))) {
             Some(Ok(ok)) => ok,
@@ -111,7 +106,7 @@ impl Daemon {
             return Err(ActionError::Exited(id));
         }
         if proto::call(&dir.join("ctl.sock"), &Request::Kill, None, Some(Duration::from_secs(2))).is_err() {
-            kill_pid(info.pid);
+            self.kill_process(&id);
         }
         self.wait(&id, Some(Duration::from_secs(5)))?;
         self.get(&id)
@@ -133,8 +128,10 @@ impl Daemon {
                 }
             }
         }
-        // Exited (or exiting): the VMM process saved the buffer.
-        Ok(Console::Saved(Cursor::new(fs::read(dir.join("console.log")).unwrap_or_default())))
+        // Exited (or exiting): the VMM process saved the buffer (untrusted:
+        // its last CONSOLE_RING bytes at most, never through a link).
+        let saved = read_tail(&dir.join("console.log"), wisp_vmm_process::CONSOLE_RING as u64).unwrap_or_default();
+        Ok(Console::Saved(Cursor::new(saved)))
     }
 
     /// Remove a VM (with `force`, kill it first if it runs).
@@ -145,10 +142,10 @@ impl Daemon {
                 return Err(ActionError::Running(id));
             }
             if proto::call(&dir.join("ctl.sock"), &Request::Kill, None, Some(Duration::from_secs(2))).is_err() {
-                kill_pid(info.pid);
+                self.kill_process(&id);
             }
             if self.wait(&id, Some(Duration::from_secs(5))).is_err() {
-                kill_pid(info.pid);
+                self.kill_process(&id);
                 self.wait(&id, Some(Duration::from_secs(5)))?;
             }
         }

@@ -5,15 +5,19 @@
 //!
 //! There is no central store on the boot path: a VM's whole configuration
 //! travels in its `start` request and lands in its own boot-info page. The
-//! daemon only keeps, per VM, a small `vm.json` in the VM's directory so a
-//! restarted daemon can find and re-adopt every VMM process.
+//! daemon only keeps, per VMM process, a small record in `meta/<id>.json`
+//! (`record`), where no VMM process can write, so a restarted daemon can
+//! find and re-adopt every VMM process; a VM's own directory `vms/<id>/`
+//! holds only what its VMM process produces (console, exit status), read
+//! back as untrusted input.
 //!
 //! Rooms: `table` (the VMs, names, lookup, waiting), `uids` (user ids of
 //! VMM processes), `net` (bridge, addresses, taps), `process` (spawning
 //! and stopping VMM processes, their directories), `watch` (exits), `create`
 //! (creating a VM, with its rollback), `lifecycle` (everything after),
-//! `console` (console streams), `family` (forked VMs), `adopt` (VMs left by
-//! a previous daemon), `error` (the typed errors of actions).
+//! `console` (console streams), `family` (forked VMs), `record` (the
+//! daemon's own state), `adopt` (VMs left by a previous daemon), `error`
+//! (the typed errors of actions).
 
 use std::fs;
 use std::io;
@@ -37,6 +41,7 @@ mod family;
 mod lifecycle;
 mod net;
 pub mod process;
+mod record;
 mod table;
 mod uids;
 mod watch;
@@ -45,13 +50,14 @@ pub use console::Console;
 pub use error::ActionError;
 use net::VmNet;
 use process::{SpawnError, Worker};
+use record::Records;
 use table::VmTable;
 use uids::{dir_uid, Uids};
 
 /// Daemon configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// State directory (`vms/<id>/` per VM).
+    /// State directory (`vms/<id>/` per VM, `meta/<id>.json` per VMM process).
     pub state_dir: PathBuf,
     /// Directories searched for bundled images by name.
     pub image_dirs: Vec<PathBuf>,
@@ -115,13 +121,24 @@ pub struct Daemon {
     epoll: OwnedFd,
     uids: Uids,
     net: VmNet,
+    records: Records,
 }
 
 impl Daemon {
     /// Create the daemon: state directory, epoll, re-adoption of the VMs a
     /// previous daemon left running.
+    ///
+    /// `vms/` and `meta/` are the daemon's alone (0700, not links): a VMM
+    /// process cannot reach another VM's directory, nor the records, by a
+    /// path. A state directory without `meta/` was written by a daemon that
+    /// kept its records inside the VMs' directories: it is migrated once.
     pub fn new(cfg: Config) -> Result<Arc<Daemon>, InitError> {
-        fs::create_dir_all(cfg.state_dir.join("vms")).map_err(InitError::StateDir)?;
+        fs::create_dir_all(&cfg.state_dir).map_err(InitError::StateDir)?;
+        let meta = cfg.state_dir.join("meta");
+        let old_layout = fs::symlink_metadata(&meta).is_err();
+        for dir in [&cfg.state_dir.join("vms"), &meta] {
+            crate::fsutil::private_dir(dir).map_err(InitError::StateDir)?;
+        }
         let epoll = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(InitError::Epoll)?;
         let net = VmNet::new(&cfg.bridge, cfg.subnet);
         let d = Arc::new(Daemon {
@@ -132,8 +149,9 @@ impl Daemon {
             epoll,
             uids: Uids::default(),
             net,
+            records: Records::new(meta),
         });
-        d.adopt();
+        d.adopt(old_layout);
         Ok(d)
     }
 
@@ -178,7 +196,7 @@ impl Daemon {
     /// Spawn a VMM process with a prepared shell of `mem` bytes and wait
     /// until it is ready.
     fn spawn_worker(&self, mem: u64) -> Result<Worker, SpawnError> {
-        process::spawn(&self.vms_dir(), &self.uids, mem)
+        process::spawn(&self.vms_dir(), &self.records, &self.uids, mem)
     }
 
     /// Stop an unused VMM process and remove its directory.
@@ -187,16 +205,24 @@ impl Daemon {
         self.remove_dir(&w.dir);
     }
 
-    /// Remove a VM directory and give its user id back (unless another VM
-    /// of its family still has it).
+    /// Remove a VM directory and its record, and give its user id back
+    /// (unless another VM of its family still has it).
     fn remove_dir(&self, dir: &Path) {
         let uid = dir_uid(dir);
+        if let Some(id) = dir.file_name().and_then(|n| n.to_str()) {
+            self.records.forget(id);
+        }
         let _ = fs::remove_dir_all(dir);
         if let Some(u) = uid {
             if !self.vms.lock().uid_in_use(u) {
                 self.uids.free(u);
             }
         }
+    }
+
+    /// Write VM `id`'s record again, as the table has it now.
+    fn save(&self, id: &str) -> io::Result<()> {
+        self.records.save(id, || self.vms.lock().by_id.get(id).map(|e| e.info.clone()))
     }
 
     /// Stop the pool's shells (daemon shutdown). Running VMs keep running.

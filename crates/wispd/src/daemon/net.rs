@@ -89,11 +89,15 @@ impl VmNet {
         Ok((NetSpec { ip, prefix, gateway: (base + 1).to_be_bytes(), mac: wisp_vmm::mac_for_ipv4(ip) }, tap))
     }
 
-    /// The host part of address `ip` in the subnet.
+    /// The host part of address `ip`, if it is one a VM can have: in the
+    /// subnet, and neither its network, gateway nor broadcast address.
     fn host_part(&self, ip: &str) -> Option<u32> {
         let a: Ipv4Addr = ip.parse().ok()?;
-        let (_, prefix) = self.subnet;
-        Some(u32::from(a) & !(u32::MAX << (32 - prefix as u32)))
+        let (net, prefix) = self.subnet;
+        let mask = u32::MAX << (32 - prefix as u32);
+        let hosts = (1u32 << (32 - prefix as u32)).saturating_sub(2);
+        let host = u32::from(a) & !mask;
+        (u32::from(a) & mask == u32::from_be_bytes(net) & mask && (2..=hosts).contains(&host)).then_some(host)
     }
 
     /// Give address `ip` back (nothing for a VM without one).
@@ -103,10 +107,37 @@ impl VmNet {
         }
     }
 
-    /// Count address `ip` as given out (a running VM re-adopted after a restart).
-    pub fn mark_used(&self, ip: &str) {
-        if let Some(h) = self.host_part(ip) {
-            self.state.lock().unwrap().used.insert(h);
+    /// Take address `ip` for a running VM re-adopted after a restart: it
+    /// must be one a VM of the subnet can have, and not taken already.
+    pub fn claim(&self, ip: &str) -> Result<(), String> {
+        let (net, prefix) = self.subnet;
+        let h = self.host_part(ip).ok_or_else(|| format!("{ip:?} is no VM address of {}/{prefix}", Ipv4Addr::from(net)))?;
+        if !self.state.lock().unwrap().used.insert(h) {
+            return Err(format!("{ip} is another VM's"));
         }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_free_host_addresses_of_the_subnet_are_claimed() {
+        let n = VmNet::new("wisp-test0", ([10, 99, 0, 0], 24));
+        n.claim("10.99.0.2").unwrap();
+        assert!(n.claim("10.99.0.2").unwrap_err().contains("another VM's"));
+        for bad in ["10.99.1.2", "192.0.2.7", "10.99.0.0", "10.99.0.1", "10.99.0.255", "10.99.0.02", "10.99.0", "", "::1"] {
+            assert!(n.claim(bad).is_err(), "{bad}");
+        }
+        // Freeing an address outside the subnet frees nothing in it.
+        n.free(Some("10.99.1.2"));
+        assert!(n.claim("10.99.0.2").is_err());
+        n.free(Some("10.99.0.2"));
+        n.claim("10.99.0.2").unwrap();
+        let wide = VmNet::new("wisp-test0", ([10, 98, 0, 0], 16));
+        wide.claim("10.98.7.9").unwrap();
+        assert!(wide.claim("10.97.7.9").is_err());
     }
 }

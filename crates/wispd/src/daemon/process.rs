@@ -2,19 +2,30 @@
 //! shell, stopping an unused one, telling ours from other processes, and
 //! the private directory each VM gets (`vms/<id>/`). Knows nothing of the
 //! VM table, so the pool can hold [`Worker`]s without knowing the daemon.
+//!
+//! A VMM process is not trusted once its guest has run: a process id is
+//! only taken for one of ours when the process runs under the VM's own
+//! user id with a VMM process's command line for that VM (and, when
+//! known, started when recorded), and it is only ever signalled through a
+//! pidfd opened before that check. What it writes into its directory
+//! (`exit.json`) is read as untrusted input ([`read_exit`]).
 
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustix::io::Errno;
-use rustix::process::Pid;
+use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
+use serde::Deserialize;
 use wisp_api::ExitInfo;
 use wisp_vmm_process::proto::{self, Request};
 
-use super::uids::{NoFreeUid, Uids};
+use super::record::{Proc, Records};
+use super::uids::{NoFreeUid, Uids, UID_BASE, UID_COUNT};
+use crate::fsutil::read_capped;
 
 /// A VMM process (pooled or holding a VM).
 pub struct Worker {
@@ -37,9 +48,6 @@ pub enum DirError {
     /// Giving it to the VM's user id.
     #[error("chown {}: {source}", dir.display())]
     Chown { dir: PathBuf, source: Errno },
-    /// Making it private.
-    #[error("chmod: {0}")]
-    Chmod(Errno),
 }
 
 /// Why a VMM process could not be prepared.
@@ -60,6 +68,9 @@ pub enum SpawnError {
     /// The process could not be started.
     #[error("spawn VMM process: {0}")]
     Spawn(io::Error),
+    /// Its record could not be written.
+    #[error("record: {0}")]
+    Record(io::Error),
     /// It started but did not get ready (its own message, if it said one).
     #[error("{0}")]
     NotReady(String),
@@ -74,32 +85,43 @@ fn new_id() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// A new VM id and its directory under `vms_dir`, owned by `uid` and
-/// private to it.
-pub fn new_vm_dir(vms_dir: &Path, uid: u32) -> Result<(String, PathBuf), DirError> {
-    let id = new_id();
-    let dir = vms_dir.join(&id);
-    fs::create_dir_all(&dir).map_err(|source| DirError::Create { dir: dir.clone(), source })?;
-    let owner = (Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(uid)));
-    let private = rustix::fs::chown(&dir, owner.0, owner.1)
-        .map_err(|source| DirError::Chown { dir: dir.clone(), source })
-        .and_then(|()| rustix::fs::chmod(&dir, rustix::fs::Mode::from_raw_mode(0o700)).map_err(DirError::Chmod));
-    if let Err(e) = private {
-        let _ = fs::remove_dir_all(&dir);
-        return Err(e);
+/// A new VM id and its directory under `vms_dir`, still the daemon's own
+/// (0700, root): the files the VMM process will use are made in it first,
+/// and only then is it given to the VM ([`give_dir`]), so nothing a VMM
+/// process of the same user id plants can be there when the daemon does.
+pub fn new_vm_dir(vms_dir: &Path) -> Result<(String, PathBuf), DirError> {
+    use std::os::unix::fs::DirBuilderExt;
+    loop {
+        let id = new_id();
+        let dir = vms_dir.join(&id);
+        match fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok((id, dir)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(source) => return Err(DirError::Create { dir, source }),
+        }
     }
-    Ok((id, dir))
+}
+
+/// Give VM directory `dir` to user and group `uid` (it stays 0700): its VMM
+/// process commits its files into it by renaming.
+pub fn give_dir(dir: &Path, uid: u32) -> Result<(), DirError> {
+    let owner = (Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(uid)));
+    rustix::fs::chown(dir, owner.0, owner.1).map_err(|source| DirError::Chown { dir: dir.to_path_buf(), source })
 }
 
 /// Spawn a VMM process with a prepared shell of `mem` bytes, under a user
-/// id of its own, and wait until it is ready. On any failure the user id,
-/// the directory and the process (if it started) are given back.
-pub fn spawn(vms_dir: &Path, uids: &Uids, mem: u64) -> Result<Worker, SpawnError> {
+/// id of its own, record it, and wait until it is ready. On any failure
+/// the user id, the directory, the record and the process (if it started)
+/// are given back.
+pub fn spawn(vms_dir: &Path, records: &Records, uids: &Uids, mem: u64) -> Result<Worker, SpawnError> {
     let uid = uids.alloc()?;
-    let made = new_vm_dir(vms_dir, uid).map_err(SpawnError::from).and_then(|(id, dir)| {
-        start(&id, &dir, uid, mem).map(|child| Worker { id, pid: child.id(), dir: dir.clone(), child: Some(child) }).inspect_err(|_| {
-            let _ = fs::remove_dir_all(&dir);
-        })
+    let made = new_vm_dir(vms_dir).map_err(SpawnError::from).and_then(|(id, dir)| {
+        start(&id, &dir, records, uid, mem)
+            .map(|child| Worker { id: id.clone(), pid: child.id(), dir: dir.clone(), child: Some(child) })
+            .inspect_err(|_| {
+                records.forget(&id);
+                let _ = fs::remove_dir_all(&dir);
+            })
     });
     if made.is_err() {
         uids.free(uid);
@@ -107,8 +129,9 @@ pub fn spawn(vms_dir: &Path, uids: &Uids, mem: u64) -> Result<Worker, SpawnError
     made
 }
 
-/// Start `wispd __worker` for VM `id` in `dir` and wait for its "ready".
-fn start(id: &str, dir: &Path, uid: u32, mem: u64) -> Result<Child, SpawnError> {
+/// Start `wispd __worker` for VM `id` in `dir`, record it, wait for its
+/// "ready" and give it its directory.
+fn start(id: &str, dir: &Path, records: &Records, uid: u32, mem: u64) -> Result<Child, SpawnError> {
     let log = fs::File::create(dir.join("vmm.log")).map_err(SpawnError::Log)?;
     let exe = std::env::current_exe().map_err(SpawnError::Exe)?;
     let mut cmd = Command::new(exe);
@@ -121,15 +144,25 @@ fn start(id: &str, dir: &Path, uid: u32, mem: u64) -> Result<Child, SpawnError> 
     // not reach VMs, and the VMs outlive the daemon.
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     let mut child = cmd.spawn().map_err(SpawnError::Spawn)?;
-    let _ = fs::write(dir.join("pid"), child.id().to_string());
-    let mut line = String::new();
-    let mut out = BufReader::new(child.stdout.take().expect("piped"));
-    let _ = out.read_line(&mut line);
-    if line.trim() != "ready" {
+    let fail = |child: &mut Child, e: SpawnError| {
         let _ = child.kill();
         let _ = child.wait();
+        Err(e)
+    };
+    // Our child, not reaped yet: its pid and start time are its own.
+    let p = Proc { uid, pid: child.id(), start: proc_start(child.id()) };
+    if let Err(e) = records.register(id, p, None) {
+        return fail(&mut child, SpawnError::Record(e));
+    }
+    let mut line = String::new();
+    let mut out = BufReader::new(child.stdout.take().expect("piped"));
+    let _ = out.by_ref().take(4096).read_line(&mut line);
+    if line.trim() != "ready" {
         let msg = line.trim().strip_prefix("error: ").unwrap_or(line.trim()).to_string();
-        return Err(SpawnError::NotReady(if msg.is_empty() { "VMM process failed to start".into() } else { msg }));
+        return fail(&mut child, SpawnError::NotReady(if msg.is_empty() { "VMM process failed to start".into() } else { msg }));
+    }
+    if let Err(e) = give_dir(dir, uid) {
+        return fail(&mut child, e.into());
     }
     Ok(child)
 }
@@ -138,33 +171,149 @@ fn start(id: &str, dir: &Path, uid: u32, mem: u64) -> Result<Child, SpawnError> 
 /// directory is left to the caller.
 pub fn stop(w: &mut Worker) {
     let _ = proto::call(&w.dir.join("ctl.sock"), &Request::Shutdown, None, Some(Duration::from_secs(1)));
-    match w.child.as_mut() {
-        Some(c) => {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        None => kill_pid(w.pid),
+    if let Some(c) = w.child.as_mut() {
+        let _ = c.kill();
+        let _ = c.wait();
     }
 }
 
-/// SIGKILL process `pid`.
-pub fn kill_pid(pid: u32) {
-    if let Some(p) = Pid::from_raw(pid as i32) {
-        let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+/// SIGKILL the process behind `pidfd` (never a pid, which may have been
+/// reused).
+pub fn kill_fd(pidfd: &OwnedFd) {
+    let _ = pidfd_send_signal(pidfd, Signal::KILL);
+}
+
+/// The start time of process `pid` (clock ticks after boot), if it lives.
+pub fn proc_start(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields after it.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // Field 22 overall; the state (field 3) is the first after the name.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The real, effective, saved and file-system ids of a `Uid:` or `Gid:`
+/// line of `/proc/<pid>/status`.
+fn status_ids(status: &str, key: &str) -> Option<Vec<u32>> {
+    let line = status.lines().find_map(|l| l.strip_prefix(key))?;
+    line.split_whitespace().map(|n| n.parse().ok()).collect()
+}
+
+/// True if `pid` is a live VMM process for VM `id` (a forked VM's process
+/// carries its family root's id): its command line is `wispd __worker --id
+/// ID …`, every user and group id it has is `uid` (a VMM process's own,
+/// which no other process has), and if `start` is known it started then
+/// (against pid reuse). A process that only copied the command line, or
+/// any process of another user, is not ours.
+pub fn is_ours(pid: u32, id: &str, uid: u32, start: Option<u64>) -> bool {
+    if pid <= 1 || pid == std::process::id() || !(UID_BASE..UID_BASE + UID_COUNT).contains(&uid) {
+        return false;
     }
+    let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else { return false };
+    let only_uid = |key| status_ids(&status, key).is_some_and(|ids| ids.len() == 4 && ids.iter().all(|&u| u == uid));
+    if !only_uid("Uid:") || !only_uid("Gid:") {
+        return false;
+    }
+    if start.is_some() && proc_start(pid) != start {
+        return false;
+    }
+    let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    args.get(1) == Some(&b"__worker".as_slice())
+        && args.windows(2).any(|w| w[0] == b"--id" && w[1] == id.as_bytes())
 }
 
-/// True if `pid` is a live VMM process for VM `id` (guards against pid reuse).
-pub fn is_ours(pid: u32, id: &str) -> bool {
-    fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|c| {
-            let args: Vec<&[u8]> = c.split(|&b| b == 0).collect();
-            args.contains(&b"__worker".as_slice()) && args.contains(&id.as_bytes())
-        })
-        .unwrap_or(false)
+/// A pidfd on `pid` if it [`is_ours`]: opened before the check, so a
+/// signal sent through it reaches the process that was checked or none.
+pub fn open_ours(pid: u32, id: &str, uid: u32, start: Option<u64>) -> Option<OwnedFd> {
+    let fd = pidfd_open(Pid::from_raw(i32::try_from(pid).ok()?)?, PidfdFlags::empty()).ok()?;
+    is_ours(pid, id, uid, start).then_some(fd)
 }
 
-/// How the VM in `dir` ended, as its VMM process wrote it.
+/// Largest `exit.json` read.
+const MAX_EXIT_FILE: u64 = 4096;
+
+/// `exit.json` as a VMM process writes it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExitFile {
+    code: i32,
+    reason: String,
+}
+
+/// How the VM in `dir` ended, as its VMM process wrote it. Advisory only
+/// (the process may have been compromised): a file that is no regular
+/// file, too large, malformed, or with a status outside 0..=255 counts as
+/// none (the caller then reports that the VMM process died); control
+/// characters in the reason are replaced.
 pub fn read_exit(dir: &Path) -> Option<ExitInfo> {
-    fs::read(dir.join("exit.json")).ok().and_then(|b| serde_json::from_slice(&b).ok())
+    let bytes = read_capped(&dir.join("exit.json"), MAX_EXIT_FILE).ok()?;
+    parse_exit(&bytes)
+}
+
+fn parse_exit(bytes: &[u8]) -> Option<ExitInfo> {
+    let f: ExitFile = serde_json::from_slice(bytes).ok()?;
+    if !(0..=255).contains(&f.code) {
+        return None;
+    }
+    let reason = f.reason.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
+    Some(ExitInfo { code: f.code, reason })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_files_are_advisory_and_parsed_strictly() {
+        assert_eq!(parse_exit(br#"{"code":143,"reason":"exited"}"#), Some(ExitInfo { code: 143, reason: "exited".into() }));
+        let odd = parse_exit(b"{\"code\":0,\"reason\":\"a\\u001b[2Jb\\nc\"}").unwrap();
+        assert_eq!(odd.reason, "a?[2Jb?c");
+        for bad in [&b""[..], b"{", b"null", br#"{"code":256,"reason":""}"#, br#"{"code":-1,"reason":""}"#, br#"{"code":0}"#, br#"{"code":0,"reason":"","pid":1}"#] {
+            assert_eq!(parse_exit(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn only_a_vmm_process_under_its_own_uid_is_ours() {
+        // This test process: root, and no VMM process.
+        let me = std::process::id();
+        assert!(proc_start(me).is_some());
+        assert!(!is_ours(me, "0123456789ab", UID_BASE, None));
+        assert!(!is_ours(1, "0123456789ab", UID_BASE, None));
+        assert!(!is_ours(me, "0123456789ab", 0, None), "root is never a VMM process's user");
+        // A process under a VMM user id whose command line names a VM the
+        // way a VMM process's does (xargs waits on its stdin): ours only for
+        // that VM, that user id and that start time.
+        let uid = UID_BASE + UID_COUNT - 1;
+        let mut c = Command::new("setpriv")
+            .args(["--reuid", &uid.to_string(), "--regid", &uid.to_string(), "--clear-groups"])
+            .args(["xargs", "__worker", "--id", "0123456789ab"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("setpriv (util-linux)");
+        let pid = c.id();
+        let t = std::time::Instant::now();
+        while !fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default().starts_with(b"xargs\0") {
+            assert!(t.elapsed() < Duration::from_secs(5), "xargs did not start");
+            std::thread::yield_now();
+        }
+        let start = proc_start(pid);
+        assert!(is_ours(pid, "0123456789ab", uid, None));
+        assert!(is_ours(pid, "0123456789ab", uid, start));
+        assert!(open_ours(pid, "0123456789ab", uid, start).is_some());
+        assert!(!is_ours(pid, "0123456789ab", uid, start.map(|s| s + 1)), "another start time is another process");
+        assert!(!is_ours(pid, "ba9876543210", uid, None), "another VM's");
+        assert!(!is_ours(pid, "0123456789ab", uid - 1, None), "another user id's");
+        assert!(open_ours(pid, "0123456789ab", uid - 1, None).is_none());
+        drop(c.stdin.take());
+        let _ = c.wait();
+        assert!(!is_ours(pid, "0123456789ab", uid, None), "gone");
+        let status = "Name:\tx\nUid:\t1000001\t1000001\t1000001\t1000001\nGid:\t5\t5\t5\t5\n";
+        assert_eq!(status_ids(status, "Uid:"), Some(vec![1_000_001; 4]));
+        assert_eq!(status_ids(status, "Gid:"), Some(vec![5; 4]));
+        assert_eq!(status_ids(status, "Groups:"), None);
+    }
 }

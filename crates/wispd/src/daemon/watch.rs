@@ -1,8 +1,11 @@
 //! Exit watching: one epoll over every VMM process's pidfd (and every
 //! family's uplink), one thread; a VMM process that ends is recorded as an
-//! exited VM and its waiters are woken.
+//! exited VM and its waiters are woken. Nothing on this thread waits for a
+//! VMM process: a fork note read from an uplink is handed to the fork
+//! registration thread (`family`), and `exit.json` is read without
+//! blocking.
 
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::Child;
 use std::sync::Arc;
@@ -11,10 +14,10 @@ use rustix::event::epoll;
 use rustix::process::{pidfd_open, Pid, PidfdFlags};
 use wisp_api::{ExitInfo, VmInfo, VmState};
 
-use super::process::read_exit;
+use super::family::ForkQueue;
+use super::process::{kill_fd, read_exit};
 use super::table::Entry;
 use super::Daemon;
-use crate::fsutil::write_atomic;
 
 /// Epoll tokens of uplinks carry this bit (pidfds carry the bare id).
 const UPLINK: u64 = 1 << 63;
@@ -25,10 +28,18 @@ fn token(id: &str) -> u64 {
 }
 
 impl Daemon {
-    /// Record a VM and watch its VMM process (a process already gone is
-    /// recorded as exited at once).
+    /// Record a VM held by this daemon's child `child` and watch it (a
+    /// process already gone, or none, is recorded as exited at once).
     pub(super) fn insert(&self, info: VmInfo, dir: PathBuf, child: Option<Child>) {
-        let pidfd = Pid::from_raw(info.pid as i32).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
+        // Our own child, not reaped yet: the pid cannot have been reused.
+        let pidfd = child.as_ref().and_then(|c| Pid::from_raw(c.id() as i32)).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
+        self.insert_watched(info, dir, child, pidfd)
+    }
+
+    /// Record a VM whose VMM process `pidfd` refers to (checked to be its
+    /// VMM process by the caller; none if it is gone, and then the VM is
+    /// recorded as exited at once) and watch it.
+    pub(super) fn insert_watched(&self, info: VmInfo, dir: PathBuf, child: Option<Child>, pidfd: Option<OwnedFd>) {
         if let Some(fd) = &pidfd {
             let _ = epoll::add(&self.epoll, fd.as_fd(), epoll::EventData::new_u64(token(&info.id)), epoll::EventFlags::IN);
         }
@@ -45,12 +56,22 @@ impl Daemon {
         let _ = epoll::add(&self.epoll, fd, epoll::EventData::new_u64(UPLINK | token(root)), epoll::EventFlags::IN);
     }
 
+    /// SIGKILL VM `id`'s VMM process, through its pidfd: never a pid, which
+    /// may be another process's by now (a VM whose process has been seen to
+    /// end has no pidfd any more).
+    pub(super) fn kill_process(&self, id: &str) {
+        if let Some(fd) = self.vms.lock().by_id.get(id).and_then(|e| e.pidfd.as_ref()) {
+            kill_fd(fd);
+        }
+    }
+
     /// Stop watching a pidfd or an uplink.
     pub(super) fn unwatch(&self, fd: BorrowedFd<'_>) {
         let _ = epoll::delete(&self.epoll, fd);
     }
 
-    /// A VMM process ended: record how, reap it, wake waiters.
+    /// A VMM process ended: record how (in the table and in its record),
+    /// reap it, wake waiters.
     fn on_exit(&self, id: &str) {
         let mut t = self.vms.lock();
         let Some(e) = t.by_id.get_mut(id) else { return };
@@ -64,10 +85,11 @@ impl Daemon {
         e.ctl = None;
         e.forwards.clear();
         if e.info.exit.is_none() {
-            let exit = read_exit(&e.dir).unwrap_or_else(|| {
-                let x = ExitInfo { code: wisp_vmm_process::exit::KILLED.into(), reason: "the VMM process died".into() };
-                let _ = write_atomic(&e.dir.join("exit.json"), &serde_json::to_vec(&x).unwrap_or_default());
-                x
+            // What the VMM process left is advisory: anything but a
+            // well-formed status is a process that died.
+            let exit = read_exit(&e.dir).unwrap_or_else(|| ExitInfo {
+                code: wisp_vmm_process::exit::KILLED.into(),
+                reason: "the VMM process died".into(),
             });
             e.info.exit = Some(exit);
         }
@@ -76,10 +98,21 @@ impl Daemon {
         drop(t);
         self.net.free(ip.as_deref());
         self.vms.notify_exit();
+        if let Err(err) = self.save(id) {
+            eprintln!("wispd: VM {id}: cannot record its exit: {err}");
+        }
     }
 
-    /// The exit watcher: one thread, one epoll over every VMM process's pidfd.
+    /// The exit watcher: one thread, one epoll over every VMM process's
+    /// pidfd and family uplink. Starts the fork registration thread.
     pub fn watch_loop(self: Arc<Self>) {
+        let forks = match ForkQueue::start(self.clone()) {
+            Ok(q) => Some(q),
+            Err(e) => {
+                eprintln!("wispd: cannot start the fork registration thread ({e}): forked VMs will not be registered");
+                None
+            }
+        };
         let mut events: Vec<epoll::Event> = Vec::with_capacity(256);
         loop {
             events.clear();
@@ -89,7 +122,7 @@ impl Daemon {
             for ev in events.iter() {
                 let t = ev.data.u64();
                 if t & UPLINK != 0 {
-                    self.on_uplink(&format!("{:012x}", t & !UPLINK));
+                    self.on_uplink(&format!("{:012x}", t & !UPLINK), forks.as_ref());
                 } else {
                     self.on_exit(&format!("{t:012x}"));
                 }
