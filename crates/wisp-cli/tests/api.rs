@@ -5,8 +5,6 @@
 //! namespace of the test's own).
 
 mod common;
-#[path = "common/daemon.rs"]
-mod daemon;
 
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -15,7 +13,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use common::{eventually, wait_console};
-use daemon::Daemon;
+use common::daemon::Daemon;
 use wisp_api::client::{ApiError, Client};
 use wisp_api::{CreateVm, PortMap};
 

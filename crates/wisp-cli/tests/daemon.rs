@@ -4,102 +4,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-
+use common::daemon::Daemon;
 use common::{console, eventually, wait_console};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use wisp_api::client::{ApiError, Client};
 use wisp_api::{CreateVm, VmState};
-
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
-    socket: PathBuf,
-}
-
-fn bin(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_wisp")).with_file_name(name)
-}
-
-fn images() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../build/images")
-}
-
-impl Daemon {
-    fn start(tag: &str, pool: &str) -> Daemon {
-        let dir = std::env::temp_dir().join(format!("wispd-test-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let socket = dir.join("wispd.sock");
-        let mut d = Daemon { child: Self::spawn(&dir, &socket, pool), dir, socket };
-        d.wait_ready();
-        d
-    }
-
-    fn spawn(dir: &Path, socket: &Path, pool: &str) -> Child {
-        assert!(bin("wispd").exists(), "wispd not built next to wisp");
-        Command::new(bin("wispd"))
-            .arg("--socket")
-            .arg(socket)
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .arg("--images")
-            .arg(images())
-            .arg("--pool")
-            .arg(pool)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("wispd.log")).unwrap())
-            .spawn()
-            .expect("spawn wispd")
-    }
-
-    fn wait_ready(&mut self) {
-        let t = Instant::now();
-        while Client::connect(&self.socket).and_then(|mut c| c.version().map_err(std::io::Error::other)).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(10), "wispd did not come up");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn client(&self) -> Client {
-        Client::connect(&self.socket).unwrap()
-    }
-
-    fn wisp(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_wisp"))
-            .args(args)
-            .env("WISP_SOCKET", &self.socket)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
-    }
-
-    fn sigkill_and_restart(&mut self, pool: &str) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-        self.child = Self::spawn(&self.dir, &self.socket, pool);
-        self.wait_ready();
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Ok(mut c) = Client::connect(&self.socket) {
-            if let Ok(vms) = c.list() {
-                for v in vms {
-                    let _ = c.remove(&v.id, true);
-                }
-            }
-        }
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 fn text(o: &Output) -> (String, String) {
     (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
@@ -117,7 +28,7 @@ fn create(c: &mut Client, image: &str, args: &[&str], name: Option<&str>) -> wis
 
 #[test]
 fn life_cycle_through_the_cli() {
-    let d = Daemon::start("cli", "16M=2");
+    let d = Daemon::start("cli", &["--pool", "16M=2"]);
     // Attached run: console and exit status as without a daemon.
     let o = d.wisp(&["run", "hello", "--", "via", "daemon"]);
     let (out, err) = text(&o);
@@ -190,7 +101,7 @@ fn life_cycle_through_the_cli() {
 fn an_image_its_vm_cannot_serve_is_refused_and_leaves_nothing_behind() {
     // daytime's manifest requires a NIC; asked for without one, the VMM
     // process refuses it at load and the daemon answers 400 with that line.
-    let d = Daemon::start("manifest", "16M=1");
+    let d = Daemon::start("manifest", &["--pool", "16M=1"]);
     let mut c = d.client();
     let r = c.create(&CreateVm { image: "daytime".into(), name: Some("nicless".into()), ..Default::default() });
     assert!(
@@ -204,7 +115,7 @@ fn an_image_its_vm_cannot_serve_is_refused_and_leaves_nothing_behind() {
 
 #[test]
 fn names_and_bad_requests_get_4xx() {
-    let d = Daemon::start("api", "16M=1");
+    let d = Daemon::start("api", &["--pool", "16M=1"]);
     let mut c = d.client();
     create(&mut c, "sleeper", &[], Some("one"));
     let dup = c.create(&CreateVm { image: "sleeper".into(), name: Some("one".into()), ..Default::default() });
@@ -236,7 +147,7 @@ fn names_and_bad_requests_get_4xx() {
 
 #[test]
 fn pool_refills_after_a_burst_larger_than_the_pool() {
-    let d = Daemon::start("pool", "16M=2");
+    let d = Daemon::start("pool", &["--pool", "16M=2"]);
     let mut c = d.client();
     let ten = Duration::from_secs(10);
     let ready = |c: &mut Client| c.pool().unwrap().ready.iter().map(|r| r.count).sum::<u32>() >= 2;
@@ -255,7 +166,7 @@ fn pool_refills_after_a_burst_larger_than_the_pool() {
 
 #[test]
 fn daemon_sigkill_and_restart_readopts_every_vm() {
-    let mut d = Daemon::start("readopt", "16M=2");
+    let mut d = Daemon::start("readopt", &["--pool", "16M=2"]);
     let mut c = d.client();
     let a = create(&mut c, "sleeper", &["1h", "20ms"], Some("a"));
     let b = create(&mut c, "sleeper", &["1h", "20ms"], None);
@@ -265,7 +176,7 @@ fn daemon_sigkill_and_restart_readopts_every_vm() {
     wait_console(&mut c, &a.id, "sleeper: sleeping");
     drop(c);
 
-    d.sigkill_and_restart("16M=2");
+    d.sigkill_and_restart();
     let mut c = d.client();
     let vms = c.list().unwrap();
     assert_eq!(vms.len(), 3, "{vms:?}");
@@ -283,7 +194,7 @@ fn daemon_sigkill_and_restart_readopts_every_vm() {
 
 #[test]
 fn a_crashing_or_killed_vm_does_not_disturb_its_neighbours() {
-    let d = Daemon::start("isolation", "16M=2");
+    let d = Daemon::start("isolation", &["--pool", "16M=2"]);
     let mut c = d.client();
     let calm = create(&mut c, "sleeper", &["1h", "10ms"], None);
     let crash = create(&mut c, "hostile", &["ud2"], None);
@@ -309,7 +220,7 @@ fn a_crashing_or_killed_vm_does_not_disturb_its_neighbours() {
 #[test]
 fn vmm_processes_are_sandboxed() {
     use std::io::{BufRead, BufReader, Write};
-    let d = Daemon::start("jail", "16M=1");
+    let d = Daemon::start("jail", &["--pool", "16M=1"]);
     let mut c = d.client();
     let a = create(&mut c, "sleeper", &["1h"], None);
     let b = create(&mut c, "sleeper", &["1h"], None);
@@ -345,7 +256,7 @@ fn vmm_processes_are_sandboxed() {
 
 #[test]
 fn images_are_shared_copy_on_write_from_the_cache() {
-    let d = Daemon::start("cow", "16M=2");
+    let d = Daemon::start("cow", &["--pool", "16M=2"]);
     let mut c = d.client();
     let a = create(&mut c, "sleeper", &["1h"], None);
     let b = create(&mut c, "sleeper", &["1h"], None);
@@ -361,7 +272,7 @@ fn images_are_shared_copy_on_write_from_the_cache() {
 
 #[test]
 fn forked_vms_are_vms_of_the_toolstack() {
-    let mut d = Daemon::start("fork", "16M=1");
+    let mut d = Daemon::start("fork", &["--pool", "16M=1"]);
     let mut c = d.client();
     let root = create(&mut c, "family", &["nap", "2"], Some("napper"));
     // The two children show up as VMs of their own, with their parent.
@@ -377,7 +288,7 @@ fn forked_vms_are_vms_of_the_toolstack() {
         wait_console(&mut c, &k.id, "sleeping");
     }
     // A restarted daemon finds the forked VMs again, with their parent.
-    d.sigkill_and_restart("16M=1");
+    d.sigkill_and_restart();
     let mut c = d.client();
     for k in &kids {
         let v = c.get(&k.id).unwrap();
@@ -401,7 +312,7 @@ fn forked_vms_are_vms_of_the_toolstack() {
 
 #[test]
 fn a_forked_vm_outlives_a_parent_that_exits_at_once() {
-    let d = Daemon::start("daemonize", "16M=1");
+    let d = Daemon::start("daemonize", &["--pool", "16M=1"]);
     let mut c = d.client();
     let root = create(&mut c, "family", &["daemonize"], None);
     assert_eq!(c.wait(&root.id).unwrap().code, 0);

@@ -12,11 +12,12 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{eventually, images, wait_console};
+use common::daemon::Daemon;
+use common::{eventually, wait_console};
 use wisp_api::client::{ApiError, Client};
 use wisp_api::{CreateVm, PortMap, VmInfo, VmState};
 
@@ -24,117 +25,8 @@ const TEN: Duration = Duration::from_secs(10);
 
 /// A wispd of this test, optionally in a network namespace of its own (so
 /// that the host ports it binds are only its own).
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
-    socket: PathBuf,
-    pool: String,
-    netns: Option<String>,
-}
-
-fn bin(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_wisp")).with_file_name(name)
-}
-
-impl Daemon {
-    fn start(tag: &str, pool: &str, netns: bool) -> Daemon {
-        let dir = std::env::temp_dir().join(format!("wispd-trust-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let socket = dir.join("wispd.sock");
-        let netns = netns.then(|| {
-            let name = format!("wisp-trust-{tag}-{}", std::process::id());
-            let _ = Command::new("ip").args(["netns", "del", &name]).stderr(Stdio::null()).status();
-            assert!(Command::new("ip").args(["netns", "add", &name]).status().unwrap().success(), "ip netns add {name}");
-            let lo = Command::new("ip").args(["netns", "exec", &name, "ip", "link", "set", "lo", "up"]).status().unwrap();
-            assert!(lo.success(), "lo up in {name}");
-            name
-        });
-        let child = Self::spawn(&dir, &socket, pool, netns.as_deref());
-        let mut d = Daemon { child, dir, socket, pool: pool.to_string(), netns };
-        d.wait_ready();
-        d
-    }
-
-    fn spawn(dir: &Path, socket: &Path, pool: &str, netns: Option<&str>) -> Child {
-        assert!(bin("wispd").exists(), "wispd not built next to wisp");
-        let mut cmd = match netns {
-            // ip netns exec execs wispd: the child is wispd itself.
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns]).arg(bin("wispd"));
-                c
-            }
-            None => Command::new(bin("wispd")),
-        };
-        cmd.arg("--socket").arg(socket).arg("--state-dir").arg(dir.join("state"));
-        cmd.arg("--images").arg(images()).arg("--pool").arg(pool).args(["--bridge", "wispt0", "--subnet", "10.88.0.0/24"]);
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("wispd.log")).unwrap();
-        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().expect("spawn wispd")
-    }
-
-    fn wait_ready(&mut self) {
-        let what = || format!("wispd did not come up: {}", self.log());
-        eventually(TEN, what, || Client::connect(&self.socket).ok()?.version().ok());
-    }
-
-    fn client(&self) -> Client {
-        Client::connect(&self.socket).unwrap()
-    }
-
-    fn state(&self) -> PathBuf {
-        self.dir.join("state")
-    }
-
-    fn vm_dir(&self, id: &str) -> PathBuf {
-        self.state().join("vms").join(id)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("wispd.log")).unwrap_or_default()
-    }
-
-    fn sigkill(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-
-    fn restart(&mut self) {
-        self.child = Self::spawn(&self.dir, &self.socket, &self.pool, self.netns.as_deref());
-        self.wait_ready();
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Ok(mut c) = Client::connect(&self.socket) {
-            for v in c.list().unwrap_or_default() {
-                let _ = c.remove(&v.id, true);
-            }
-        }
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-        // VMM processes of this test's state directory that no daemon holds
-        // any more (a VM whose record was replaced, or a test that failed).
-        let dir = self.dir.as_os_str().as_encoded_bytes();
-        for ent in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(pid) = ent.file_name().to_string_lossy().parse::<i32>() else { continue };
-            let cmdline = std::fs::read(ent.path().join("cmdline")).unwrap_or_default();
-            let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-            if args.get(1) == Some(&&b"__worker"[..]) && args.iter().any(|a| a.starts_with(dir)) {
-                // SAFETY: a VMM process of this test's own state directory.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-        }
-        if let Some(ns) = &self.netns {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-        // Kept for a look when the test failed, or when asked to.
-        if !std::thread::panicking() && std::env::var_os("WISP_TEST_KEEP").is_none() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
+fn start_daemon(tag: &str, pool: &str, netns: bool) -> Daemon {
+    Daemon::launch(&format!("trust-{tag}"), netns, &["--pool", pool, "--bridge", "wispt0", "--subnet", "10.88.0.0/24"])
 }
 
 /// A host process of this test that has nothing to do with wisp; killed
@@ -230,7 +122,7 @@ fn listening(pid: u32, port: u16) -> bool {
 
 #[test]
 fn a_pid_planted_in_a_vm_directory_never_gets_a_host_process_killed() {
-    let mut d = Daemon::start("pid", "16M=1", false);
+    let mut d = start_daemon("pid", "16M=1", false);
     let mut c = d.client();
     let vm = create(&mut c, sleeper());
     wait_console(&mut c, &vm.id, "sleeper: sleeping");
@@ -283,14 +175,14 @@ fn a_pid_planted_in_a_vm_directory_never_gets_a_host_process_killed() {
 
 #[test]
 fn planted_addresses_and_ports_are_never_bound_and_old_state_is_migrated_once() {
-    let mut d = Daemon::start("net", "16M=1", true);
+    let mut d = start_daemon("net", "16M=1", true);
     let base = 20_000 + (std::process::id() % 20_000) as u16;
     let (p0, p1, p2) = (base, base + 1, base + 2);
     let mut c = d.client();
     // A VM with a forwarded port of its own: the check below sees it.
     let fwd = create(&mut c, CreateVm { image: "daytime".into(), ports: vec![PortMap { host: p0, vm: 13, addr: None }], ..Default::default() });
     wait_console(&mut c, &fwd.id, "daytime: listening");
-    assert!(listening(d.child.id(), p0), "the forward of port {p0} is not seen");
+    assert!(listening(d.pid(), p0), "the forward of port {p0} is not seen");
     let a = create(&mut c, sleeper());
     let b = create(&mut c, sleeper());
     let dead = create(&mut c, sleeper());
@@ -305,7 +197,7 @@ fn planted_addresses_and_ports_are_never_bound_and_old_state_is_migrated_once() 
     let planted = |v: &VmInfo, ip: &str, ports: Vec<PortMap>| VmInfo { ip: Some(ip.into()), ports, ..v.clone() };
     plant_record(&d, &a.id, &planted(&a, "192.0.2.7", vec![PortMap { host: p1, vm: 80, addr: None }]));
     d.restart();
-    let pid = d.child.id();
+    let pid = d.pid();
     assert!(!listening(pid, p1), "the restarted daemon bound host port {p1} planted by a VMM process");
     assert!(listening(pid, p0), "the VM's own forward was not restored");
     let mut c = d.client();
@@ -332,7 +224,7 @@ fn planted_addresses_and_ports_are_never_bound_and_old_state_is_migrated_once() 
     let mut bystander = Bystander::sleep();
     plant_record(&d, &dead.id, &VmInfo { pid: bystander.pid(), ..dead.clone() });
     d.restart();
-    let pid = d.child.id();
+    let pid = d.pid();
     assert!(!listening(pid, p2), "port {p2} planted in the previous layout was bound");
     assert!(!listening(pid, p1));
     assert!(listening(pid, p0), "the forward of a migrated VM was not restored");
@@ -360,7 +252,7 @@ fn planted_addresses_and_ports_are_never_bound_and_old_state_is_migrated_once() 
     d.sigkill();
     plant_record(&d, &b.id, &planted(&b, "10.88.0.99", vec![PortMap { host: p2, vm: 80, addr: None }]));
     d.restart();
-    assert!(!listening(d.child.id(), p2), "a record planted after the migration was read");
+    assert!(!listening(d.pid(), p2), "a record planted after the migration was read");
     // DEAD's VMM process was never adopted (its pid was replaced): the
     // harness ends it.
 }
@@ -412,14 +304,14 @@ fn unread(fd: &OwnedFd) -> i32 {
 
 #[test]
 fn a_fork_note_whose_answer_is_never_read_stalls_nothing() {
-    let d = Daemon::start("fork", "16M=2", false);
+    let d = start_daemon("fork", "16M=2", false);
     let mut c = d.client();
     let root = create(&mut c, sleeper());
     wait_console(&mut c, &root.id, "sleeper: sleeping");
     // What a compromised VMM process of the family can do: send a fork
     // note on its uplink with an answer socket it never reads and whose
     // buffer it has filled first, in blocking mode.
-    let uplink = steal_fd(root.pid, uplink_fd(root.pid, d.child.id()));
+    let uplink = steal_fd(root.pid, uplink_fd(root.pid, d.pid()));
     let (mine, theirs) = UnixStream::pair().unwrap();
     theirs.set_nonblocking(true).unwrap();
     while (&theirs).write(&[0u8; 4096]).is_ok() {}
@@ -451,7 +343,7 @@ fn a_fork_note_whose_answer_is_never_read_stalls_nothing() {
 
 #[test]
 fn an_oversized_control_reply_is_refused() {
-    let d = Daemon::start("ctl", "16M=1", false);
+    let d = start_daemon("ctl", "16M=1", false);
     let mut c = d.client();
     let vm = create(&mut c, sleeper());
     wait_console(&mut c, &vm.id, "sleeper: sleeping");

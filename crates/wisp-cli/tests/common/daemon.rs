@@ -1,13 +1,17 @@
 //! A real wispd for a test: its own socket, state directory and log, and
-//! (for tests that forward ports) its own network namespace, which the
-//! daemon's bridge and forwards never leave. Stopped and cleaned up on drop.
+//! (if asked) its own network namespace, which the daemon's bridge and
+//! forwards never leave. It can be SIGKILLed and restarted with the same
+//! directory, socket and arguments. Stopped and cleaned up on drop, VMM
+//! processes of its state directory included.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use wisp_api::client::Client;
+
+use super::{eventually, images};
 
 pub struct Daemon {
     child: Child,
@@ -15,14 +19,12 @@ pub struct Daemon {
     pub socket: PathBuf,
     /// The network namespace it runs in, if any.
     pub netns: Option<String>,
+    /// What wispd is started with after `--socket`, `--state-dir`, `--images`.
+    args: Vec<String>,
 }
 
 fn bin(name: &str) -> PathBuf {
     Path::new(env!("CARGO_BIN_EXE_wisp")).with_file_name(name)
-}
-
-fn images() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../build/images")
 }
 
 fn run_ok(cmd: &mut Command) {
@@ -31,33 +33,53 @@ fn run_ok(cmd: &mut Command) {
 }
 
 impl Daemon {
-    /// wispd with `args` added, in this test's network namespace.
+    /// wispd with `args` added (`--pool 16M=1` unless they have a pool),
+    /// in this test's network namespace.
     pub fn start(tag: &str, args: &[&str]) -> Daemon {
-        Self::launch(tag, None, args)
+        Self::launch(tag, false, args)
     }
 
     /// wispd in a new network namespace of its own (bridge `wisp0` on
     /// `subnet`), with `args` added.
     pub fn start_in_netns(tag: &str, subnet: &str, args: &[&str]) -> Daemon {
-        let ns = format!("wisp-api-{tag}-{}", std::process::id());
-        let _ = Command::new("ip").args(["netns", "del", &ns]).stderr(Stdio::null()).status();
-        run_ok(Command::new("ip").args(["netns", "add", &ns]));
-        run_ok(Command::new("ip").args(["netns", "exec", &ns, "ip", "link", "set", "lo", "up"]));
         let mut all = vec!["--subnet", subnet, "--bridge", "wisp0"];
         all.extend_from_slice(args);
-        Self::launch(tag, Some(ns), &all)
+        Self::launch(tag, true, &all)
     }
 
-    fn launch(tag: &str, netns: Option<String>, args: &[&str]) -> Daemon {
+    /// wispd with `args` added (`--pool 16M=1` unless they have a pool), in
+    /// a new network namespace of its own if `own_netns`. Its directory and
+    /// namespace are named after `tag` and this test process.
+    pub fn launch(tag: &str, own_netns: bool, args: &[&str]) -> Daemon {
         assert!(bin("wispd").exists(), "wispd not built next to wisp");
         assert!(images().join("noop").is_file(), "guest images missing: `make guest`");
-        let dir = std::env::temp_dir().join(format!("wispd-api-{tag}-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("wispd-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         // Other users' tests reach the socket through it.
         std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         let socket = dir.join("wispd.sock");
-        let mut cmd = match &netns {
+        let netns = own_netns.then(|| {
+            let ns = format!("wisp-{tag}-{}", std::process::id());
+            let _ = Command::new("ip").args(["netns", "del", &ns]).stderr(Stdio::null()).status();
+            run_ok(Command::new("ip").args(["netns", "add", &ns]));
+            run_ok(Command::new("ip").args(["netns", "exec", &ns, "ip", "link", "set", "lo", "up"]));
+            ns
+        });
+        let mut all: Vec<String> = Vec::new();
+        if !args.contains(&"--pool") {
+            all.extend(["--pool".to_string(), "16M=1".to_string()]);
+        }
+        all.extend(args.iter().map(|a| a.to_string()));
+        let child = Self::spawn(&dir, &socket, netns.as_deref(), &all);
+        let mut d = Daemon { child, dir, socket, netns, args: all };
+        d.wait_ready();
+        d
+    }
+
+    fn spawn(dir: &Path, socket: &Path, netns: Option<&str>, args: &[String]) -> Child {
+        let mut cmd = match netns {
+            // ip netns exec execs wispd: the child is wispd itself.
             Some(ns) => {
                 let mut c = Command::new("ip");
                 c.args(["netns", "exec", ns]).arg(bin("wispd"));
@@ -65,36 +87,63 @@ impl Daemon {
             }
             None => Command::new(bin("wispd")),
         };
-        cmd.arg("--socket").arg(&socket).arg("--state-dir").arg(dir.join("state")).arg("--images").arg(images());
-        if !args.contains(&"--pool") {
-            cmd.args(["--pool", "16M=1"]);
-        }
-        let child = cmd
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("wispd.log")).unwrap())
-            .spawn()
-            .expect("spawn wispd");
-        let mut d = Daemon { child, dir, socket, netns };
-        let t = Instant::now();
-        while Client::connect(&d.socket).and_then(|mut c| c.version().map_err(std::io::Error::other)).is_err() {
-            if let Ok(Some(st)) = d.child.try_wait() {
-                panic!("wispd exited ({st}): {}", d.log());
+        cmd.arg("--socket").arg(socket).arg("--state-dir").arg(dir.join("state")).arg("--images").arg(images());
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("wispd.log")).unwrap();
+        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().expect("spawn wispd")
+    }
+
+    fn wait_ready(&mut self) {
+        let (child, socket, dir) = (&mut self.child, &self.socket, &self.dir);
+        let log = || std::fs::read_to_string(dir.join("wispd.log")).unwrap_or_default();
+        let what = || format!("wispd did not come up: {}", log());
+        eventually(Duration::from_secs(10), what, || {
+            if let Ok(Some(st)) = child.try_wait() {
+                panic!("wispd exited ({st}): {}", log());
             }
-            assert!(t.elapsed() < Duration::from_secs(10), "wispd did not come up: {}", d.log());
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        d
+            Client::connect(socket).ok()?.version().ok()
+        });
+    }
+
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn client(&self) -> Client {
         Client::connect(&self.socket).unwrap()
     }
 
+    /// Its state directory.
+    pub fn state(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+
+    /// VM `id`'s directory in the state directory.
+    pub fn vm_dir(&self, id: &str) -> PathBuf {
+        self.state().join("vms").join(id)
+    }
+
     /// What wispd has logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("wispd.log")).unwrap_or_default()
+    }
+
+    /// Kill wispd with SIGKILL (its VMs go on running).
+    pub fn sigkill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// Start wispd again, with the same directory, socket, namespace and
+    /// arguments, and wait until it answers.
+    pub fn restart(&mut self) {
+        self.child = Self::spawn(&self.dir, &self.socket, self.netns.as_deref(), &self.args);
+        self.wait_ready();
+    }
+
+    pub fn sigkill_and_restart(&mut self) {
+        self.sigkill();
+        self.restart();
     }
 
     /// `wisp ARGS` against this daemon.
@@ -135,9 +184,24 @@ impl Drop for Daemon {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
+        // VMM processes of this test's state directory that no daemon holds
+        // any more (a VM whose record was replaced, or a test that failed).
+        let dir = self.dir.as_os_str().as_encoded_bytes();
+        for ent in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = ent.file_name().to_string_lossy().parse::<i32>() else { continue };
+            let cmdline = std::fs::read(ent.path().join("cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+            if args.get(1) == Some(&&b"__worker"[..]) && args.iter().any(|a| a.starts_with(dir)) {
+                // SAFETY: a VMM process of this test's own state directory.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
         if let Some(ns) = &self.netns {
             let _ = Command::new("ip").args(["netns", "del", ns]).status();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // Kept for a look when the test failed, or when asked to.
+        if !std::thread::panicking() && std::env::var_os("WISP_TEST_KEEP").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
