@@ -119,39 +119,26 @@ pub(super) fn read_line<R: BufRead>(r: &mut R, budget: &mut usize) -> Result<Opt
     }
 }
 
-/// Read the raw bytes of a message head (start line and header lines, each ending in LF or CRLF) up to
-/// and including the empty line that ends it, consuming at most `*budget` bytes (decremented) and
-/// nothing after the head. Empty lines before the start line are skipped (and counted). `Ok(None)`: EOF
-/// before the start line. The bytes are then parsed by `httparse`.
+/// Read a message head (start line and header lines, each ending in LF or CRLF) up to and including
+/// the empty line that ends it, consuming at most `*budget` bytes (decremented) and nothing after the
+/// head; the lines come back ending in CRLF, for `httparse`. Empty lines before the start line are
+/// skipped (and counted). `Ok(None)`: EOF before the start line.
 pub(super) fn read_head<R: BufRead>(r: &mut R, budget: &mut usize) -> Result<Option<Vec<u8>>, HeadErr> {
     let mut head = Vec::new();
-    let mut line_start = 0;
     loop {
-        let buf = match r.fill_buf() {
-            Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(HeadErr::Io(e)),
-        };
-        if buf.is_empty() {
-            return if head.is_empty() { Ok(None) } else { Err(HeadErr::Io(eof())) };
-        }
-        let avail = &buf[..buf.len().min(*budget)];
-        let nl = avail.iter().position(|&b| b == b'\n');
-        let take = nl.map_or(avail.len(), |i| i + 1);
-        head.extend_from_slice(&avail[..take]);
-        r.consume(take);
-        *budget -= take;
-        if nl.is_some() {
-            if matches!(&head[line_start..], b"\n" | b"\r\n") {
-                if line_start > 0 {
+        match read_line(r, budget)? {
+            None if head.is_empty() => return Ok(None),
+            None => return Err(HeadErr::Io(eof())),
+            // An empty line before the start line.
+            Some(l) if l.is_empty() && head.is_empty() => {}
+            Some(l) => {
+                let end = l.is_empty();
+                head.extend_from_slice(&l);
+                head.extend_from_slice(b"\r\n");
+                if end {
                     return Ok(Some(head));
                 }
-                head.clear(); // an empty line before the start line
-            } else {
-                line_start = head.len();
             }
-        } else if *budget == 0 {
-            return Err(HeadErr::TooLong);
         }
     }
 }
