@@ -197,6 +197,7 @@ mod tests {
                 PortMap { host: 8013, vm: 13, addr: None },
                 PortMap { host: 8014, vm: 14, addr: Some([0, 0, 0, 0].into()) },
             ],
+            net_rate: Some(crate::NetRate { bytes_per_sec: 1 << 20, frames_per_sec: 2000 }),
         };
         let pool = PoolInfo { target: vec![PoolTarget { mem: 16 << 20, count: 3 }], ready: vec![] };
         let all = [

@@ -30,6 +30,21 @@ pub struct CreateVm {
     /// Forward these host TCP ports to the VM (implies `net`).
     #[serde(default)]
     pub ports: Vec<PortMap>,
+    /// Limit the NIC's traffic in each direction (needs `net` or `ports`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_rate: Option<NetRate>,
+}
+
+/// A NIC's rate limit, the same in each direction; 0 = unlimited.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct NetRate {
+    /// Bytes per second.
+    #[serde(default)]
+    pub bytes_per_sec: u64,
+    /// Frames per second.
+    #[serde(default)]
+    pub frames_per_sec: u64,
 }
 
 /// A forwarded TCP port: connections to `host` on the daemon's host (on

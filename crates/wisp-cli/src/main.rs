@@ -56,8 +56,8 @@ pub struct RunArgs {
     #[arg(short = 'p', long = "publish", value_parser = units::parse_port_map, conflicts_with = "tap")]
     pub ports: Vec<wisp_api::PortMap>,
     /// Limit the NIC's traffic in each direction to BYTES[/FRAMES] per
-    /// second, e.g. 1M or 10M/2000 (with --tap).
-    #[arg(long, value_parser = wisp_vmm_process::units::parse_net_rate, requires = "tap")]
+    /// second, e.g. 1M or 10M/2000 (with --net, -p or --tap).
+    #[arg(long, value_parser = wisp_vmm_process::units::parse_net_rate)]
     pub net_rate: Option<wisp_vmm::NetRate>,
     /// Connect a NIC to this tap device (without wispd; needs --ip).
     #[arg(long, requires = "ip")]
@@ -175,6 +175,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let socket = socket_path(cli.socket);
     let r = match cli.cmd {
+        Cmd::Run(a) if a.net_rate.is_some() && a.tap.is_none() && !a.net && a.ports.is_empty() => {
+            Err("--net-rate limits a NIC: give the VM one with --net, -p or --tap".into())
+        }
         Cmd::Run(a) => match wisp_api::client::Client::connect(&socket) {
             Ok(_) if a.tap.is_some() => Err("--tap boots the VM in this process: not with wispd (unset WISP_SOCKET or use --socket to a path without a daemon)".into()),
             Ok(c) => remote::run(c, &a).map(|c| (c, None)),

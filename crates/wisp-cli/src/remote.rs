@@ -51,6 +51,7 @@ pub fn run(mut c: Client, a: &RunArgs) -> Result<u8, String> {
         timeout_ms: a.timeout.map(|t| t.as_millis() as u64),
         net: a.net,
         ports: a.ports.clone(),
+        net_rate: a.net_rate.map(|r| wisp_api::NetRate { bytes_per_sec: r.tx.bytes, frames_per_sec: r.tx.ops }),
     };
     if let Some(n) = a.count {
         if !a.detach {

@@ -75,9 +75,14 @@ fn frames_leave_a_vm_only_under_its_own_identity_and_once() {
 /// Run Debian's iperf3 client in `ns` against `server` and return
 /// (receiver bits/s, datagrams received for UDP or 0).
 fn iperf3(ns: &NetNs, server: &str, args: &[&str]) -> (f64, f64) {
+    iperf3_in(|argv| ns.cmd(argv), server, args)
+}
+
+/// [`iperf3`], run by the command `cmd` makes of its argument vector.
+fn iperf3_in(cmd: impl Fn(&[&str]) -> std::process::Command, server: &str, args: &[&str]) -> (f64, f64) {
     let mut argv = vec!["timeout", "30", "iperf3", "-c", server, "--json"];
     argv.extend_from_slice(args);
-    let out = ns.cmd(&argv).output().expect("run iperf3 (apt-get install iperf3)");
+    let out = cmd(&argv).output().expect("run iperf3 (apt-get install iperf3)");
     let json = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "iperf3 {args:?}: {json} {}", String::from_utf8_lossy(&out.stderr));
     let extract = r#"
@@ -146,4 +151,23 @@ fn a_nics_frame_rate_limit_holds_a_flood_of_small_datagrams() {
     assert!(got >= 300.0, "{got} datagrams: the limited link should still carry traffic");
     let _ = vm.kill();
     let _ = vm.wait();
+}
+
+#[test]
+fn a_rate_limit_asked_of_wispd_holds() {
+    use wisp_api::client::ApiError;
+    use wisp_api::{CreateVm, NetRate};
+    let d = common::daemon::Daemon::start_in_netns("netrate", "10.89.0.0/24", &[]);
+    let mut c = d.client();
+    let rate = NetRate { bytes_per_sec: 1 << 20, frames_per_sec: 0 };
+    // A limit needs a NIC.
+    let r = c.create(&CreateVm { image: "iperf".into(), net_rate: Some(rate), ..Default::default() });
+    assert!(matches!(r, Err(ApiError::Status(400, ref m)) if m.contains("net_rate needs a NIC")), "{r:?}");
+    let vm = c.create(&CreateVm { image: "iperf".into(), net: true, net_rate: Some(rate), ..Default::default() }).unwrap();
+    let ip = vm.ip.clone().expect("a NIC");
+    common::wait_console(&mut c, &vm.id, &format!("iperf: listening on {ip}:5201"));
+    let limit_bps = (1u64 << 20) as f64 * 8.0;
+    let (bps, _) = iperf3_in(|argv| d.in_netns(argv), &ip, &["-t", "3"]);
+    eprintln!("through wispd: {bps:.0} bit/s (limit {limit_bps})");
+    assert!(bps <= limit_bps * 1.15 && bps >= limit_bps * 0.5, "{bps} bit/s against a {limit_bps} limit");
 }

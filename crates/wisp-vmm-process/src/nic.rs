@@ -23,6 +23,7 @@ pub fn tap_nic(tap: &str, ip: ([u8; 4], u8), mac: Option<[u8; 6]>, gw: Option<[u
 impl NetSpec {
     /// The NIC the daemon described, on the tap it passed.
     pub fn into_config(self, tap: OwnedFd) -> NetConfig {
-        NetConfig { tap, mac: self.mac, ip: (self.ip, self.prefix), gateway: Some(self.gateway), rate: NetRate::default() }
+        let r = wisp_vmm::Rate { bytes: self.rate.0, ops: self.rate.1 };
+        NetConfig { tap, mac: self.mac, ip: (self.ip, self.prefix), gateway: Some(self.gateway), rate: NetRate { tx: r, rx: r } }
     }
 }

@@ -77,6 +77,9 @@ pub struct NetSpec {
     pub gateway: [u8; 4],
     /// MAC address.
     pub mac: [u8; 6],
+    /// Rate limit of each direction (bytes/s, frames/s; 0 = unlimited).
+    #[serde(default)]
+    pub rate: (u64, u64),
 }
 
 /// State of the VM in a VMM process.

@@ -96,6 +96,9 @@ impl Daemon {
                 return Err(ActionError::InvalidName(n.clone()));
             }
         }
+        if req.net_rate.is_some() && !req.net && req.ports.is_empty() {
+            return Err(ActionError::RateWithoutNic);
+        }
         let path = images::resolve(&self.cfg.image_dirs, &req.image)?;
         let image = self.images.get(&path)?;
         let mut undo = Rollback::new(self);
@@ -110,7 +113,8 @@ impl Daemon {
         };
         let worker = undo.worker.insert(worker);
         let net = if req.net || !req.ports.is_empty() {
-            let (spec, tap) = self.net.alloc(&worker.id).map_err(ActionError::Network)?;
+            let (mut spec, tap) = self.net.alloc(&worker.id).map_err(ActionError::Network)?;
+            spec.rate = req.net_rate.map_or((0, 0), |r| (r.bytes_per_sec, r.frames_per_sec));
             undo.ip = Some(Ipv4Addr::from(spec.ip).to_string());
             Some((spec, tap))
         } else {

@@ -86,7 +86,7 @@ impl VmNet {
             .set_link(index, Some(bridge))
             .map_err(|source| NetError::Attach { tap: tap_name.clone(), source })?;
         st.used.insert(host);
-        Ok((NetSpec { ip, prefix, gateway: (base + 1).to_be_bytes(), mac: wisp_vmm::mac_for_ipv4(ip) }, tap))
+        Ok((NetSpec { ip, prefix, gateway: (base + 1).to_be_bytes(), mac: wisp_vmm::mac_for_ipv4(ip), rate: (0, 0) }, tap))
     }
 
     /// The host part of address `ip`, if it is one a VM can have: in the
