@@ -7,7 +7,7 @@ TEST_IMAGES := hostile
 IMAGES := build/images
 WISP := target/release/wisp
 
-.PHONY: all deps host guest run test bench-boot bench-net bench-density bench-fork clean
+.PHONY: all deps host guest run test fuzz bench-boot bench-net bench-density bench-fork clean
 N ?= 10000
 
 all: host guest
@@ -29,6 +29,24 @@ run: all
 
 test: all
 	$(CARGO) test --release
+
+# Fuzzing (cargo fuzz, libFuzzer; not part of `make test`): each target for
+# FUZZ_SECONDS, starting from the committed seeds in fuzz/corpus/<target>;
+# what it finds goes to fuzz/target/corpus/<target>, crashes to
+# fuzz/artifacts/<target>/. `make fuzz FUZZ_TARGETS=http_request FUZZ_SECONDS=600`.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= image_parse http_request http_response boot_args image_note family_call api_action
+fuzz:
+	@scripts/install-fuzz-deps.sh
+	cd fuzz && cargo +nightly fuzz build
+	@cd fuzz && fail=; for t in $(FUZZ_TARGETS); do \
+		mkdir -p target/corpus/$$t; \
+		echo "== fuzz $$t for $(FUZZ_SECONDS) s"; \
+		cargo +nightly fuzz run $$t target/corpus/$$t corpus/$$t -- \
+			-max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
+			|| fail="$$fail $$t"; \
+	done; \
+	if [ -n "$$fail" ]; then echo "fuzz: crashes in:$$fail (reproducers in fuzz/artifacts/)"; exit 1; fi
 
 bench-boot: all
 	scripts/install-bench-deps.sh

@@ -116,28 +116,27 @@ impl BootInfo {
     }
 
     /// Store the arguments. Fails (returning the bytes needed) if they do not
-    /// fit in [`ARGS_MAX`] bytes or one contains a NUL byte.
-    pub fn set_args<'a, I: IntoIterator<Item = &'a str>>(&mut self, args: I) -> Result<(), usize> {
+    /// fit in [`ARGS_MAX`] bytes or one contains a NUL byte (`usize::MAX`);
+    /// a failed call leaves the page as it was.
+    pub fn set_args<'a, I: IntoIterator<Item = &'a str> + Clone>(&mut self, args: I) -> Result<(), usize> {
         let mut len = 0usize;
-        let mut argc = 0u32;
-        let mut fits = true;
-        for a in args {
-            let b = a.as_bytes();
-            if b.contains(&0) {
+        for a in args.clone() {
+            if a.as_bytes().contains(&0) {
                 return Err(usize::MAX);
             }
-            let end = len + b.len() + 1;
-            if fits && end <= ARGS_MAX {
-                self.args[len..len + b.len()].copy_from_slice(b);
-                self.args[len + b.len()] = 0;
-            } else {
-                fits = false;
-            }
-            len = end;
-            argc += 1;
+            len += a.len() + 1;
         }
-        if !fits {
+        if len > ARGS_MAX {
             return Err(len);
+        }
+        let mut at = 0;
+        let mut argc = 0u32;
+        for a in args {
+            let b = a.as_bytes();
+            self.args[at..at + b.len()].copy_from_slice(b);
+            self.args[at + b.len()] = 0;
+            at += b.len() + 1;
+            argc += 1;
         }
         self.argc = argc;
         self.args_len = len as u32;
@@ -186,5 +185,39 @@ mod tests {
         let big = "x".repeat(ARGS_MAX);
         assert_eq!(b.set_args([big.as_str()]), Err(ARGS_MAX + 1));
         assert_eq!(b.set_args(["a\0b"]), Err(usize::MAX));
+    }
+
+    #[test]
+    fn a_refused_set_args_leaves_the_page_as_it_was() {
+        // Found by fuzz/fuzz_targets/boot_args.rs: earlier arguments used to
+        // be copied over the old ones before a later one was refused.
+        let mut b = BootInfo::new();
+        b.set_args(["old", "args"]).unwrap();
+        let big = "y".repeat(ARGS_MAX);
+        assert_eq!(b.set_args(["new", "a\0b"]), Err(usize::MAX));
+        assert_eq!(b.set_args(["new", big.as_str()]), Err(4 + ARGS_MAX + 1));
+        let got: alloc_free::Args = b.args().collect();
+        assert_eq!(got.as_slice(), [&b"old"[..], b"args"]);
+    }
+
+    /// Two arguments without an allocator.
+    mod alloc_free {
+        #[derive(Default)]
+        pub struct Args<'a>([&'a [u8]; 2], usize);
+        impl<'a> FromIterator<&'a [u8]> for Args<'a> {
+            fn from_iter<I: IntoIterator<Item = &'a [u8]>>(it: I) -> Self {
+                let mut a = Args::default();
+                for x in it {
+                    a.0[a.1.min(1)] = x;
+                    a.1 += 1;
+                }
+                a
+            }
+        }
+        impl<'a> Args<'a> {
+            pub fn as_slice(&self) -> &[&'a [u8]] {
+                &self.0[..self.1.min(2)]
+            }
+        }
     }
 }
