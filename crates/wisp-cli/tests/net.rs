@@ -4,81 +4,12 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::netns::Console;
-use common::{console, direct, fresh_dir, images, wait_console};
+use common::netns::{Console, NetNs};
+use common::{console, fresh_dir, images, wait_console};
 use serde_json::Value;
-
-/// A network namespace with one tap (host side 10.77.N.1/24).
-struct NetNs {
-    name: String,
-}
-
-fn ip(args: &[&str]) {
-    let st = Command::new("ip").args(args).status().expect("run ip (iproute2)");
-    assert!(st.success(), "ip {args:?} failed");
-}
-
-impl NetNs {
-    fn new(tag: &str) -> NetNs {
-        let name = format!("wisp-{tag}-{}", std::process::id());
-        let _ = Command::new("ip").args(["netns", "del", &name]).stderr(Stdio::null()).status();
-        ip(&["netns", "add", &name]);
-        let ns = NetNs { name };
-        ns.exec_ok(&["ip", "link", "set", "lo", "up"]);
-        ns
-    }
-
-    fn add_tap(&self, tap: &str, host_cidr: &str) {
-        self.exec_ok(&["ip", "tuntap", "add", "dev", tap, "mode", "tap"]);
-        self.exec_ok(&["ip", "addr", "add", host_cidr, "dev", tap]);
-        self.exec_ok(&["ip", "link", "set", tap, "up"]);
-    }
-
-    fn add_bridge(&self, bridge: &str, host_cidr: &str) {
-        self.exec_ok(&["ip", "link", "add", bridge, "type", "bridge"]);
-        self.exec_ok(&["ip", "addr", "add", host_cidr, "dev", bridge]);
-        self.exec_ok(&["ip", "link", "set", bridge, "up"]);
-    }
-
-    fn add_bridged_tap(&self, tap: &str, bridge: &str) {
-        self.exec_ok(&["ip", "tuntap", "add", "dev", tap, "mode", "tap"]);
-        self.exec_ok(&["ip", "link", "set", tap, "master", bridge]);
-        self.exec_ok(&["ip", "link", "set", tap, "up"]);
-    }
-
-    fn cmd(&self, argv: &[&str]) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.name]).args(argv);
-        c
-    }
-
-    fn exec_ok(&self, argv: &[&str]) {
-        let st = self.cmd(argv).status().unwrap();
-        assert!(st.success(), "{argv:?} in {} failed", self.name);
-    }
-
-    /// Boot `image` in this namespace on `tap`, in its own wisp process.
-    fn boot(&self, tap: &str, cidr: &str, image: &str, args: &[&str]) -> Child {
-        let wisp = env!("CARGO_BIN_EXE_wisp");
-        let mut argv = vec![wisp, "run", "--timeout", "60s", "--tap", tap, "--ip", cidr, image, "--"];
-        argv.extend_from_slice(args);
-        direct(&mut self.cmd(&argv))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    }
-}
-
-impl Drop for NetNs {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
-    }
-}
 
 /// Read the VM's console until a line containing `needle`; fail after 20 s
 /// even if the VM prints nothing (the console is read on a thread of its

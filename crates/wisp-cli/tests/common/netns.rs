@@ -34,6 +34,20 @@ impl NetNs {
         self.exec_ok(&["ip", "link", "set", tap, "up"]);
     }
 
+    /// A bridge with the host side at `host_cidr`.
+    pub fn add_bridge(&self, bridge: &str, host_cidr: &str) {
+        self.exec_ok(&["ip", "link", "add", bridge, "type", "bridge"]);
+        self.exec_ok(&["ip", "addr", "add", host_cidr, "dev", bridge]);
+        self.exec_ok(&["ip", "link", "set", bridge, "up"]);
+    }
+
+    /// A tap attached to `bridge`.
+    pub fn add_bridged_tap(&self, tap: &str, bridge: &str) {
+        self.exec_ok(&["ip", "tuntap", "add", "dev", tap, "mode", "tap"]);
+        self.exec_ok(&["ip", "link", "set", tap, "master", bridge]);
+        self.exec_ok(&["ip", "link", "set", tap, "up"]);
+    }
+
     /// `argv` to run inside the namespace.
     pub fn cmd(&self, argv: &[&str]) -> Command {
         let mut c = Command::new("ip");
