@@ -27,23 +27,33 @@ impl Rate {
     }
 }
 
-/// One budget: `tokens` of `cap`, refilled at `rate` per second.
+/// One budget: `tokens` of `cap`, refilled at `rate` per second. What a
+/// refill earns beyond whole tokens is kept (`part`, in token-nanoseconds)
+/// for the next one, so a limiter asked often (every few ms, as the NIC's
+/// I/O thread does) refills at its rate and not slower.
 #[derive(Clone, Copy, Debug)]
 struct Bucket {
     rate: u64,
     cap: u64,
     tokens: u64,
+    /// The part of a token earned so far, × 10⁹ (below 10⁹).
+    part: u128,
 }
+
+const NANOS: u128 = 1_000_000_000;
 
 impl Bucket {
     fn new(rate: u64, at_least: u64) -> Bucket {
-        let cap = (rate as u128 * BURST.as_nanos() / 1_000_000_000).max(at_least as u128) as u64;
-        Bucket { rate, cap, tokens: cap }
+        let cap = (rate as u128 * BURST.as_nanos() / NANOS).max(at_least as u128) as u64;
+        Bucket { rate, cap, tokens: cap, part: 0 }
     }
 
     fn refill(&mut self, elapsed: Duration) {
-        let add = (self.rate as u128 * elapsed.as_nanos() / 1_000_000_000).min(u64::MAX as u128) as u64;
+        let earned = (self.rate as u128).saturating_mul(elapsed.as_nanos()).saturating_add(self.part);
+        let add = (earned / NANOS).min(u64::MAX as u128) as u64;
         self.tokens = self.tokens.saturating_add(add).min(self.cap);
+        // A full bucket earns nothing more.
+        self.part = if self.tokens == self.cap { 0 } else { earned % NANOS };
     }
 
     /// How long until `n` tokens are there (zero if they are).
@@ -52,7 +62,8 @@ impl Bucket {
         if need == 0 {
             return Duration::ZERO;
         }
-        Duration::from_nanos((need as u128 * 1_000_000_000).div_ceil(self.rate as u128).min(u64::MAX as u128) as u64)
+        let left = (need as u128 * NANOS).saturating_sub(self.part);
+        Duration::from_nanos(left.div_ceil(self.rate as u128).min(u64::MAX as u128) as u64)
     }
 }
 
@@ -68,17 +79,22 @@ impl RateLimiter {
     /// A limiter for `rate`; `largest` is the largest single operation in
     /// bytes (the byte budget always holds at least one).
     pub fn new(rate: Rate, largest: u64) -> RateLimiter {
+        Self::new_at(rate, largest, Instant::now())
+    }
+
+    /// [`RateLimiter::new`] with its budgets full at `now`.
+    pub fn new_at(rate: Rate, largest: u64, now: Instant) -> RateLimiter {
         RateLimiter {
             bytes: (rate.bytes > 0).then(|| Bucket::new(rate.bytes, largest)),
             ops: (rate.ops > 0).then(|| Bucket::new(rate.ops, 1)),
-            last: Instant::now(),
+            last: now,
         }
     }
 
-    fn refill(&mut self) {
-        let now = Instant::now();
-        let elapsed = now - self.last;
-        self.last = now;
+    /// Refill up to `now`; a time before the last one adds nothing.
+    fn refill(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.last);
+        self.last = self.last.max(now);
         for b in [&mut self.bytes, &mut self.ops].into_iter().flatten() {
             b.refill(elapsed);
         }
@@ -86,7 +102,13 @@ impl RateLimiter {
 
     /// Spend the budget of one operation of `len` bytes if it is there.
     pub fn consume(&mut self, len: u64) -> bool {
-        self.refill();
+        self.consume_at(len, Instant::now())
+    }
+
+    /// [`RateLimiter::consume`] at time `now` (the I/O thread's clock, or
+    /// a test's or fuzzer's).
+    pub fn consume_at(&mut self, len: u64, now: Instant) -> bool {
+        self.refill(now);
         if !self.ready_in_for(len).is_zero() {
             return false;
         }
@@ -101,7 +123,12 @@ impl RateLimiter {
 
     /// How long until an operation of `len` bytes would be allowed.
     pub fn ready_in(&mut self, len: u64) -> Duration {
-        self.refill();
+        self.ready_in_at(len, Instant::now())
+    }
+
+    /// [`RateLimiter::ready_in`] at time `now`.
+    pub fn ready_in_at(&mut self, len: u64, now: Instant) -> Duration {
+        self.refill(now);
         self.ready_in_for(len)
     }
 
@@ -147,6 +174,36 @@ mod tests {
         assert!(!r.consume(1514));
         let w = r.ready_in(1514);
         assert!(w > Duration::from_millis(1400) && w <= Duration::from_millis(1600), "{w:?}");
+    }
+
+    #[test]
+    fn asking_often_does_not_slow_the_refill() {
+        // 20 frames per second, asked every millisecond for a second (the
+        // I/O thread asks whenever it wakes): about 20 frames pass, plus
+        // the burst of 2. Rounding each refill down to whole frames let
+        // none through after the burst.
+        let t = Instant::now();
+        let mut r = RateLimiter::new_at(Rate { bytes: 0, ops: 20 }, 1514, t);
+        let passed = (0..=1000).filter(|ms| r.consume_at(64, t + Duration::from_millis(*ms))).count();
+        assert_eq!(passed, 2 + 20);
+        // Bytes alike: 1000 bytes/s asked every 1 ms (one byte each time).
+        let mut r = RateLimiter::new_at(Rate { bytes: 1000, ops: 0 }, 100, t);
+        assert!(r.consume_at(100, t), "the burst");
+        assert!(!r.consume_at(10, t));
+        let at = (1..=1000).find(|ms| r.consume_at(10, t + Duration::from_millis(*ms)));
+        assert_eq!(at, Some(10), "10 bytes after 10 ms");
+        // The wait it announces is the time the part already earned leaves.
+        let mut r = RateLimiter::new_at(Rate { bytes: 0, ops: 20 }, 1514, t);
+        assert!(r.consume_at(1, t) && r.consume_at(1, t));
+        assert_eq!(r.ready_in_at(1, t + Duration::from_millis(30)), Duration::from_millis(20));
+    }
+
+    #[test]
+    fn time_running_backwards_or_far_ahead_is_harmless() {
+        let t = Instant::now() + Duration::from_secs(1);
+        let mut r = RateLimiter::new_at(Rate { bytes: u64::MAX, ops: u64::MAX }, 1514, t);
+        assert!(r.consume_at(u64::MAX, t - Duration::from_secs(1)));
+        assert!(r.consume_at(1, t + Duration::from_secs(u32::MAX as u64 * 1000)));
     }
 
     #[test]
