@@ -24,16 +24,20 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use wisp_abi::net::{hdr, SlotDesc, MAX_FRAME, REGION_SIZE, RX_BUF_OFF, RX_DESC_OFF, SLOTS, SLOT_SIZE, TX_BUF_OFF, TX_DESC_OFF};
+use wisp_abi::net::{REGION_SIZE, SLOTS, SLOT_SIZE};
 use wisp_abi::DeviceKind;
 
 use super::{Device, DeviceState};
 use crate::control::Control;
 use crate::error::{Error, Result as VmmResult};
 use crate::memory::RamView;
-use crate::rate_limiter::{Rate, RateLimiter};
+use crate::rate_limiter::Rate;
+
+pub mod ring;
+
+use ring::NicRing;
 
 /// Configuration of a NIC, given at load time.
 #[derive(Debug)]
@@ -58,10 +62,6 @@ pub struct NetRate {
     pub tx: Rate,
     /// Host → guest.
     pub rx: Rate,
-}
-
-fn limiter(rate: Rate) -> Option<RateLimiter> {
-    (!rate.is_unlimited()).then(|| RateLimiter::new(rate, MAX_FRAME as u64))
 }
 
 /// Counters of a NIC.
@@ -172,23 +172,8 @@ impl Device for Nic {
         let tap_raw = std::os::fd::AsRawFd::as_raw_fd(&tap);
         // Where the rings stand before the guest first runs: from here on
         // the monitor's indices are its own.
-        let tx_cons = ram.load_u32(base + hdr::TX_CONS).map_err(std::io::Error::other)?;
-        let rx_prod = ram.load_u32(base + hdr::RX_PROD).map_err(std::io::Error::other)?;
-        let io = Io {
-            ram,
-            base,
-            tap,
-            kick: kick.clone(),
-            stop: stop.clone(),
-            control,
-            stats: NetStats::default(),
-            mac: self.mac,
-            ip: self.ip.0,
-            tx_cons,
-            rx_prod,
-            tx_limit: limiter(self.rate.tx),
-            rx_limit: limiter(self.rate.rx),
-        };
+        let ring = NicRing::new(&ram, base, self.mac, self.ip.0, self.rate, Instant::now()).map_err(std::io::Error::other)?;
+        let io = Io { ram, tap, kick: kick.clone(), stop: stop.clone(), control, ring };
         let thread = std::thread::Builder::new().name("net0".into()).stack_size(256 << 10).spawn(move || io.run())?;
         self.state = NicState::Running(Running { tap_raw, kick, stop, thread: Some(thread) });
         Ok(())
@@ -251,22 +236,12 @@ impl Drop for Running {
 
 struct Io {
     ram: RamView,
-    base: u64,
     tap: OwnedFd,
     kick: Arc<OwnedFd>,
     stop: Arc<AtomicBool>,
     control: Arc<Control>,
-    stats: NetStats,
-    /// The NIC's identity: what its frames may say they come from.
-    mac: [u8; 6],
-    ip: [u8; 4],
-    /// TX frames sent (the monitor's copy of `hdr::TX_CONS`).
-    tx_cons: u32,
-    /// Budgets of each direction, if limited.
-    tx_limit: Option<RateLimiter>,
-    rx_limit: Option<RateLimiter>,
-    /// RX frames delivered (the monitor's copy of `hdr::RX_PROD`).
-    rx_prod: u32,
+    /// The rings' processing (`ring.rs`): indices, identity, budgets.
+    ring: NicRing,
 }
 
 /// How many times the I/O thread re-checks the rings before sleeping.
@@ -277,10 +252,10 @@ impl Io {
         let r = self.serve();
         if r.is_err() {
             // Tell the guest its NIC is gone; wake it so it notices.
-            let _ = self.ram.store_u32(self.base + hdr::STOPPED, 1);
+            let _ = self.ring.mark_stopped(&mut self.ram);
             self.control.post_events(wisp_abi::events::NET);
         }
-        r.map(|_| self.stats)
+        r.map(|_| self.ring.stats())
     }
 
     fn serve(&mut self) -> Result<(), String> {
@@ -290,16 +265,20 @@ impl Io {
             if self.stop.load(Ordering::Acquire) {
                 return Ok(());
             }
-            let (sent, tx_wait) = self.drain_tx(&mut frame)?;
-            let rx = self.fill_rx(&mut frame)?;
+            let tap = &self.tap;
+            // A full tap queue drops the frame, as a NIC would.
+            let tx = self.ring.drain_tx(&mut self.ram, Instant::now(), &mut frame, |f| {
+                let _ = rustix::io::write(tap, f);
+            })?;
+            let rx = self.ring.fill_rx(&mut self.ram, Instant::now(), &mut frame, |buf| rustix::io::read(tap, buf).ok())?;
             if rx.got > 0 {
                 self.control.post_events(wisp_abi::events::NET);
             }
-            if sent + rx.got > 0 {
+            if tx.taken + rx.got > 0 {
                 idle_rounds = 0;
                 continue;
             }
-            if let Some(wait) = tx_wait {
+            if let Some(wait) = tx.wait {
                 // Frames wait for the TX budget: sleep until it is there
                 // (the guest need not kick meanwhile: monitor_idle stays 0).
                 self.sleep(!rx.full && rx.wait.is_none(), Some(rx.wait.map_or(wait, |r| r.min(wait))));
@@ -312,12 +291,12 @@ impl Io {
             }
             // Going to sleep: announce it, then look once more so a frame
             // queued in between is not left waiting for a kick.
-            self.ram.store_u32(self.base + hdr::MONITOR_IDLE, 1).map_err(|e| e.to_string())?;
+            self.ring.set_idle(&mut self.ram, true)?;
             // The store above must be visible before we read the guest's
             // index (store→load ordering; the guest has the matching fence),
             // or a kick could be lost.
             std::sync::atomic::fence(Ordering::SeqCst);
-            let pending = self.tx_pending()?;
+            let pending = self.ring.tx_pending(&self.ram)?;
             if pending == 0 {
                 // With a full RX ring the tap stays readable: check back
                 // soon instead of spinning on it; with the RX budget spent,
@@ -325,7 +304,7 @@ impl Io {
                 let timeout = if rx.full { Some(Duration::from_millis(1)) } else { rx.wait };
                 self.sleep(!rx.full && rx.wait.is_none(), timeout);
             }
-            self.ram.store_u32(self.base + hdr::MONITOR_IDLE, 0).map_err(|e| e.to_string())?;
+            self.ring.set_idle(&mut self.ram, false)?;
             idle_rounds = 0;
         }
     }
@@ -339,105 +318,6 @@ impl Io {
         let mut b = [0u8; 8];
         let _ = rustix::io::read(self.kick.as_fd(), &mut b);
     }
-
-    fn tx_pending(&self) -> Result<u32, String> {
-        let prod = self.ram.load_u32(self.base + hdr::TX_PROD).map_err(|e| e.to_string())?;
-        let cons = self.tx_cons;
-        let n = prod.wrapping_sub(cons);
-        if n > SLOTS {
-            return Err(format!("TX producer index {prod} is {n} slots ahead of the consumer ({cons}); ring size {SLOTS}"));
-        }
-        Ok(n)
-    }
-
-    /// Send every frame the guest queued (as far as the TX budget allows).
-    /// Returns how many, and how long until the next one may go if the
-    /// budget stopped it.
-    fn drain_tx(&mut self, frame: &mut [u8]) -> Result<(u32, Option<Duration>), String> {
-        let n = self.tx_pending()?;
-        let mut cons = self.tx_cons;
-        for i in 0..n {
-            let slot = (cons % SLOTS) as u64;
-            let d: SlotDesc = self.ram.read_obj(self.base + TX_DESC_OFF + slot * 8).map_err(|e| e.to_string())?;
-            if d.len == 0 || d.len > SLOT_SIZE {
-                return Err(format!("TX slot {slot}: length {} (1..={SLOT_SIZE} allowed)", d.len));
-            }
-            if let Some(l) = &mut self.tx_limit {
-                if !l.consume(d.len as u64) {
-                    return Ok((i, Some(l.ready_in(d.len as u64))));
-                }
-            }
-            let buf = &mut frame[..d.len as usize];
-            self.ram.read(self.base + TX_BUF_OFF + slot * SLOT_SIZE as u64, buf).map_err(|e| e.to_string())?;
-            if own_frame(buf, self.mac, self.ip) {
-                // A full tap queue drops the frame, as a NIC would.
-                let _ = rustix::io::write(&self.tap, buf);
-                self.stats.tx_frames += 1;
-            } else {
-                self.stats.tx_spoofed += 1;
-            }
-            cons = cons.wrapping_add(1);
-            self.tx_cons = cons;
-            self.ram.store_u32(self.base + hdr::TX_CONS, cons).map_err(|e| e.to_string())?;
-        }
-        Ok((n, None))
-    }
-
-    /// Move frames from the tap into free RX slots (as far as the RX
-    /// budget allows; beyond it frames stay in the tap's queue, where the
-    /// host drops them when it is full).
-    fn fill_rx(&mut self, frame: &mut [u8]) -> Result<Rx, String> {
-        let mut prod = self.rx_prod;
-        let mut rx = Rx::default();
-        loop {
-            let cons = self.ram.load_u32(self.base + hdr::RX_CONS).map_err(|e| e.to_string())?;
-            let used = prod.wrapping_sub(cons);
-            if used > SLOTS {
-                return Err(format!("RX consumer index {cons} is ahead of the producer ({prod})"));
-            }
-            if used == SLOTS {
-                rx.full = true;
-                return Ok(rx);
-            }
-            if let Some(l) = &mut self.rx_limit {
-                let wait = l.ready_in(MAX_FRAME as u64);
-                if !wait.is_zero() {
-                    rx.wait = Some(wait);
-                    return Ok(rx);
-                }
-            }
-            let n = match rustix::io::read(&self.tap, &mut frame[..]) {
-                Ok(0) | Err(_) => return Ok(rx),
-                Ok(n) => n,
-            };
-            if let Some(l) = &mut self.rx_limit {
-                l.consume(n as u64);
-            }
-            let slot = (prod % SLOTS) as u64;
-            self.ram
-                .write(self.base + RX_BUF_OFF + slot * SLOT_SIZE as u64, &frame[..n])
-                .map_err(|e| e.to_string())?;
-            self.ram
-                .write_obj(self.base + RX_DESC_OFF + slot * 8, &SlotDesc { len: n as u32, flags: 0 })
-                .map_err(|e| e.to_string())?;
-            prod = prod.wrapping_add(1);
-            self.rx_prod = prod;
-            self.ram.store_u32(self.base + hdr::RX_PROD, prod).map_err(|e| e.to_string())?;
-            self.stats.rx_frames += 1;
-            rx.got += 1;
-        }
-    }
-}
-
-/// What one pass over the RX side did.
-#[derive(Default)]
-struct Rx {
-    /// Frames delivered.
-    got: u32,
-    /// The ring is full.
-    full: bool,
-    /// The RX budget is spent for this long.
-    wait: Option<Duration>,
 }
 
 #[cfg(test)]
