@@ -69,6 +69,45 @@ pub enum Action {
     SetPool(PoolInfo),
 }
 
+/// A create request whose options do not fit together: a 400, from the
+/// router (`Action::from_request`) and from the daemon alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InvalidCreate {
+    /// `net_rate` for a VM without a NIC.
+    RateWithoutNic,
+    /// `net_peers` for a VM without a NIC.
+    PeersWithoutNic,
+}
+
+impl std::fmt::Display for InvalidCreate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            InvalidCreate::RateWithoutNic => "net_rate needs a NIC: ask for net or ports too",
+            InvalidCreate::PeersWithoutNic => "net_peers needs a NIC: ask for net or ports too",
+        })
+    }
+}
+
+impl std::error::Error for InvalidCreate {}
+
+impl CreateVm {
+    /// Whether the VM gets a NIC: `net`, or host ports to forward.
+    pub fn wants_nic(&self) -> bool {
+        self.net || !self.ports.is_empty()
+    }
+
+    /// Check the request as a whole: options of a NIC need one.
+    pub fn check(&self) -> Result<(), InvalidCreate> {
+        if self.net_rate.is_some() && !self.wants_nic() {
+            return Err(InvalidCreate::RateWithoutNic);
+        }
+        if self.net_peers && !self.wants_nic() {
+            return Err(InvalidCreate::PeersWithoutNic);
+        }
+        Ok(())
+    }
+}
+
 /// An action as an HTTP request: method, path with query, JSON body.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HttpCall {
@@ -143,7 +182,9 @@ impl Action {
             ("GET", ["vms"]) => Action::ListVms,
             ("POST", ["vms"]) => {
                 let attach = flag(req, "attach")?;
-                Action::CreateVm { vm: req.json()?, attach }
+                let vm: CreateVm = req.json()?;
+                vm.check().map_err(|e| HttpError::new(400, e.to_string()))?;
+                Action::CreateVm { vm, attach }
             }
             ("GET", ["vms", id]) => Action::GetVm(vm(id)),
             ("DELETE", ["vms", id]) => Action::RemoveVm { vm: vm(id), force: flag(req, "force")? },
@@ -198,6 +239,7 @@ mod tests {
                 PortMap { host: 8014, vm: 14, addr: Some([0, 0, 0, 0].into()) },
             ],
             net_rate: Some(crate::NetRate { bytes_per_sec: 1 << 20, frames_per_sec: 2000 }),
+            net_peers: true,
         };
         let pool = PoolInfo { target: vec![PoolTarget { mem: 16 << 20, count: 3 }], ready: vec![] };
         let all = [
@@ -242,6 +284,22 @@ mod tests {
         assert_eq!(status("POST", "/v1/vms", "").unwrap_err(), (400, "missing JSON body".into()));
         assert!(status("POST", "/v1/vms", "{\"image\": 5}").unwrap_err().1.contains("invalid type"));
         assert!(status("PUT", "/v1/pool", "{\"bogus\": 1}").unwrap_err().1.contains("missing field"));
+        // Options of a NIC without one.
+        let no_nic = [
+            (r#"{"image":"x","net_rate":{"bytes_per_sec":1}}"#, "net_rate needs a NIC: ask for net or ports too"),
+            (r#"{"image":"x","net_peers":true}"#, "net_peers needs a NIC: ask for net or ports too"),
+            (r#"{"image":"x","net_peers":true,"net":false}"#, "net_peers needs a NIC: ask for net or ports too"),
+        ];
+        for (body, msg) in no_nic {
+            assert_eq!(status("POST", "/v1/vms", body).unwrap_err(), (400, msg.into()), "{body}");
+        }
+        for ok in [r#"{"image":"x","net_peers":true,"net":true}"#, r#"{"image":"x","net_peers":true,"ports":[{"host":1,"vm":2}]}"#] {
+            assert!(matches!(parse("POST", "/v1/vms", ok), Ok(Action::CreateVm { vm: CreateVm { net_peers: true, .. }, .. })), "{ok}");
+        }
+        // A request that does not ask for it is isolated, and says nothing of it.
+        let Action::CreateVm { vm, .. } = parse("POST", "/v1/vms", r#"{"image":"x","net":true}"#).unwrap() else { panic!() };
+        assert!(!vm.net_peers);
+        assert!(!String::from_utf8(Action::CreateVm { vm, attach: false }.to_request().body.unwrap()).unwrap().contains("peers"));
         // An empty stop body is the default grace; a bare flag is true.
         assert_eq!(parse("POST", "/v1/vms/x/stop", "").unwrap(), Action::StopVm { vm: "x".into(), grace_ms: None });
         assert_eq!(parse("DELETE", "/v1/vms/x?force", "").unwrap(), Action::RemoveVm { vm: "x".into(), force: true });

@@ -33,6 +33,17 @@ pub struct CreateVm {
     /// Limit the NIC's traffic in each direction (needs `net` or `ports`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net_rate: Option<NetRate>,
+    /// Leave the NIC's bridge port open to the other VMs of the bridge
+    /// (needs `net` or `ports`). By default a VM's port is isolated: it
+    /// reaches the gateway (the host side of the bridge) and VMs that have
+    /// `net_peers`, never another isolated VM. A VM with `net_peers`
+    /// reaches, and is reached by, every VM on the bridge.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub net_peers: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// A NIC's rate limit, the same in each direction; 0 = unlimited.
@@ -151,6 +162,10 @@ pub struct VmInfo {
     /// Forwarded host ports.
     #[serde(default)]
     pub ports: Vec<PortMap>,
+    /// Its NIC's bridge port is open to the other VMs (`CreateVm::net_peers`);
+    /// false: isolated, or no NIC.
+    #[serde(default)]
+    pub net_peers: bool,
     /// For a VM forked by another: the parent's id.
     #[serde(default)]
     pub parent: Option<String>,

@@ -59,6 +59,11 @@ pub struct RunArgs {
     /// second, e.g. 1M or 10M/2000 (with --net, -p or --tap).
     #[arg(long, value_parser = wisp_vmm_process::units::parse_net_rate)]
     pub net_rate: Option<wisp_vmm::NetRate>,
+    /// Let the VM talk to the other VMs on wispd's bridge: its bridge port
+    /// is not isolated (with --net or -p). Without it the VM reaches only
+    /// the gateway and VMs started with --net-peers.
+    #[arg(long, conflicts_with = "tap")]
+    pub net_peers: bool,
     /// Connect a NIC to this tap device (without wispd; needs --ip).
     #[arg(long, requires = "ip")]
     pub tap: Option<String>,
@@ -177,6 +182,9 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Run(a) if a.net_rate.is_some() && a.tap.is_none() && !a.net && a.ports.is_empty() => {
             Err("--net-rate limits a NIC: give the VM one with --net, -p or --tap".into())
+        }
+        Cmd::Run(a) if a.net_peers && !a.net && a.ports.is_empty() => {
+            Err("--net-peers opens a NIC's bridge port to the other VMs: give the VM one with --net or -p".into())
         }
         Cmd::Run(a) => match wisp_api::client::Client::connect(&socket) {
             Ok(_) if a.tap.is_some() => Err("--tap boots the VM in this process: not with wispd (unset WISP_SOCKET or use --socket to a path without a daemon)".into()),

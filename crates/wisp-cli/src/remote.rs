@@ -52,6 +52,7 @@ pub fn run(mut c: Client, a: &RunArgs) -> Result<u8, String> {
         net: a.net,
         ports: a.ports.clone(),
         net_rate: a.net_rate.map(|r| wisp_api::NetRate { bytes_per_sec: r.tx.bytes, frames_per_sec: r.tx.ops }),
+        net_peers: a.net_peers,
     };
     if let Some(n) = a.count {
         if !a.detach {

@@ -366,12 +366,14 @@ fn wispd_plumbs_taps_on_its_bridge_and_releases_them() {
     let addr = ns.cmd(&["ip", "-o", "addr", "show", "wisp0"]).output().unwrap();
     assert!(String::from_utf8_lossy(&addr.stdout).contains("10.77.6.1/24"));
 
-    // Two VMs talk over the bridge.
-    let server = c.create(&net("echo", &[])).unwrap();
+    // Two VMs that may talk to their peers (net_peers: their bridge ports
+    // are not isolated, tests/net_isolation.rs) talk over the bridge.
+    let peer = |image: &str, args: &[&str]| CreateVm { net_peers: true, ..net(image, args) };
+    let server = c.create(&peer("echo", &[])).unwrap();
     let server_ip = server.ip.clone().unwrap();
     assert_ne!(server_ip, day_ip);
     wait_console(&mut c, &server.id, "echo: listening");
-    let client = c.create(&net("echo", &["client", &server_ip, "7", "vm-to-vm"])).unwrap();
+    let client = c.create(&peer("echo", &["client", &server_ip, "7", "vm-to-vm"])).unwrap();
     assert_eq!(c.wait(&client.id).unwrap().code, 0, "{}", console(&mut c, &client.id));
     assert!(console(&mut c, &client.id).contains("echo: reply: vm-to-vm"));
 

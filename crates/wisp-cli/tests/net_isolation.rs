@@ -171,3 +171,99 @@ fn a_rate_limit_asked_of_wispd_holds() {
     eprintln!("through wispd: {bps:.0} bit/s (limit {limit_bps})");
     assert!(bps <= limit_bps * 1.15 && bps >= limit_bps * 0.5, "{bps} bit/s against a {limit_bps} limit");
 }
+
+/// The isolation flag of VM `id`'s bridge port, as the kernel reports it
+/// ("1" isolated, "0" not).
+fn port_isolated(d: &common::daemon::Daemon, id: &str) -> String {
+    let path = format!("/sys/class/net/wt{id}/brport/isolated");
+    let o = d.in_netns(&["cat", &path]).output().unwrap();
+    assert!(o.status.success(), "{path}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// Send `msg` from the host side of the bridge (the gateway) to the echo
+/// service at `ip`; what came back.
+fn echo_from_gateway(d: &common::daemon::Daemon, ip: &str, msg: &str) -> String {
+    d.python(&format!(
+        "import socket; s=socket.create_connection(('{ip}',7),timeout=5); s.sendall(b'{msg}'); s.shutdown(socket.SHUT_WR); print(s.recv(100).decode())"
+    ))
+    .trim()
+    .to_string()
+}
+
+/// An echo VM on wispd's bridge (`net_peers` as `peers`) with `args`.
+fn echo_vm(args: &[&str], peers: bool) -> wisp_api::CreateVm {
+    wisp_api::CreateVm {
+        image: "echo".into(),
+        args: args.iter().map(|a| a.to_string()).collect(),
+        net: true,
+        net_peers: peers,
+        ..Default::default()
+    }
+}
+
+/// An echo server on wispd's bridge, listening: it and its address.
+fn echo_server(c: &mut wisp_api::client::Client, peers: bool) -> (wisp_api::VmInfo, String) {
+    let v = c.create(&echo_vm(&[], peers)).unwrap();
+    let ip = v.ip.clone().expect("a NIC");
+    common::wait_console(c, &v.id, &format!("echo: listening on {ip}:7"));
+    assert_eq!(v.net_peers, peers);
+    (v, ip)
+}
+
+/// An echo client VM sending "vm-to-vm" to `server`, ended after
+/// `timeout_ms`: its exit code and console.
+fn echo_client(c: &mut wisp_api::client::Client, server: &str, peers: bool, timeout_ms: u64) -> (i32, String) {
+    let req = wisp_api::CreateVm { timeout_ms: Some(timeout_ms), ..echo_vm(&["client", server, "7", "vm-to-vm"], peers) };
+    let v = c.create(&req).unwrap();
+    let code = c.wait(&v.id).unwrap().code;
+    (code, common::console(c, &v.id))
+}
+
+#[test]
+fn vms_on_wispds_bridge_reach_each_other_only_when_they_ask_for_it() {
+    use wisp_api::client::ApiError;
+    let d = common::daemon::Daemon::start_in_netns("netiso", "10.88.0.0/24", &["--pool", "16M=2"]);
+    let mut c = d.client();
+    // Opening a port needs a port.
+    let r = c.create(&wisp_api::CreateVm { net: false, ..echo_vm(&[], true) });
+    assert!(matches!(r, Err(ApiError::Status(400, ref m)) if m == "net_peers needs a NIC: ask for net or ports too"), "{r:?}");
+    // Two VMs as asked by default: each port isolated; the gateway reaches both.
+    let ((a, a_ip), (b, b_ip)) = (echo_server(&mut c, false), echo_server(&mut c, false));
+    for (v, ip) in [(&a, &a_ip), (&b, &b_ip)] {
+        assert_eq!(port_isolated(&d, &v.id), "1", "{}'s port", v.id);
+        assert_eq!(echo_from_gateway(&d, ip, "from-the-gateway"), "from-the-gateway");
+    }
+    // A third isolated VM connects to A and B: nothing gets through (its
+    // ARP requests reach no other isolated port); the VM is ended by its timeout.
+    for server in [&a_ip, &b_ip] {
+        let (code, out) = echo_client(&mut c, server, false, 3000);
+        assert_ne!(code, 0, "an isolated VM reached {server}: {out}");
+        assert!(!out.contains("echo: reply"), "{out}");
+    }
+    // The gateway still reaches both.
+    assert_eq!(echo_from_gateway(&d, &a_ip, "still"), "still");
+    assert_eq!(echo_from_gateway(&d, &b_ip, "still"), "still");
+
+    // With net_peers the port stays open: two such VMs talk.
+    let (p, p_ip) = echo_server(&mut c, true);
+    assert_eq!(port_isolated(&d, &p.id), "0");
+    let (code, out) = echo_client(&mut c, &p_ip, true, 20_000);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("echo: reply: vm-to-vm"), "{out}");
+    // And, as the kernel's flag goes (only isolated-to-isolated is
+    // blocked), an isolated VM reaches an open one too (docs/networking.md).
+    let (code, out) = echo_client(&mut c, &p_ip, false, 20_000);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(echo_from_gateway(&d, &p_ip, "gw"), "gw");
+
+    // The same from the command line.
+    let o = d.wisp(&["run", "-d", "--net", "--net-peers", "echo"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let id = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    assert!(c.get(&id).unwrap().net_peers);
+    assert_eq!(port_isolated(&d, &id), "0");
+    let o = d.wisp(&["run", "-d", "--net-peers", "echo"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--net-peers opens a NIC's bridge port"), "{o:?}");
+}

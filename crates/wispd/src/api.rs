@@ -185,7 +185,7 @@ fn connection(d: Arc<Daemon>, conn: UnixStream, cfg: &Config) {
 fn status(e: &ActionError) -> u16 {
     use ActionError::*;
     match e {
-        BadMemory(_) | InvalidName(_) | RateWithoutNic | BadImage(_) | StartRefused(_) | Pool(_) => 400,
+        BadMemory(_) | InvalidName(_) | Invalid(_) | BadImage(_) | StartRefused(_) | Pool(_) => 400,
         NotFound(_) | Gone(_) => 404,
         // A host address that is not this host's cannot be listened on: the request was wrong.
         PortInUse { source, .. } if source.kind() == io::ErrorKind::AddrNotAvailable => 400,
@@ -275,13 +275,15 @@ fn stream(w: &mut UnixStream, mut console: Console, keep: bool) -> Result<bool, 
 mod tests {
     use super::*;
     use std::io::ErrorKind;
+    use wisp_api::action::InvalidCreate;
 
     #[test]
     fn statuses_and_messages_of_action_errors() {
         let io = || io::Error::new(ErrorKind::AddrInUse, "Address in use");
         let cases: Vec<(ActionError, u16, &str)> = vec![
             (ActionError::InvalidName("a b".into()), 400, "invalid name 'a b': use 1-64 of [A-Za-z0-9_.-]"),
-            (ActionError::RateWithoutNic, 400, "net_rate needs a NIC: ask for net or ports too"),
+            (ActionError::Invalid(InvalidCreate::RateWithoutNic), 400, "net_rate needs a NIC: ask for net or ports too"),
+            (ActionError::Invalid(InvalidCreate::PeersWithoutNic), 400, "net_peers needs a NIC: ask for net or ports too"),
             (ActionError::StartRefused("bad image".into()), 400, "bad image"),
             (ActionError::Pool(crate::pool::PoolError::TooLarge(10_001)), 400, "pool of 10001 shells is too large (at most 10000)"),
             (ActionError::BadImage(crate::images::ImageError::Relative("a/b".into())), 400, "image path 'a/b' must be absolute"),

@@ -1,6 +1,8 @@
 //! Host network plumbing through rtnetlink, from inside the daemon — no
 //! `ip`, no scripts (LightVM's xendevd lesson): create the bridge, give it
-//! the gateway address, attach a tap to it and bring links up.
+//! the gateway address, attach a tap to it, isolate its port from the
+//! other isolated ports (`bridge link set dev TAP isolated on`) and bring
+//! links up.
 //!
 //! A request waits for the kernel's acknowledgement at most
 //! [`ACK_TIMEOUT`], whatever arrives meanwhile: the daemon never hangs on
@@ -17,6 +19,7 @@ use rustix::net::{recv, send, socket_with, AddressFamily, RecvFlags, SendFlags, 
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 
 const RTM_NEWLINK: u16 = 16;
+const RTM_SETLINK: u16 = 19;
 const RTM_NEWADDR: u16 = 20;
 const NLMSG_ERROR: u16 = 2;
 const NLM_F_REQUEST: u16 = 0x1;
@@ -25,13 +28,18 @@ const NLM_F_EXCL: u16 = 0x200;
 const NLM_F_CREATE: u16 = 0x400;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_MASTER: u16 = 10;
+const IFLA_PROTINFO: u16 = 12;
 const IFLA_LINKINFO: u16 = 18;
 const IFLA_INFO_KIND: u16 = 1;
+/// In `IFLA_PROTINFO` of a bridge port (`enum` in `linux/if_link.h`).
+const IFLA_BRPORT_ISOLATED: u16 = 33;
+const NLA_F_NESTED: u16 = 0x8000;
 const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
 const IFF_UP: u32 = 1;
 const AF_UNSPEC: u8 = 0;
 const AF_INET: u8 = 2;
+const AF_BRIDGE: u8 = 7;
 
 /// A route-netlink socket.
 pub struct Netlink {
@@ -49,9 +57,14 @@ fn attr(buf: &mut Vec<u8>, ty: u16, data: &[u8]) {
     buf.resize(buf.len().next_multiple_of(4), 0);
 }
 
-/// `struct ifinfomsg`.
+/// `struct ifinfomsg` of family `AF_UNSPEC`.
 fn ifinfo(index: i32, flags: u32, change: u32) -> Vec<u8> {
-    let mut b = vec![AF_UNSPEC, 0, 0, 0];
+    ifinfo_of(AF_UNSPEC, index, flags, change)
+}
+
+/// `struct ifinfomsg`.
+fn ifinfo_of(family: u8, index: i32, flags: u32, change: u32) -> Vec<u8> {
+    let mut b = vec![family, 0, 0, 0];
     b.extend_from_slice(&index.to_ne_bytes());
     b.extend_from_slice(&flags.to_ne_bytes());
     b.extend_from_slice(&change.to_ne_bytes());
@@ -119,6 +132,22 @@ impl Netlink {
         self.request(RTM_NEWLINK, 0, &link_up(index, master))
     }
 
+    /// Enslave link `index` to bridge `master`, leaving it up or down.
+    pub fn enslave(&mut self, index: u32, master: u32) -> io::Result<()> {
+        self.request(RTM_NEWLINK, 0, &enslave(index, master))
+    }
+
+    /// Set or clear the isolation flag of bridge port `index`: isolated
+    /// ports exchange no frames with one another, only with the bridge's
+    /// ports that are not isolated — the bridge device itself (the host
+    /// side, the gateway) among them. The kernel's `br_setport`, reached by
+    /// `RTM_SETLINK` in the `AF_BRIDGE` family (`rtnl_bridge_setlink` →
+    /// `br_setlink`) with the flag nested in `IFLA_PROTINFO`, as
+    /// `bridge link set dev PORT isolated on` sends it.
+    pub fn set_port_isolated(&mut self, index: u32, isolated: bool) -> io::Result<()> {
+        self.request(RTM_SETLINK, 0, &port_isolation(index, isolated))
+    }
+
     /// Add IPv4 address `addr/prefix` to link `index` (no error if present).
     pub fn add_address(&mut self, index: u32, addr: [u8; 4], prefix: u8) -> io::Result<()> {
         match self.request(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, &new_address(index, addr, prefix)) {
@@ -149,7 +178,7 @@ fn new_bridge(name: &str) -> Vec<u8> {
     attr(&mut body, IFLA_IFNAME, &cname);
     let mut info = Vec::new();
     attr(&mut info, IFLA_INFO_KIND, b"bridge");
-    attr(&mut body, IFLA_LINKINFO | 0x8000 /* NLA_F_NESTED */, &info);
+    attr(&mut body, IFLA_LINKINFO | NLA_F_NESTED, &info);
     body
 }
 
@@ -159,6 +188,25 @@ fn link_up(index: u32, master: Option<u32>) -> Vec<u8> {
     if let Some(m) = master {
         attr(&mut body, IFLA_MASTER, &m.to_ne_bytes());
     }
+    body
+}
+
+/// RTM_NEWLINK's body enslaving link `index` to bridge `master` (its
+/// flags untouched).
+fn enslave(index: u32, master: u32) -> Vec<u8> {
+    let mut body = ifinfo(index as i32, 0, 0);
+    attr(&mut body, IFLA_MASTER, &master.to_ne_bytes());
+    body
+}
+
+/// RTM_SETLINK's body (family `AF_BRIDGE`) setting bridge port `index`'s
+/// isolation flag: `IFLA_PROTINFO` (nested) holding `IFLA_BRPORT_ISOLATED`
+/// (u8).
+fn port_isolation(index: u32, isolated: bool) -> Vec<u8> {
+    let mut body = ifinfo_of(AF_BRIDGE, index as i32, 0, 0);
+    let mut info = Vec::new();
+    attr(&mut info, IFLA_BRPORT_ISOLATED, &[isolated as u8]);
+    attr(&mut body, IFLA_PROTINFO | NLA_F_NESTED, &info);
     body
 }
 
@@ -250,6 +298,32 @@ mod tests {
             [&[0u8, 0, 0, 0][..], &5i32.to_ne_bytes(), &u32s(1), &u32s(1), &u16s(8), &u16s(IFLA_MASTER), &u32s(2)].concat();
         assert_eq!(up, want);
         assert_eq!(link_up(5, None), want[..16]);
+
+        // Enslaved with flags untouched (neither up nor down).
+        let e = enslave(5, 2);
+        assert_eq!(e, [&[0u8, 0, 0, 0][..], &5i32.to_ne_bytes(), &u32s(0), &u32s(0), &u16s(8), &u16s(IFLA_MASTER), &u32s(2)].concat());
+
+        // `bridge link set dev <5> isolated on`: ifinfomsg of family
+        // AF_BRIDGE (7), then IFLA_PROTINFO (12) | NLA_F_NESTED holding
+        // IFLA_BRPORT_ISOLATED (33), one byte padded to 4.
+        let iso = port_isolation(5, true);
+        let want: Vec<u8> = [
+            &[7u8, 0, 0, 0][..],
+            &5i32.to_ne_bytes(),
+            &u32s(0),
+            &u32s(0),
+            &u16s(12),
+            &u16s(12 | 0x8000),
+            &u16s(5),
+            &u16s(33),
+            &[1, 0, 0, 0],
+        ]
+        .concat();
+        assert_eq!(iso, want);
+        let mut off = want.clone();
+        off[24] = 0;
+        assert_eq!(port_isolation(5, false), off);
+        assert_eq!(message(RTM_SETLINK, 0, 9, &iso)[4..8], [&u16s(19)[..], &u16s(0x5)].concat());
 
         let a = new_address(5, [10, 77, 6, 1], 24);
         let want: Vec<u8> =

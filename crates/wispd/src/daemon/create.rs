@@ -96,9 +96,8 @@ impl Daemon {
                 return Err(ActionError::InvalidName(n.clone()));
             }
         }
-        if req.net_rate.is_some() && !req.net && req.ports.is_empty() {
-            return Err(ActionError::RateWithoutNic);
-        }
+        // The router checked it already; the daemon does not rely on that.
+        req.check()?;
         let path = images::resolve(&self.cfg.image_dirs, &req.image)?;
         let image = self.images.get(&path)?;
         let mut undo = Rollback::new(self);
@@ -112,8 +111,8 @@ impl Daemon {
             None => self.spawn_worker(mem).map_err(ActionError::Prepare)?,
         };
         let worker = undo.worker.insert(worker);
-        let net = if req.net || !req.ports.is_empty() {
-            let (mut spec, tap) = self.net.alloc(&worker.id).map_err(ActionError::Network)?;
+        let net = if req.wants_nic() {
+            let (mut spec, tap) = self.net.alloc(&worker.id, req.net_peers).map_err(ActionError::Network)?;
             spec.rate = req.net_rate.map_or((0, 0), |r| (r.bytes_per_sec, r.frames_per_sec));
             undo.ip = Some(Ipv4Addr::from(spec.ip).to_string());
             Some((spec, tap))
@@ -129,6 +128,7 @@ impl Daemon {
         let worker = undo.worker.take().expect("held above");
         let info = VmInfo {
             ports: req.ports.clone(),
+            net_peers: req.net_peers,
             ip: net.as_ref().map(|(spec, _)| Ipv4Addr::from(spec.ip).to_string()),
             id: worker.id.clone(),
             name: req.name.clone(),

@@ -19,9 +19,10 @@ pub enum ActionError {
     /// The name is not a valid VM name.
     #[error("invalid name '{0}': use 1-64 of [A-Za-z0-9_.-]")]
     InvalidName(String),
-    /// A rate limit was asked for a VM without a NIC.
-    #[error("net_rate needs a NIC: ask for net or ports too")]
-    RateWithoutNic,
+    /// The request's options do not fit together (options of a NIC
+    /// without one).
+    #[error(transparent)]
+    Invalid(#[from] wisp_api::action::InvalidCreate),
     /// The image cannot be found, read or used.
     #[error(transparent)]
     BadImage(#[from] ImageError),

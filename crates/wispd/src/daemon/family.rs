@@ -233,6 +233,8 @@ impl Daemon {
                 boot_us: None,
                 ip: None,
                 ports: Vec::new(),
+                // The NIC stays with the parent: a forked VM has none.
+                net_peers: false,
                 parent: Some(parent.id.clone()),
                 family: Some(root.to_string()),
             };

@@ -1,5 +1,7 @@
 //! The VM network: the bridge (set up on first use) and, per VM, an address
-//! from the subnet, a MAC and a tap attached to the bridge.
+//! from the subnet, a MAC and a tap attached to the bridge — its port
+//! isolated from the other isolated ports unless the VM may talk to its
+//! peers (`CreateVm::net_peers`).
 
 use std::collections::HashSet;
 use std::io;
@@ -35,6 +37,12 @@ pub enum NetError {
     /// Attaching the tap to the bridge.
     #[error("attach {tap}: {source}")]
     Attach { tap: String, source: io::Error },
+    /// Setting the isolation flag of the tap's bridge port.
+    #[error("isolate {tap} on the bridge: {source}")]
+    Isolate { tap: String, source: io::Error },
+    /// Bringing the tap up.
+    #[error("bring {tap} up: {source}")]
+    Up { tap: String, source: io::Error },
 }
 
 /// Bridge and address allocation.
@@ -59,8 +67,10 @@ impl VmNet {
         VmNet { bridge_name: bridge_name.to_string(), subnet, state: Mutex::new(State::default()) }
     }
 
-    /// Set up the bridge (once) and give VM `id` an address, a MAC and a tap.
-    pub fn alloc(&self, id: &str) -> Result<(NetSpec, OwnedFd), NetError> {
+    /// Set up the bridge (once) and give VM `id` an address, a MAC and a
+    /// tap. The tap's bridge port is isolated unless `peers`; it comes up
+    /// only once that is set, so no frame crosses it before.
+    pub fn alloc(&self, id: &str, peers: bool) -> Result<(NetSpec, OwnedFd), NetError> {
         let (net, prefix) = self.subnet;
         let base = u32::from_be_bytes(net) & (u32::MAX << (32 - prefix as u32));
         let hosts = (1u32 << (32 - prefix as u32)).saturating_sub(2);
@@ -80,11 +90,12 @@ impl VmNet {
         let tap = wisp_vmm::tap::open_tap(&tap_name).map_err(NetError::Tap)?;
         let index = if_index(&tap_name).ok_or_else(|| NetError::TapMissing(tap_name.clone()))?;
         let bridge = st.bridge;
-        st.nl
-            .as_mut()
-            .expect("opened above")
-            .set_link(index, Some(bridge))
-            .map_err(|source| NetError::Attach { tap: tap_name.clone(), source })?;
+        let nl = st.nl.as_mut().expect("opened above");
+        nl.enslave(index, bridge).map_err(|source| NetError::Attach { tap: tap_name.clone(), source })?;
+        // Set either way: the flag is what the VM asked for, whatever the
+        // kernel's default for a new port.
+        nl.set_port_isolated(index, !peers).map_err(|source| NetError::Isolate { tap: tap_name.clone(), source })?;
+        nl.set_link(index, None).map_err(|source| NetError::Up { tap: tap_name.clone(), source })?;
         st.used.insert(host);
         Ok((NetSpec { ip, prefix, gateway: (base + 1).to_be_bytes(), mac: wisp_vmm::mac_for_ipv4(ip), rate: (0, 0) }, tap))
     }

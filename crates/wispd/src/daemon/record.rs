@@ -207,6 +207,7 @@ mod tests {
             boot_us: None,
             ip: Some("10.99.0.2".into()),
             ports: vec![PortMap { host: 8080, vm: 80, addr: None }],
+            net_peers: false,
             parent: None,
             family: None,
         }

@@ -192,6 +192,7 @@ mod tests {
             boot_us: None,
             ip: None,
             ports: vec![],
+            net_peers: false,
             parent: None,
             family: None,
         };
