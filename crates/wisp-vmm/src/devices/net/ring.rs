@@ -254,8 +254,13 @@ impl NicRing {
                 rx.full = true;
                 return Ok(rx);
             }
+            // A frame read cannot be put back: it is delivered and paid
+            // for. So the budget must hold the largest frame the read can
+            // give (a slot, not just MAX_FRAME: a VLAN-tagged or oversized
+            // one is longer), or the payment below would be refused and
+            // the frame go free — frames and bytes both.
             if let Some(l) = &mut self.rx_limit {
-                let wait = l.ready_in_at(MAX_FRAME as u64, now);
+                let wait = l.ready_in_at(frame.len() as u64, now);
                 if !wait.is_zero() {
                     rx.wait = Some(wait);
                     return Ok(rx);
@@ -266,7 +271,8 @@ impl NicRing {
                 _ => return Ok(rx),
             };
             if let Some(l) = &mut self.rx_limit {
-                l.consume_at(n as u64, now);
+                let paid = l.consume_at(n as u64, now);
+                debug_assert!(paid, "the budget was checked for a whole slot");
             }
             let slot = (self.rx_prod % SLOTS) as u64;
             mem.write(self.base + RX_BUF_OFF + slot * SLOT_SIZE as u64, &frame[..n])?;
@@ -417,6 +423,27 @@ mod tests {
         m.store_u32(hdr::RX_CONS, SLOTS + 10).unwrap();
         assert_eq!(r.fill_rx(&mut m, t, &mut buf, |_| None).unwrap(), Rx::default());
         assert_eq!(r.stats().rx_frames, SLOTS as u64 + 10);
+    }
+
+    #[test]
+    fn rx_frames_longer_than_max_frame_are_paid_for() {
+        // Found by the nic_ring fuzz target: the RX budget was checked for
+        // MAX_FRAME bytes and then charged with the frame's length; a
+        // longer frame (up to a slot) was refused the charge and went free,
+        // so a host sending such frames passed any frame limit.
+        let (mut m, t) = (ByteRegion::region(), Instant::now());
+        // 40 KiB/s (a burst of 4096 bytes) and 100 frames/s (a burst of 10).
+        let rate = NetRate { tx: Rate::default(), rx: Rate { bytes: 40960, ops: 100 } };
+        let mut r = ring(&m, rate, t);
+        let mut sizes = [2048usize, 500].into_iter().chain(std::iter::repeat(SLOT_SIZE as usize));
+        let rx = r.fill_rx(&mut m, t, &mut [0; SLOT_SIZE as usize], |_| sizes.next()).unwrap();
+        assert_eq!(rx.got, 2, "the byte budget allows 2048 + 500 bytes, then waits");
+        assert!(rx.wait.is_some() && !rx.full);
+        // Only frames: the burst of 10 and no more.
+        let rate = NetRate { tx: Rate::default(), rx: Rate { bytes: 0, ops: 100 } };
+        let mut r = ring(&m, rate, t);
+        let rx = r.fill_rx(&mut m, t, &mut [0; SLOT_SIZE as usize], |_| Some(SLOT_SIZE as usize)).unwrap();
+        assert_eq!(rx.got, 10);
     }
 
     #[test]
