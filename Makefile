@@ -35,7 +35,7 @@ test: all
 # what it finds goes to fuzz/target/corpus/<target>, crashes to
 # fuzz/artifacts/<target>/. `make fuzz FUZZ_TARGETS=http_request FUZZ_SECONDS=600`.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= image_parse http_request http_response boot_args image_note family_call api_action
+FUZZ_TARGETS ?= image_parse http_request http_response boot_args image_note family_call api_action nic_ring
 fuzz:
 	@scripts/install-fuzz-deps.sh
 	cd fuzz && cargo +nightly fuzz build

@@ -107,3 +107,28 @@ put("family_call", call(1) + call(4, NOWAIT, (4, 0x1000, 64, 0)) + call(3, NOWAI
 put("family_call", call(7, 0, (42, 0o1000, 0, 0)) + call(8, NOWAIT, (256, 0x1000, 100, 5)) + call(9, NOWAIT, (256, 0x2000, 100, 0)) + call(10, 0, (256, 0, 0, 0)))
 put("family_call", call(11, 0, (7, 0o1000, 8192, 0)) + call(12, 0, (256, 0, 0, 0)) + call(13, 0, (0x40000000, 0, 0, 0)) + call(14, 0, (256, 0, 0, 0)))
 put("family_call", call(0) + call(6, NOWAIT, (2**64 - 1, 0, 0, 0)) + call(15) + call(5, 0, (1, 10, 0, 0)))
+
+# 5. NIC rings (fuzz_targets/nic_ring.rs): setup (layout, cut, TX/RX frames/s and KiB/s, start
+# index), then operations. 3: a guest's send (kind: 0 IPv4, 1 ARP, 2 IPv6; +4 another MAC, +8
+# another address), 4: a TX pass, 5: an RX pass with frames, 6: the guest takes RX frames, 7: time.
+def setup(layout=0, cut=0, tx=(0, 0), rx=(0, 0), start=0):
+    return struct.pack("<BHBBBBB", layout, cut, tx[0], tx[1], rx[0], rx[1], start)
+def send(kind, length, fill=b"\x11"):
+    return struct.pack("<BBH", 3, kind, length - 1) + (fill * 64)[:min(length, 64)]
+def rx_pass(*frames):
+    out = struct.pack("<BB", 5, len(frames))
+    for f in frames:
+        out += struct.pack("<H", len(f)) + f[:64]
+    return out
+TX, TAKE, TICK = b"\x04", lambda k: struct.pack("<BB", 6, k), lambda ms: struct.pack("<BH", 7, ms)
+POKE = lambda field, v: struct.pack("<BBI", 0, field, v)          # 0 RX_PROD 1 RX_CONS 2 TX_PROD 3 TX_CONS
+DESC = lambda slot, raw, flags=0, big=None: struct.pack("<BBH", 1, slot, raw) + (struct.pack("<I", big) if raw & 0x8000 else b"") + struct.pack("<I", flags)
+eth = b"\xff" * 6 + b"\x02\x00\x00\x00\x00\x01" + b"\x08\x00" + b"\x45" + b"\x00" * 40
+put("nic_ring", setup() + send(0, 60) + send(1, 42) + send(0, 1514) + TX + rx_pass(eth, eth * 2) + TAKE(2) + TX)
+put("nic_ring", setup(tx=(20, 0), rx=(20, 4)) + send(0, 100) * 5 + TX + TICK(50) + TX + rx_pass(eth, eth, eth) + TICK(100) + rx_pass(eth))
+put("nic_ring", setup() + send(4, 60) + send(8, 60) + send(2, 80) + send(1 | 8, 42) + send(3, 30) + send(0, 2048) + TX)
+put("nic_ring", setup() + POKE(2, 1000) + TX)
+put("nic_ring", setup() + DESC(0, 0x8000, big=0xffffffff) + POKE(2, 1) + TX)
+put("nic_ring", setup(start=1) + send(0, 60) * 3 + TX + rx_pass(eth, eth, eth) + TAKE(3) + rx_pass(eth))
+put("nic_ring", setup(layout=2, cut=0x8000) + send(0, 60) + TX + rx_pass(*[eth] * 40) + TAKE(40) + rx_pass(eth))
+put("nic_ring", setup(layout=1) + send(0, 64) + TX + POKE(1, 7) + rx_pass(eth))
