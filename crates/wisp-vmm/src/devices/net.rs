@@ -5,6 +5,10 @@
 //! per batch (`events::NET`), and sleeps in `poll` — after telling the
 //! guest it needs a kick (`monitor_idle`) — when there is nothing to do.
 //!
+//! The ring processing itself is [`ring`] (public, so that tests and the
+//! `nic_ring` fuzz target run it over a region in memory); this file is the
+//! device and its thread.
+//!
 //! The rings live in guest memory, so every index and length is untrusted:
 //! a guest that breaks the ring rules gets its NIC stopped (`stopped` set,
 //! the thread ends); the monitor and other VMs are not affected. The

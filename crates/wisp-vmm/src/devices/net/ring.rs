@@ -84,7 +84,7 @@ impl ByteRegion {
 
 impl RingMemory for ByteRegion {
     fn load_u32(&self, addr: u64) -> Result<u32, String> {
-        if addr % 4 != 0 {
+        if !addr.is_multiple_of(4) {
             return Err(format!("unaligned u32 at {addr:#x}"));
         }
         let r = self.range(addr, 4)?;
@@ -92,7 +92,7 @@ impl RingMemory for ByteRegion {
     }
 
     fn store_u32(&mut self, addr: u64, v: u32) -> Result<(), String> {
-        if addr % 4 != 0 {
+        if !addr.is_multiple_of(4) {
             return Err(format!("unaligned u32 at {addr:#x}"));
         }
         let r = self.range(addr, 4)?;
