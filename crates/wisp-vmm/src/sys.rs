@@ -132,3 +132,30 @@ pub(crate) fn gettid() -> i32 {
     // SAFETY: no preconditions.
     unsafe { libc::gettid() }
 }
+
+/// What a thread the monitor starts does, for a sandbox that narrows each
+/// thread's system calls to its role (see [`set_thread_hook`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThreadRole {
+    /// A device's I/O thread (moves bytes between a ring and the host).
+    Io,
+    /// The thread that reaps forked children.
+    Reaper,
+    /// The watchdog that ends a VM at its time limit.
+    Watchdog,
+}
+
+static THREAD_HOOK: std::sync::OnceLock<fn(ThreadRole)> = std::sync::OnceLock::new();
+
+/// Have every thread the monitor starts call `hook` with its role first
+/// (the VMM process narrows its seccomp filter there). Set once.
+pub fn set_thread_hook(hook: fn(ThreadRole)) {
+    let _ = THREAD_HOOK.set(hook);
+}
+
+/// Called by a monitor thread as it starts.
+pub(crate) fn thread_started(role: ThreadRole) {
+    if let Some(hook) = THREAD_HOOK.get() {
+        hook(role);
+    }
+}

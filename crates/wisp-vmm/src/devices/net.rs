@@ -189,7 +189,10 @@ impl Device for Nic {
             tx_limit: limiter(self.rate.tx),
             rx_limit: limiter(self.rate.rx),
         };
-        let thread = std::thread::Builder::new().name("net0".into()).stack_size(256 << 10).spawn(move || io.run())?;
+        let thread = std::thread::Builder::new().name("net0".into()).stack_size(256 << 10).spawn(move || {
+            crate::sys::thread_started(crate::sys::ThreadRole::Io);
+            io.run()
+        })?;
         self.state = NicState::Running(Running { tap_raw, kick, stop, thread: Some(thread) });
         Ok(())
     }

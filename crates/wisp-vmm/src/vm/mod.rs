@@ -265,7 +265,18 @@ impl Vm {
 
     /// How this VM's family behaves (whether it may fork, its size limit).
     pub fn set_family_options(&mut self, opts: FamilyOptions) {
+        // A VM that can never fork lets go of `/dev/kvm` at once: nothing
+        // in its process can make another VM.
+        if !opts.fork || self.features & wisp_abi::features::FORK == 0 {
+            self.shell.kvm = None;
+        }
         self.family.set_options(opts);
+    }
+
+    /// Whether this VM may fork (it declared the feature, its family
+    /// allows it, and its monitor still holds `/dev/kvm`).
+    pub fn may_fork(&self) -> bool {
+        self.shell.can_fork()
     }
 
     /// The VM's pid in its family (its monitor process's pid).
