@@ -238,14 +238,15 @@ fn vmm_processes_are_sandboxed() {
     // Own network namespace.
     let ns = |pid: u32| std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
     assert_ne!(ns(a.pid), std::fs::read_link("/proc/self/ns/net").unwrap());
-    // Ask the VMM process itself to open files: the seccomp filter refuses.
+    // Ask the VMM process itself to open files: the seccomp filter answers
+    // EACCES (its root is empty anyway).
     let sock = d.dir.join("state/vms").join(&a.id).join("ctl.sock");
     for path in ["/etc/hostname", "/dev/kvm", "/"] {
         let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
         writeln!(s, "{{\"op\":\"probe_open\",\"path\":\"{path}\"}}").unwrap();
         let mut line = String::new();
         BufReader::new(s).read_line(&mut line).unwrap();
-        assert!(line.contains("\"ok\":false") && line.contains("Operation not permitted"), "{path}: {line}");
+        assert!(line.contains("\"ok\":false") && line.contains("Permission denied"), "{path}: {line}");
     }
     // The VM still works afterwards.
     c.pause(&a.id).unwrap();
