@@ -104,9 +104,14 @@ fn clone_only_makes_threads_and_forks_and_clone3_is_not_there() {
 
 #[test]
 fn signals_prctl_paths_and_executable_memory_are_refused() {
-    // kill: only signal 0 (does a process exist); SIGCONT to itself would be harmless.
+    // kill: none at all, not even signal 0 (asking whether a process
+    // exists), by a forking vCPU thread either; SIGCONT to itself would be
+    // harmless.
     // SAFETY (closures): plain numeric arguments.
     assert_eq!(try_call(&process(), || unsafe { libc::kill(libc::getpid(), libc::SIGCONT) as i64 }), SIGSYS);
+    for filters in [process(), with_role(Role::VcpuFork)] {
+        assert_eq!(try_call(&filters, || unsafe { libc::kill(libc::getppid(), 0) as i64 }), SIGSYS);
+    }
     // tgkill: the kick signal only.
     let tgkill = |sig: i32| move || unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), libc::gettid(), sig) };
     assert_eq!(try_call(&process(), tgkill(libc::SIGUSR2)), SIGSYS);

@@ -111,13 +111,6 @@ pub(crate) fn wait_child(pid: i32) -> Option<i32> {
     }
 }
 
-/// True if a process with this pid exists (whoever owns it).
-pub(crate) fn process_exists(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks existence and permission.
-    let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
 /// Kick thread `tid` of process `pid` with signal `sig` (the monitor's
 /// vCPU kick): brings it out of KVM_RUN.
 pub(crate) fn kick_thread(pid: i32, tid: i32, sig: i32) {

@@ -292,15 +292,21 @@ impl Vm {
         self.shell.can_fork()
     }
 
-    /// The VM's pid in its family (its monitor process's pid).
+    /// The host pid of the VM's monitor process (in the pid namespace that
+    /// process is in).
     pub fn pid(&self) -> i32 {
         self.family.pid()
     }
 
-    /// The pid of the VM that forked this one (0 for a family's root),
+    /// The host pid of the VM that forked this one (0 for a family's root),
     /// even if it has ended since.
     pub fn forked_from(&self) -> i32 {
         self.family.forked_from()
+    }
+
+    /// The VM's pid in its family, as its guest sees it (the root's is 1).
+    pub fn family_pid(&self) -> i32 {
+        self.family.fpid()
     }
 
     /// Timings so far.

@@ -25,7 +25,7 @@ use wisp_vmm_process::proto::{self, Request};
 
 use super::record::{Proc, Records};
 use crate::pidns::PidNs;
-use super::uids::{NoFreeUid, Uids, UID_BASE, UID_COUNT};
+use super::uids::{UidError, Uids, UID_BASE, UID_COUNT};
 use crate::fsutil::read_capped;
 
 /// A VMM process (pooled or holding a VM).
@@ -54,9 +54,9 @@ pub enum DirError {
 /// Why a VMM process could not be prepared.
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
-    /// No user id left.
+    /// No user id to give.
     #[error(transparent)]
-    Uid(#[from] NoFreeUid),
+    Uid(#[from] UidError),
     /// Its directory.
     #[error(transparent)]
     Dir(#[from] DirError),
@@ -199,7 +199,7 @@ pub fn proc_start(pid: u32) -> Option<u64> {
 
 /// The real, effective, saved and file-system ids of a `Uid:` or `Gid:`
 /// line of `/proc/<pid>/status`.
-fn status_ids(status: &str, key: &str) -> Option<Vec<u32>> {
+pub(super) fn status_ids(status: &str, key: &str) -> Option<Vec<u32>> {
     let line = status.lines().find_map(|l| l.strip_prefix(key))?;
     line.split_whitespace().map(|n| n.parse().ok()).collect()
 }
