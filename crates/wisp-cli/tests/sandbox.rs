@@ -60,17 +60,25 @@ fn a_vmm_process_is_jailed_thread_by_thread_with_an_empty_root_in_its_own_namesp
     assert_eq!(field(&st, "Seccomp:"), ["2"], "filter mode");
     assert_eq!(field(&st, "NoNewPrivs:"), ["1"]);
     // Every thread of the process: the process's three filters and one of
-    // its role (the kernel's own vCPU helper thread is not ours).
-    let mut roles = 0;
-    for t in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
-        let comm = fs::read_to_string(t.path().join("comm")).unwrap();
-        if comm.starts_with("kvm-") {
-            continue;
-        }
-        let n: u32 = field(&fs::read_to_string(t.path().join("status")).unwrap(), "Seccomp_filters:")[0].parse().unwrap();
-        assert_eq!(n, 4, "thread {} ({}) has {n} filters", t.file_name().to_string_lossy(), comm.trim());
-        roles += 1;
-    }
+    // its role (the kernel's own vCPU helper thread is not ours). The vCPU
+    // thread narrows itself as the guest starts, which may be just after
+    // the create answered: poll.
+    let filters = || -> Vec<(String, u32)> {
+        fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .flatten()
+            .filter_map(|t| {
+                let comm = fs::read_to_string(t.path().join("comm")).ok()?;
+                let n = field(&fs::read_to_string(t.path().join("status")).ok()?, "Seccomp_filters:").first()?.parse().ok()?;
+                (!comm.starts_with("kvm-")).then(|| (comm.trim().to_string(), n))
+            })
+            .collect()
+    };
+    let all = eventually(TEN, || format!("not every thread narrowed to its role: {:?}", filters()), || {
+        let f = filters();
+        f.iter().all(|(_, n)| *n == 4).then_some(f)
+    });
+    let roles = all.len();
     assert!(roles >= 2, "the vCPU and control threads");
     // Its root is an empty file system; its mounts are its own.
     let root: Vec<_> = fs::read_dir(format!("/proc/{pid}/root")).unwrap().flatten().map(|e| e.file_name()).collect();
