@@ -8,6 +8,7 @@ import hashlib, os, struct, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "fuzz", "corpus")
+ABI = 3  # wisp_abi::ABI_VERSION
 
 def put(target, data):
     d = os.path.join(CORPUS, target)
@@ -83,7 +84,7 @@ put("boot_args", b"hello\xffa\xffb")
 put("boot_args", b"kvstore\xff6380\xff10")
 put("boot_args", b"x" * 2100)
 put("boot_args", b"a\x00b\xffc")
-page = struct.pack("<Q", int.from_bytes(b"WISPBOOT", "little")) + struct.pack("<II", 2, 1) + b"\x00" * 80
+page = struct.pack("<Q", int.from_bytes(b"WISPBOOT", "little")) + struct.pack("<II", ABI, 1) + b"\x00" * 80
 page += struct.pack("<II", 3, 12) + b"hello\x00a\x00b\x00\x00"
 put("boot_args", page)
 
@@ -93,11 +94,11 @@ def note(version, features, devices):
     for kind, flags, name in devices + [(0, 0, b"")] * (8 - len(devices)):
         b += struct.pack("<II", kind, flags) + name.ljust(16, b"\x00")
     return b
-put("image_note", note(2, 0, []))
-put("image_note", note(2, 3, []))
-put("image_note", note(2, 0, [(1, 1, b"net0")]))
+put("image_note", note(ABI, 0, []))
+put("image_note", note(ABI, 3, []))
+put("image_note", note(ABI, 0, [(1, 1, b"net0")]))
 put("image_note", note(1, 0, []))
-put("image_note", note(2, 1 << 40, [(1, 0, b"net0"), (9, 1, b"x" * 16)]))
+put("image_note", note(ABI, 1 << 40, [(1, 0, b"net0"), (9, 1, b"x" * 16)]))
 
 # 4. Family call blocks: pipe, write, read, close; msgget/snd/rcv/rmid; shmget/at/dt; wait; kill.
 def call(op, flags=0, a=(0, 0, 0, 0)):

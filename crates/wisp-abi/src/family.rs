@@ -2,8 +2,12 @@
 //! operations, flags, signal numbers and wait statuses.
 //!
 //! VMs forked from one root form a *family*; IPC works only inside it. A
-//! VM's pid is the host pid of its monitor process: unique on the host, so
-//! naming a VM of another family is possible and refused with `EPERM`.
+//! VM's pid is *family-local*: the root's is 1, each fork gives the child
+//! the next number, and no pid names two members or zombies at once (after
+//! `i32::MAX` the count starts again at 2, skipping pids in use). Every pid
+//! the ABI carries (fork's result, GETPID, KILL, WAIT) is one; a pid no
+//! member of the caller's family has is `ESRCH`, so nothing outside the
+//! family — another family's VM, a host process — can be named or probed.
 //! Descriptors (pipe ends) belong to one VM and are inherited by fork;
 //! message queues and shared-memory segments are named by keys in a
 //! namespace of the family's own.
@@ -37,7 +41,8 @@ pub struct Call {
 
 /// Operations (`Call::op`).
 pub mod op {
-    /// ret = own pid, ret2 = parent's pid (0 for a family's root).
+    /// ret = own pid, ret2 = parent's pid (0 for a family's root, or once
+    /// the parent ended).
     pub const GETPID: u32 = 0;
     /// Create a pipe: ret = read descriptor, ret2 = write descriptor.
     pub const PIPE: u32 = 1;
@@ -49,7 +54,8 @@ pub mod op {
     /// Write a[2] bytes from guest address a[1] to descriptor a[0];
     /// ret = bytes written (all of them unless non-blocking).
     pub const WRITE: u32 = 4;
-    /// Send signal a[1] to VM a[0] (a member of the caller's family).
+    /// Send signal a[1] (0: only check) to VM a[0], a member of the
+    /// caller's family (`ESRCH` for a pid no member has).
     pub const KILL: u32 = 5;
     /// Wait for child a[0] (as i64; -1 = any child) to end:
     /// ret = its pid, ret2 = its wait status (see [`status`]).

@@ -45,7 +45,10 @@ pub use manifest::{features, ImageNote, IMAGE_NOTE_SIZE};
 /// - v2: the image note carries a manifest (features, devices); hypercall 4
 ///   notifies any device of the boot-info table; fork and family IPC are
 ///   the features `fork` and `family`.
-pub const ABI_VERSION: u32 = 2;
+/// - v3: the pids of fork and family IPC are family-local (the root 1),
+///   no longer the host pids of monitor processes; KILL of a pid outside
+///   the family is `ESRCH` (v2 answered `EPERM` for another family's VM).
+pub const ABI_VERSION: u32 = 3;
 
 /// First I/O port of the hypercall window.
 pub const HYPERCALL_PORT_BASE: u16 = 0x500;

@@ -22,15 +22,19 @@ pub fn run(a: &RunArgs, t_main: u64) -> Result<(u8, Option<Vm>), String> {
     let shell = boot::prepare(mem.unwrap_or(DEFAULT_MEM)).map_err(|e| e.to_string())?;
     let family = boot::direct_family(a.family_limit);
     let mut vm = boot::load(shell, Boot { image: &img, args, net, family }).map_err(|e| e.to_string())?;
+    // A stopped VM says why before its parent hears of it (a forked child
+    // ends with its parent: after that it could say nothing).
+    vm.on_end(|o| {
+        if let Outcome::Stopped(_) = o {
+            wisp_vmm::stderr_line(&format!("wisp: VM stopped: {}", exit_info(o, Runner::Direct).reason));
+        }
+    });
     let mut stdout = std::io::stdout().lock();
     let outcome = vm.run(&mut stdout, timeout);
     let _ = stdout.flush();
     drop(stdout);
     let t_done = monotonic_ns();
     let exit = exit_info(&outcome, Runner::Direct);
-    if let Outcome::Stopped(_) = &outcome {
-        eprintln!("wisp: VM stopped: {}", exit.reason);
-    }
     if stats {
         let s = vm.stats();
         let total_us = (t_done - t_main) as f64 / 1e3;

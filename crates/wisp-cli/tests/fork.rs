@@ -146,10 +146,32 @@ fn the_family_limit_stops_a_fork_bomb() {
 }
 
 #[test]
+fn pids_are_family_local_and_host_pids_name_nothing() {
+    // The guest gets the pid of a live host process (this test's) and must
+    // not be able to tell it from a pid that exists nowhere.
+    let me = std::process::id();
+    assert!(me > 1);
+    let r = family(&["pids", &me.to_string()]);
+    assert_ok(
+        &r,
+        &[
+            "pids: root 1 parent 0",
+            "pids: grandchild 3 parent 2",
+            "pids: child 2 parent 1 forked 3 which exited 0",
+            "pids: fork returned 2, wait returned 2 with exit Some(0)",
+            "pids: the next fork returned 4",
+            &format!("pids: kill of host pid {me}: Err(\"ESRCH\"), Err(\"ESRCH\"); waitpid Err(\"ECHILD\")"),
+            "pids ok",
+        ],
+    );
+}
+
+#[test]
 fn another_family_is_refused() {
     use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
-    // Family A holds a queue under a key; family B knows A's pid and the key.
+    // Family A holds a queue under a key; family B knows the host pid of
+    // A's VM (its monitor: the `wisp run` process) and the key.
     let mut a = common::direct(Command::new(env!("CARGO_BIN_EXE_wisp")).args([
         "run",
         "--timeout",
@@ -164,11 +186,11 @@ fn another_family_is_refused() {
     .unwrap();
     let mut line = String::new();
     BufReader::new(a.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let pid = line.split_whitespace().nth(2).expect("hold: pid N").to_string();
-    let r = family(&["cross", &pid, "5151"]);
+    assert_eq!(line.trim(), "hold: pid 1 key 5151");
+    let r = family(&["cross", &a.id().to_string(), "5151"]);
     let _ = a.kill();
     let _ = a.wait();
-    assert_ok(&r, &["cross: kill Err(\"EPERM\"), waitpid Err(\"ECHILD\"), msgget Err(\"ENOENT\")", "cross ok"]);
+    assert_ok(&r, &["cross: kill Err(\"ESRCH\"), waitpid Err(\"ECHILD\"), msgget Err(\"ENOENT\")", "cross ok"]);
 }
 
 #[test]
@@ -191,8 +213,15 @@ fn a_child_killed_from_outside_is_reaped_and_reported() {
     let mut out = BufReader::new(root.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
-    let pid: i32 = line.trim().strip_prefix("victim: child pid ").expect(&line).parse().unwrap();
-    // The child VM's monitor is a process of its own: kill it like any.
+    assert_eq!(line.trim(), "victim: child pid 2");
+    // The child VM's monitor is a process of its own, the only child
+    // process of the root's (the `wisp run` process): kill it like any.
+    let o = Command::new("pgrep").args(["-P", &root.id().to_string()]).output().unwrap();
+    let kids = String::from_utf8_lossy(&o.stdout).into_owned();
+    let pid: i32 = match kids.split_whitespace().collect::<Vec<_>>()[..] {
+        [one] => one.parse().unwrap(),
+        _ => panic!("the root's monitor should have one child process: {kids:?}"),
+    };
     assert!(Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
     let mut rest = String::new();
     out.read_to_string(&mut rest).unwrap();

@@ -2,7 +2,8 @@
 //! with a real wispd: what a compromised VMM process can leave in its own
 //! directory (a pid, an id, addresses, host ports) is never acted on after
 //! a restart; a fork note whose answer is never read stalls nothing; an
-//! oversized control reply is refused. Each test plants what a VMM process
+//! oversized control reply is refused; a user id some process still holds
+//! is not given to a VM. Each test plants what a VMM process
 //! running as its VM's user id could, the way it could (from inside its
 //! directory, as that user).
 
@@ -55,6 +56,28 @@ impl Bystander {
         Bystander(c)
     }
 
+    /// `cat` running as user and group `uid` (it waits on its stdin).
+    fn under_uid(uid: u32) -> Bystander {
+        let c = Command::new("setpriv")
+            .args(["--reuid", &uid.to_string(), "--regid", &uid.to_string(), "--clear-groups", "cat"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("setpriv (util-linux)");
+        let b = Bystander(c);
+        eventually(TEN, || format!("cat did not start as user {uid}"), || (b.uids() == Some(vec![uid; 4])).then_some(()));
+        b
+    }
+
+    /// Its real, effective, saved and file-system user ids (once it runs
+    /// the program it was started for, not its launcher).
+    fn uids(&self) -> Option<Vec<u32>> {
+        proc_uids(self.pid()).filter(|_| {
+            std::fs::read(format!("/proc/{}/cmdline", self.pid())).is_ok_and(|c| c.starts_with(b"cat\0"))
+        })
+    }
+
     fn pid(&self) -> u32 {
         self.0.id()
     }
@@ -82,6 +105,40 @@ fn sleeper() -> CreateVm {
 
 fn owner(p: &Path) -> u32 {
     std::fs::metadata(p).unwrap().uid()
+}
+
+/// The real, effective, saved and file-system user ids of process `pid`.
+fn proc_uids(pid: u32) -> Option<Vec<u32>> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    line.split_whitespace().map(|n| n.parse().ok()).collect()
+}
+
+/// The first user id a fresh daemon hands out (`UID_BASE`, wispd's
+/// `daemon/uids.rs`).
+const FIRST_VM_UID: u32 = 1_000_000;
+
+#[test]
+fn a_user_id_a_process_still_holds_is_not_given_to_a_vm() {
+    // A process runs under the id a fresh daemon would hand out first (one a
+    // VM of an earlier daemon kept, say, or anyone's): sharing it would let
+    // each signal and trace the other.
+    let holder = Bystander::under_uid(FIRST_VM_UID);
+    let d = start_daemon("uid", "16M=1", false);
+    let mut c = d.client();
+    // The daemon's first user id went to its pooled shell, which the VM
+    // takes.
+    eventually(TEN, || "the pool did not fill".into(), || {
+        (c.pool().ok()?.ready.iter().map(|r| r.count).sum::<u32>() == 1).then_some(())
+    });
+    let vm = create(&mut c, sleeper());
+    wait_console(&mut c, &vm.id, "sleeper: sleeping");
+    let uids = proc_uids(vm.pid).expect("the VM's process");
+    assert!(uids.iter().all(|&u| u == uids[0]), "{uids:?}");
+    assert_ne!(uids[0], FIRST_VM_UID, "the VM got the user id of a live process");
+    assert!((FIRST_VM_UID..2 * FIRST_VM_UID).contains(&uids[0]), "{uids:?}");
+    assert_eq!(owner(&d.vm_dir(&vm.id)), uids[0]);
+    assert_eq!(holder.uids(), Some(vec![FIRST_VM_UID; 4]), "the holder was there all along");
 }
 
 /// Run `script` as user and group `uid` (no other groups) with `dir` as its

@@ -1,48 +1,46 @@
 //! The files a jailed process may still write: opened before the jail
-//! closes (it has no `open` afterwards), committed by a rename relative to
-//! the directory's descriptor.
+//! closes (it has no `open` afterwards, and no directory descriptor either,
+//! so it cannot name any other file: no path lookup is left to it).
+//!
+//! They are written in place, once, when the VM ends; their reader (the
+//! daemon) reads them only after the process has ended, and treats them as
+//! untrusted input (a process killed while writing leaves a torn file,
+//! which reads as "the VMM process died").
 
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
-use rustix::fs::{openat, renameat, Mode, OFlags, CWD};
+use rustix::fs::{openat, Mode, OFlags, CWD};
 
 /// Files a jailed VMM process may write, opened before the jail closes.
 pub struct JailFiles {
-    dir: OwnedFd,
-    /// `exit.json.tmp`.
-    pub exit_tmp: File,
-    /// `console.log.tmp`.
-    pub console_tmp: File,
+    /// `exit.json`: how the VM ended.
+    pub exit: File,
+    /// `console.log`: the end of its console.
+    pub console: File,
 }
 
 impl JailFiles {
-    /// Open the VM directory and the temporary files in it (never through
-    /// a link: this runs as root, before the jail closes).
+    /// Create (empty) `exit.json` and `console.log` in the VM directory
+    /// `dir`, never through a link: this runs as root, before the jail
+    /// closes.
     pub fn open(dir: &Path) -> std::io::Result<JailFiles> {
         let dir = openat(CWD, dir, OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
-        let tmp = |name: &str| -> std::io::Result<File> {
+        let file = |name: &str| -> std::io::Result<File> {
             let flags = OFlags::CREATE | OFlags::TRUNC | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-            let fd = openat(&dir, name, flags, Mode::from_raw_mode(0o644))?;
-            Ok(File::from(fd))
+            Ok(File::from(openat(&dir, name, flags, Mode::from_raw_mode(0o644))?))
         };
-        Ok(JailFiles { exit_tmp: tmp("exit.json.tmp")?, console_tmp: tmp("console.log.tmp")?, dir })
+        Ok(JailFiles { exit: file("exit.json")?, console: file("console.log")? })
     }
 
     /// The same from descriptors opened by someone else (the daemon, for a
     /// forked VM).
-    pub fn from_fds(dir: OwnedFd, exit_tmp: File, console_tmp: File) -> JailFiles {
-        JailFiles { dir, exit_tmp, console_tmp }
+    pub fn from_files(exit: File, console: File) -> JailFiles {
+        JailFiles { exit, console }
     }
 
-    /// The directory and the two files, as descriptors.
-    pub fn into_parts(self) -> (OwnedFd, File, File) {
-        (self.dir, self.exit_tmp, self.console_tmp)
-    }
-
-    /// Rename `<name>.tmp` to `<name>` inside the VM directory.
-    pub fn commit(&self, name: &str) -> std::io::Result<()> {
-        Ok(renameat(self.dir.as_fd(), format!("{name}.tmp"), self.dir.as_fd(), name)?)
+    /// The two files.
+    pub fn into_parts(self) -> (File, File) {
+        (self.exit, self.console)
     }
 }

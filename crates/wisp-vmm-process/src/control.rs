@@ -114,6 +114,7 @@ pub(crate) fn spawn_server(
         .name("ctl".into())
         .stack_size(256 << 10)
         .spawn(move || {
+            crate::process::narrow(wisp_jail::seccomp::Role::Control);
             if let Some(listener) = listener() {
                 serve_loop(&s, listener);
             }

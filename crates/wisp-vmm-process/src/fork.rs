@@ -15,7 +15,7 @@ use crate::proto::{recv_packet, send_packet, ForkKit, ForkNote, WorkerState};
 use crate::state::Shared;
 
 /// In a forked VMM process: tell the daemon through the family's uplink,
-/// take the child VM's directory, files and control socket it sends back,
+/// take the child VM's files and control socket it sends back,
 /// and serve them with fresh state (the parent's may be locked by threads
 /// that did not survive the fork).
 pub(crate) fn become_child_vm(uplink: Option<&OwnedFd>, vm: &wisp_vmm::Vm) -> Result<Arc<Shared>, String> {
@@ -40,9 +40,8 @@ pub(crate) fn become_child_vm(uplink: Option<&OwnedFd>, vm: &wisp_vmm::Vm) -> Re
     if let Some(e) = kit.error {
         return Err(e);
     }
-    let [dir, exit_tmp, console_tmp, listener]: [OwnedFd; 4] =
-        fds.try_into().map_err(|_| "the daemon's answer lacks descriptors")?;
-    let files = JailFiles::from_fds(dir, File::from(exit_tmp), File::from(console_tmp));
+    let [exit, console, listener]: [OwnedFd; 3] = fds.try_into().map_err(|_| "the daemon's answer lacks descriptors")?;
+    let files = JailFiles::from_files(File::from(exit), File::from(console));
     let shared = Shared::new(files, WorkerState::Running, Some(vm.control()));
     let listener = UnixListener::from(listener);
     spawn_server(&shared, move || Some(listener))?;

@@ -17,6 +17,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use wisp_api::ExitInfo;
+use wisp_jail::seccomp::Role;
 use wisp_jail::JailFiles;
 
 use crate::boot::{self, Boot};
@@ -43,6 +44,7 @@ pub fn main(id: &str, dir: &Path, mem: u64, uid: u32) -> ! {
 }
 
 fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
+    wisp_jail::close_inherited();
     // Show up as `wisp-vmm` in ps/top, apart from the daemon.
     let _ = rustix::thread::set_name(c"wisp-vmm");
     let mut shell = boot::prepare(mem).map_err(|e| e.to_string())?;
@@ -52,7 +54,8 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
     let listener = UnixListener::bind(&sock_path).map_err(|e| format!("bind {}: {e}", sock_path.display()))?;
     let files = JailFiles::open(dir).map_err(|e| format!("open files in {}: {e}", dir.display()))?;
     wisp_vmm::Control::prepare_process();
-    wisp_jail::enter(uid, mem)?;
+    wisp_jail::enter(uid, mem, wisp_vmm::kick_signal(), dir)?;
+    wisp_vmm::set_thread_hook(narrow_thread);
     let shared = Shared::new(files, WorkerState::Pooled, None);
     // The server thread takes the control socket once the VM runs; until
     // then this thread answers requests itself, and a `start` makes it the
@@ -75,6 +78,9 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
             }
         };
         let boot_us = t.elapsed().as_micros() as u64;
+        // From here this is the vCPU thread: it keeps what the VM needs (and
+        // the calls that make a forked child only if the VM may fork).
+        narrow(if vm.may_fork() { Role::VcpuFork } else { Role::Vcpu });
         {
             let mut st = shared.state.lock().unwrap();
             st.phase = WorkerState::Running;
@@ -113,14 +119,30 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// Narrow the calling thread's seccomp filter to `role`. A thread that
+/// cannot is not left running wider than it should: the process ends.
+pub(crate) fn narrow(role: Role) {
+    if let Err(e) = wisp_jail::seccomp::narrow(role) {
+        wisp_vmm::stderr_line(&format!("wisp-vmm: {e}"));
+        std::process::exit(ERROR.into());
+    }
+}
+
+/// The hook of the monitor's own threads (see [`wisp_vmm::set_thread_hook`]).
+fn narrow_thread(role: wisp_vmm::ThreadRole) {
+    narrow(match role {
+        wisp_vmm::ThreadRole::Io => Role::Io,
+        wisp_vmm::ThreadRole::Reaper => Role::Reaper,
+        wisp_vmm::ThreadRole::Watchdog => Role::Watchdog,
+    });
+}
+
 /// The VM has ended: write `console.log` and `exit.json`, tell waiters,
 /// let followers and waiters read the end (5 s at most), and exit.
 fn finish(shared: &Arc<Shared>, exit: ExitInfo) -> ! {
     if let Some(mut f) = shared.files.lock().unwrap().take() {
-        let _ = shared.console.write_to(&mut f.console_tmp);
-        let _ = f.commit("console.log");
-        let _ = f.exit_tmp.write_all(&serde_json::to_vec(&exit).unwrap_or_default());
-        let _ = f.commit("exit.json");
+        let _ = shared.console.write_to(&mut f.console);
+        let _ = f.exit.write_all(&serde_json::to_vec(&exit).unwrap_or_default());
     }
     let mut st = shared.state.lock().unwrap();
     st.phase = WorkerState::Exited;

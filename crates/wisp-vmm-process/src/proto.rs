@@ -141,8 +141,8 @@ pub struct ForkNote {
     pub parent_pid: u32,
 }
 
-/// The daemon's answer to a [`ForkNote`]: the child VM's id, and four
-/// descriptors: its directory, `exit.json.tmp`, `console.log.tmp` and its
+/// The daemon's answer to a [`ForkNote`]: the child VM's id, and three
+/// descriptors: its `exit.json`, `console.log` and its
 /// listening control socket. Or an error.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -41,5 +41,6 @@ pub use rate_limiter::Rate;
 pub use devices::{Device, DeviceState, Devices};
 pub use shell::{check_mem_size, open_kvm, Shell, DEFAULT_MEM};
 pub use state::{VcpuState, VmState};
-pub use sys::stderr_line;
+pub use signal::kick_signal;
+pub use sys::{set_thread_hook, stderr_line, ThreadRole};
 pub use vm::{Vm, FEATURES};

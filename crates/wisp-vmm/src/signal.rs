@@ -5,7 +5,7 @@
 use std::sync::Once;
 
 /// The signal used to kick vCPU threads.
-pub(crate) fn kick_signal() -> libc::c_int {
+pub fn kick_signal() -> libc::c_int {
     libc::SIGRTMIN() + 1
 }
 

@@ -111,13 +111,6 @@ pub(crate) fn wait_child(pid: i32) -> Option<i32> {
     }
 }
 
-/// True if a process with this pid exists (whoever owns it).
-pub(crate) fn process_exists(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks existence and permission.
-    let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
 /// Kick thread `tid` of process `pid` with signal `sig` (the monitor's
 /// vCPU kick): brings it out of KVM_RUN.
 pub(crate) fn kick_thread(pid: i32, tid: i32, sig: i32) {
@@ -131,4 +124,31 @@ pub(crate) fn kick_thread(pid: i32, tid: i32, sig: i32) {
 pub(crate) fn gettid() -> i32 {
     // SAFETY: no preconditions.
     unsafe { libc::gettid() }
+}
+
+/// What a thread the monitor starts does, for a sandbox that narrows each
+/// thread's system calls to its role (see [`set_thread_hook`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThreadRole {
+    /// A device's I/O thread (moves bytes between a ring and the host).
+    Io,
+    /// The thread that reaps forked children.
+    Reaper,
+    /// The watchdog that ends a VM at its time limit.
+    Watchdog,
+}
+
+static THREAD_HOOK: std::sync::OnceLock<fn(ThreadRole)> = std::sync::OnceLock::new();
+
+/// Have every thread the monitor starts call `hook` with its role first
+/// (the VMM process narrows its seccomp filter there). Set once.
+pub fn set_thread_hook(hook: fn(ThreadRole)) {
+    let _ = THREAD_HOOK.set(hook);
+}
+
+/// Called by a monitor thread as it starts.
+pub(crate) fn thread_started(role: ThreadRole) {
+    if let Some(hook) = THREAD_HOOK.get() {
+        hook(role);
+    }
 }

@@ -18,6 +18,7 @@ mod forward;
 mod fsutil;
 mod images;
 mod netlink;
+mod pidns;
 mod pool;
 mod signals;
 mod slots;
@@ -86,6 +87,9 @@ enum Cmd {
         #[arg(long)]
         uid: u32,
     },
+    /// The init process of the VMM processes' PID namespace (internal).
+    #[command(name = "__pidns", hide = true)]
+    Pidns,
 }
 
 fn parse_subnet(s: &str) -> Result<([u8; 4], u8), String> {
@@ -119,8 +123,10 @@ fn parse_pool(s: &str) -> Result<(u64, u32), String> {
 
 fn main() {
     let cli = Cli::parse();
-    if let Some(Cmd::Worker { id, dir, mem, uid }) = cli.cmd {
-        wisp_vmm_process::main(&id, &dir, mem, uid);
+    match cli.cmd {
+        Some(Cmd::Worker { id, dir, mem, uid }) => wisp_vmm_process::main(&id, &dir, mem, uid),
+        Some(Cmd::Pidns) => pidns::holder_main(),
+        None => {}
     }
     signals::block_term();
     raise_nofile();

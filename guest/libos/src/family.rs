@@ -82,7 +82,9 @@ impl fmt::Display for Errno {
 /// Result of a family call.
 pub type Result<T> = core::result::Result<T, Errno>;
 
-/// A VM's pid in its family (unique on the host).
+/// A VM's pid in its family: the root is 1, each fork gives the next
+/// number; never two members (or zombies) at once. VMs of other families
+/// and host processes have none.
 pub type Pid = u32;
 
 fn check(ret: i64) -> Result<i64> {
@@ -154,8 +156,8 @@ pub fn signal(sig: u32, handler: fn(u32)) {
     crate::signals::set_handler(sig, handler);
 }
 
-/// Send signal `sig` to `pid`, a VM of this family (`EPERM` for a VM of
-/// another family). `SIGKILL` ends it at once; other signals are delivered
+/// Send signal `sig` to `pid`, a VM of this family (`ESRCH` for a pid no
+/// member has). `SIGKILL` ends it at once; other signals are delivered
 /// when it next talks to the monitor.
 pub fn kill(pid: Pid, sig: u32) -> Result<()> {
     call(op::KILL, 0, [pid as u64, sig as u64, 0, 0]).map(drop)

@@ -191,8 +191,10 @@ impl Drop for Daemon {
             let Ok(pid) = ent.file_name().to_string_lossy().parse::<i32>() else { continue };
             let cmdline = std::fs::read(ent.path().join("cmdline")).unwrap_or_default();
             let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-            if args.get(1) == Some(&&b"__worker"[..]) && args.iter().any(|a| a.starts_with(dir)) {
-                // SAFETY: a VMM process of this test's own state directory.
+            let ours = args.get(1) == Some(&&b"__worker"[..]) || args.contains(&&b"__pidns"[..]);
+            if ours && args.iter().any(|a| a.starts_with(dir)) {
+                // SAFETY: a VMM process, or the init of the VMM processes'
+                // PID namespace, of this test's own state directory.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
         }

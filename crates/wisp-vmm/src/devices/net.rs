@@ -178,7 +178,10 @@ impl Device for Nic {
         // the monitor's indices are its own.
         let ring = NicRing::new(&ram, base, self.mac, self.ip.0, self.rate, Instant::now()).map_err(std::io::Error::other)?;
         let io = Io { ram, tap, kick: kick.clone(), stop: stop.clone(), control, ring };
-        let thread = std::thread::Builder::new().name("net0".into()).stack_size(256 << 10).spawn(move || io.run())?;
+        let thread = std::thread::Builder::new().name("net0".into()).stack_size(256 << 10).spawn(move || {
+            crate::sys::thread_started(crate::sys::ThreadRole::Io);
+            io.run()
+        })?;
         self.state = NicState::Running(Running { tap_raw, kick, stop, thread: Some(thread) });
         Ok(())
     }

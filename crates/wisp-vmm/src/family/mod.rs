@@ -14,6 +14,12 @@
 //! family hypercall, which copies bounded data between guest RAM and it.
 //! Guest-given numbers (descriptors, ids, pids) are all checked.
 //!
+//! Pids: a member has a *family pid* (the root 1, then one more per fork,
+//! never naming two members or zombies at once: `region::alloc_fpid`),
+//! which is all a guest ever sees or names — a pid that is no member of the
+//! family is `ESRCH`, whatever runs on the host. The host pid of its
+//! monitor process stays the monitor's, for kicks, pidfds and the reaper.
+//!
 //! Here: a VM's handle ([`Family`]) — fork bookkeeping, exit and wait,
 //! identity and signals, and the blocking loop every waiting call runs.
 //! `region.rs`: the region's layout, lock and membership bookkeeping;
@@ -35,11 +41,11 @@ use wisp_abi::errno::*;
 use wisp_abi::family::limits::*;
 use wisp_abi::family::{flags, signal};
 
-use crate::sys::{futex_wait, kick_thread, process_exists, spin_on, SPIN};
+use crate::sys::{futex_wait, kick_thread, spin_on, SPIN};
 use reaper::Reaper;
 use region::{
-    alive, bell, claim_alive, end_refs, exit_member, fd_pipe, lock, reap_dead, release_member, Inner, Member, FREE,
-    RUNNING, ZOMBIE,
+    alive, alloc_fpid, bell, claim_alive, end_refs, exit_member, fd_pipe, lock, reap_dead, release_member, Inner,
+    Member, FREE, ROOT_FPID, RUNNING, ZOMBIE,
 };
 pub use region::{Bell, BellRef};
 use shared::SharedMap;
@@ -69,6 +75,9 @@ const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 /// What a fork needs to undo or finish.
 pub struct ForkSlot {
     pub(crate) idx: usize,
+    /// The child's family pid.
+    pub(crate) fpid: i32,
+    /// The host pid of the forking monitor process.
     pub(crate) parent_pid: i32,
 }
 
@@ -77,13 +86,16 @@ pub struct Family {
     map: Arc<SharedMap>,
     arena: Option<Arc<SharedMap>>,
     me: usize,
+    /// Host pid of this monitor process.
     pid: i32,
+    /// This VM's family pid.
+    fpid: i32,
     pub(crate) opts: FamilyOptions,
     /// Segments attached here: (segment index, attach count).
     attached: Vec<(usize, u32)>,
     /// Watches this process's children (made at the first fork).
     reaper: Option<Reaper>,
-    /// For a forked VM: the pid of the VM that forked it.
+    /// For a forked VM: the host pid of the VM that forked it.
     forked_from: i32,
 }
 
@@ -98,14 +110,16 @@ impl Family {
         {
             let l = lock(&map);
             l.inner.limit = opts.limit.clamp(1, MAX_MEMBERS as u32);
+            l.inner.last_fpid = ROOT_FPID;
             let m = &mut l.inner.members[0];
             m.state = RUNNING;
             m.pid = pid;
+            m.fpid = ROOT_FPID;
         }
         // The loading thread is the vCPU thread (wisp runs a VM on the
         // thread that loaded it).
         claim_alive(&map, 0);
-        Ok(Family { map, arena: None, me: 0, pid, opts, attached: Vec::new(), reaper: None, forked_from: 0 })
+        Ok(Family { map, arena: None, me: 0, pid, fpid: ROOT_FPID, opts, attached: Vec::new(), reaper: None, forked_from: 0 })
     }
 
     pub fn set_options(&mut self, opts: FamilyOptions) {
@@ -113,12 +127,19 @@ impl Family {
         lock(&self.map).inner.limit = opts.limit.clamp(1, MAX_MEMBERS as u32);
     }
 
+    /// The host pid of this VM's monitor process.
     pub fn pid(&self) -> i32 {
         self.pid
     }
 
-    /// For a forked VM, the pid of the VM that forked it (0 for a root),
-    /// even if that one has ended since.
+    /// This VM's pid in its family (the root's is 1): the pid its guest
+    /// sees.
+    pub fn fpid(&self) -> i32 {
+        self.fpid
+    }
+
+    /// For a forked VM, the host pid of the VM that forked it (0 for a
+    /// root), even if that one has ended since.
     pub fn forked_from(&self) -> i32 {
         self.forked_from
     }
@@ -163,8 +184,8 @@ impl Family {
                 s.attached += 1;
             }
         }
-        let m = &mut inner.members[idx];
-        *m = Member { state: RUNNING, waiting: 0, pid: 0, ppid: self.pid, status: 0, shm, fds };
+        let fpid = alloc_fpid(inner);
+        inner.members[idx] = Member::forked(fpid, self.fpid, shm, fds);
         let b = bell(&self.map, idx);
         b.kill.store(0, Ordering::Release);
         b.tid.store(0, Ordering::Release);
@@ -174,7 +195,7 @@ impl Family {
         // SAFETY: the slot is free (no live member uses its mutex) and the
         // region lock is held, so no `reap_dead` looks at it meanwhile.
         unsafe { shared::mutex_init(alive(&self.map, idx)) };
-        Ok(ForkSlot { idx, parent_pid: self.pid })
+        Ok(ForkSlot { idx, fpid, parent_pid: self.pid })
     }
 
     /// The host fork failed: give the slot back.
@@ -199,6 +220,7 @@ impl Family {
         std::mem::forget(self.reaper.take());
         self.me = slot.idx;
         self.pid = std::process::id() as i32;
+        self.fpid = slot.fpid;
         self.forked_from = slot.parent_pid;
         let l = lock(&self.map);
         claim_alive(&self.map, slot.idx);
@@ -236,12 +258,15 @@ impl Family {
 
     // ----- identity and signals -----
 
+    /// (own family pid, parent's family pid: 0 for a root or an orphan).
     pub fn getpid(&self) -> CallResult {
         let l = lock(&self.map);
-        Ok((self.pid as i64, l.inner.members[self.me].ppid.max(0) as u64))
+        Ok((self.fpid as i64, l.inner.members[self.me].ppid.max(0) as u64))
     }
 
-    /// Send `sig` to member `pid`.
+    /// Send `sig` to the member with family pid `pid`. A pid no member of
+    /// this family has is `ESRCH`: nothing outside the family (another
+    /// family's VM, any host process) can be named, nor probed.
     pub fn kill(&self, pid: i64, sig: u64, kick_sig: i32) -> CallResult {
         if sig > signal::MAX as u64 {
             return Err(EINVAL);
@@ -252,22 +277,23 @@ impl Family {
         }
         let l = lock(&self.map);
         reap_dead(&self.map, l.inner, self.me);
-        let found = l.inner.members.iter().position(|m| m.state == RUNNING && m.pid == pid);
-        let Some(idx) = found.or_else(|| l.inner.members.iter().position(|m| m.state == ZOMBIE && m.pid == pid)) else {
-            drop(l);
-            // Someone else's VM (or any process): refused; nothing at all: ESRCH.
-            return Err(if process_exists(pid) { EPERM } else { ESRCH });
+        let found = l.inner.members.iter().position(|m| m.state == RUNNING && m.fpid == pid);
+        let Some(idx) = found.or_else(|| l.inner.members.iter().position(|m| m.state == ZOMBIE && m.fpid == pid)) else {
+            return Err(ESRCH);
         };
         if sig == 0 || l.inner.members[idx].state != RUNNING {
             return Ok((0, 0));
         }
+        let host_pid = l.inner.members[idx].pid;
         let b = bell(&self.map, idx);
         if sig == signal::SIGKILL as u64 {
             b.kill.store(1, Ordering::Release);
             b.ring();
             let tid = b.tid.load(Ordering::Acquire) as i32;
-            if tid > 0 {
-                kick_thread(pid, tid, kick_sig);
+            // Both from the shared region: a host pid not known yet (0) or
+            // spoilt (negative, naming a process group) gets no kick.
+            if tid > 0 && host_pid > 0 {
+                kick_thread(host_pid, tid, kick_sig);
             }
         } else {
             b.signals.fetch_or(1 << sig, Ordering::AcqRel);
@@ -328,19 +354,25 @@ impl Family {
 
     // ----- wait -----
 
-    /// Wait for child `pid` (-1: any) to end.
+    /// Wait for the child with family pid `pid` (-1: any) to end: its
+    /// family pid and wait status.
     pub fn wait(&self, pid: i64, nowait: bool, w: &Waiter) -> CallResult {
-        let me_pid = self.pid;
+        let me = self.fpid;
         let r = self.blocking(nowait.then_some(i64::MIN), w, |inner, _| {
             let mut any = false;
             for m in inner.members.iter_mut() {
-                if m.state == FREE || m.ppid != me_pid || (pid > 0 && m.pid as i64 != pid) {
+                if m.state == FREE || m.ppid != me || (pid > 0 && m.fpid as i64 != pid) {
+                    continue;
+                }
+                // Family pids are positive; the table is shared memory, and a
+                // spoilt entry's pid would read as an errno: not a child.
+                if m.fpid <= 0 {
                     continue;
                 }
                 any = true;
                 if m.state == ZOMBIE {
                     m.state = FREE;
-                    return Some(Ok((m.pid as i64, m.status)));
+                    return Some(Ok((m.fpid as i64, m.status)));
                 }
             }
             if !any {
@@ -398,6 +430,77 @@ fn by_key(key: i64, flg: u64, existing: impl FnOnce() -> Option<usize>) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use region::FPID_MAX;
+    use wisp_abi::family::status;
+
+    /// A child slot reserved by `fam`, its monitor process said to be `host`.
+    fn child(fam: &Family, host: i32) -> ForkSlot {
+        let s = fam.fork_reserve().unwrap();
+        fam.fork_parent_done(&s, host);
+        s
+    }
+
+    fn set_last(fam: &Family, v: i32) {
+        lock(&fam.map).inner.last_fpid = v;
+    }
+
+    #[test]
+    fn guests_see_family_pids_and_nothing_of_the_host() {
+        let mut fam = Family::new_root(FamilyOptions::default()).unwrap();
+        assert_eq!((fam.fpid(), fam.pid()), (1, std::process::id() as i32));
+        assert_eq!(fam.getpid(), Ok((1, 0)));
+        let a = child(&fam, 4_000_001);
+        let b = child(&fam, 4_000_002);
+        assert_eq!((a.fpid, b.fpid), (2, 3));
+        // Named by family pid; signal 0 only checks.
+        assert_eq!(fam.kill(2, signal::SIGUSR1 as u64, 0), Ok((0, 0)));
+        assert_eq!(bell(&fam.map, a.idx).signals.load(Ordering::Acquire), 1 << signal::SIGUSR1);
+        assert_eq!(fam.kill(1, 0, 0), Ok((0, 0)));
+        // A host pid is nothing here, be it a member's monitor or a live
+        // process of the host (this one, init).
+        for host in [4_000_001, std::process::id() as i64, 1 << 22] {
+            assert_eq!(fam.kill(host, 0, 0), Err(ESRCH), "{host}");
+            assert_eq!(fam.kill(host, signal::SIGKILL as u64, 0), Err(ESRCH), "{host}");
+        }
+        assert_eq!(fam.kill(4, 0, 0), Err(ESRCH));
+        assert_eq!(fam.kill(0, 0, 0), Err(EINVAL));
+        // Wait speaks family pids too.
+        let (never, hold) = (|| false, || ());
+        let w = Waiter { interrupted: &never, hold: &hold };
+        assert_eq!(fam.wait(-1, true, &w), Ok((0, 0)));
+        exit_member(&fam.map, lock(&fam.map).inner, a.idx, status::exited(3));
+        assert_eq!(fam.wait(4_000_001, true, &w), Err(ECHILD), "a host pid names no child");
+        assert_eq!(fam.wait(-1, true, &w), Ok((2, status::exited(3))));
+        assert_eq!(fam.kill(2, 0, 0), Err(ESRCH), "waited for: gone");
+        // Never handed out again while the family lives (short of a wrap).
+        assert_eq!(child(&fam, 4_000_003).fpid, 4);
+        exit_member(&fam.map, lock(&fam.map).inner, b.idx, status::signaled(signal::SIGKILL));
+        assert_eq!(fam.wait(3, false, &w), Ok((3, status::signaled(signal::SIGKILL))));
+        fam.exit(status::exited(0));
+    }
+
+    #[test]
+    fn family_pids_wrap_around_the_ones_in_use() {
+        let mut fam = Family::new_root(FamilyOptions::default()).unwrap();
+        let a = child(&fam, 4_000_001);
+        let b = child(&fam, 4_000_002);
+        // b is a zombie (not waited for): it keeps its pid.
+        exit_member(&fam.map, lock(&fam.map).inner, b.idx, status::exited(0));
+        set_last(&fam, FPID_MAX - 1);
+        assert_eq!(child(&fam, 4_000_003).fpid, FPID_MAX);
+        // After the last one: 2 (held by a), 3 (b's, a zombie) are skipped;
+        // 1 stays the root's.
+        assert_eq!(child(&fam, 4_000_004).fpid, 4);
+        // The counter is shared memory: a spoilt one starts over at 2.
+        for spoilt in [0, -5, i32::MIN] {
+            set_last(&fam, spoilt);
+            let s = child(&fam, 4_000_005);
+            assert_eq!(s.fpid, 5, "{spoilt}");
+            fam.fork_abort(&s);
+        }
+        assert_eq!(a.fpid, 2);
+        fam.exit(status::exited(0));
+    }
 
     #[test]
     fn get_by_key_follows_system_v() {

@@ -38,6 +38,7 @@ impl Reaper {
         let (tx, rx) = std::sync::mpsc::channel::<(i32, usize, std::os::fd::OwnedFd)>();
         let w = wake.clone();
         std::thread::Builder::new().name("reaper".into()).stack_size(128 << 10).spawn(move || {
+            crate::sys::thread_started(crate::sys::ThreadRole::Reaper);
             let mut kids: Vec<(i32, usize, std::os::fd::OwnedFd)> = Vec::new();
             loop {
                 let ready: Vec<usize> = {
@@ -82,6 +83,7 @@ impl Reaper {
 /// is no [`Reaper`]).
 pub(super) fn watch_alone(map: Arc<SharedMap>, pid: i32, idx: usize) {
     let _ = std::thread::Builder::new().stack_size(64 << 10).spawn(move || {
+        crate::sys::thread_started(crate::sys::ThreadRole::Reaper);
         let raw = wait_child(pid).unwrap_or(libc::SIGKILL);
         child_ended(&map, idx, pid, raw);
     });

@@ -55,13 +55,50 @@ struct Header {
 pub(super) struct Member {
     pub(super) state: u32,
     pub(super) waiting: u32,
+    /// Host pid of the member's monitor process (0 until the parent's
+    /// `fork(2)` returned): for kicks, the reaper, never for guests.
     pub(super) pid: i32,
+    /// The member's family pid ([`alloc_fpid`]): what guests see.
+    pub(super) fpid: i32,
+    /// The parent's family pid (0: a root, or an orphan).
     pub(super) ppid: i32,
+    _pad: u32,
     pub(super) status: u64,
     /// Attached segments (bit per segment index).
     pub(super) shm: u64,
     /// 0 = free, else 1 + pipe * 2 + end (0 read, 1 write): see [`fd_entry`].
     pub(super) fds: [u16; MAX_FDS],
+}
+
+impl Member {
+    /// A running member forked by `ppid` (its host pid still unknown).
+    pub(super) fn forked(fpid: i32, ppid: i32, shm: u64, fds: [u16; MAX_FDS]) -> Member {
+        Member { state: RUNNING, waiting: 0, pid: 0, fpid, ppid, _pad: 0, status: 0, shm, fds }
+    }
+}
+
+/// The family pid of a family's root.
+pub(super) const ROOT_FPID: i32 = 1;
+/// The highest family pid; the next one after it is 2 (1 stays the root's).
+pub(super) const FPID_MAX: i32 = i32::MAX;
+
+/// A family pid for a new member: the one after the last handed out,
+/// skipping any a member or zombie holds, so a pid never names two VMs
+/// at once; after [`FPID_MAX`] the count starts again at 2. The counter
+/// lives in shared memory that any member's monitor could have spoilt: a
+/// value out of range counts as the end of the range, and since at most
+/// [`MAX_MEMBERS`] slots hold a pid, one of the next `MAX_MEMBERS + 1`
+/// candidates is free.
+pub(super) fn alloc_fpid(inner: &mut Inner) -> i32 {
+    let mut p = inner.last_fpid;
+    for _ in 0..=MAX_MEMBERS {
+        p = if (ROOT_FPID..FPID_MAX).contains(&p) { p + 1 } else { ROOT_FPID + 1 };
+        if !inner.members.iter().any(|m| m.state != FREE && m.fpid == p) {
+            break;
+        }
+    }
+    inner.last_fpid = p;
+    p
 }
 
 #[repr(C)]
@@ -108,6 +145,9 @@ pub(super) struct Segment {
 pub(super) struct Inner {
     pub(super) limit: u32,
     pub(super) gen: u32,
+    /// The family pid handed out last (the root's is 1).
+    pub(super) last_fpid: i32,
+    _pad: u32,
     pub(super) members: [Member; MAX_MEMBERS],
     pub(super) pipes: [Pipe; MAX_PIPES],
     pub(super) queues: [Queue; MAX_QUEUES],
@@ -300,16 +340,16 @@ pub(super) fn free_segment(arena: Option<&SharedMap>, s: &mut Segment) {
 /// End member `idx` with wait status `st`.
 pub(super) fn exit_member(map: &SharedMap, inner: &mut Inner, idx: usize, st: u64) {
     release_member(inner, idx);
-    let (pid, ppid) = (inner.members[idx].pid, inner.members[idx].ppid);
+    let (fpid, ppid) = (inner.members[idx].fpid, inner.members[idx].ppid);
     // Orphans: zombies go away, running children lose their parent.
-    for m in inner.members.iter_mut().filter(|m| m.state != FREE && m.ppid == pid && pid != 0) {
+    for m in inner.members.iter_mut().filter(|m| m.state != FREE && m.ppid == fpid && fpid > 0) {
         if m.state == ZOMBIE {
             m.state = FREE;
         } else {
             m.ppid = 0;
         }
     }
-    let parent = (ppid != 0).then(|| inner.members.iter().position(|m| m.state == RUNNING && m.pid == ppid)).flatten();
+    let parent = (ppid > 0).then(|| inner.members.iter().position(|m| m.state == RUNNING && m.fpid == ppid)).flatten();
     let m = &mut inner.members[idx];
     m.status = st;
     m.state = if parent.is_some() { ZOMBIE } else { FREE };

@@ -25,8 +25,8 @@ impl Vm {
         write_block(&ram, Hypercall::Fork, gpa, &args::Fork { ret })
     }
 
-    /// Fork this VM. Returns the child's pid, 0 in the child, or a negative
-    /// errno.
+    /// Fork this VM. Returns the child's family pid, 0 in the child, or a
+    /// negative errno.
     fn fork(&mut self) -> i64 {
         use wisp_abi::errno::*;
         if !self.family.opts.fork || !self.shell.can_fork() {
@@ -71,7 +71,7 @@ impl Vm {
             Ok(pid) => {
                 self.family.fork_parent_done(&slot, pid);
                 self.family.watch_child(&slot, pid);
-                pid as i64
+                slot.fpid as i64
             }
         }
     }

@@ -53,6 +53,8 @@ pub struct Vm {
     family: Family,
     /// Set in a forked child until the run loop has re-armed its watchdog.
     forked: bool,
+    /// Called with the outcome before the family learns of the end.
+    on_end: Option<fn(&Outcome)>,
     /// Scratch buffer for IPC data.
     buf: Vec<u8>,
 }
@@ -145,7 +147,7 @@ impl Shell {
         let family = Family::new_root(FamilyOptions::default()).map_err(|e| Error::Host("family region", e))?;
         let control = Arc::new(Control::new(family.bell_ref()));
         devices.activate(&self.ram, &control)?;
-        Ok(Vm { devices, shell: self, features, user, boot, control, family, forked: false, buf: Vec::new() })
+        Ok(Vm { devices, shell: self, features, user, boot, control, family, forked: false, on_end: None, buf: Vec::new() })
     }
 }
 
@@ -246,6 +248,11 @@ impl Vm {
         };
         drop(watchdog);
         self.control.set_vcpu_thread(None);
+        // What the runner says about the end comes first: once the family
+        // knows, the parent may act (and end this process, in `wisp run`).
+        if let Some(f) = self.on_end {
+            f(&outcome);
+        }
         use wisp_abi::family::{signal as sig, status};
         self.family.exit(match &outcome {
             Outcome::Exited(c) => status::exited(*c),
@@ -265,18 +272,41 @@ impl Vm {
 
     /// How this VM's family behaves (whether it may fork, its size limit).
     pub fn set_family_options(&mut self, opts: FamilyOptions) {
+        // A VM that can never fork lets go of `/dev/kvm` at once: nothing
+        // in its process can make another VM.
+        if !opts.fork || self.features & wisp_abi::features::FORK == 0 {
+            self.shell.kvm = None;
+        }
         self.family.set_options(opts);
     }
 
-    /// The VM's pid in its family (its monitor process's pid).
+    /// Have `f` called with the outcome when the VM ends, before its
+    /// family (its parent) learns of it.
+    pub fn on_end(&mut self, f: fn(&Outcome)) {
+        self.on_end = Some(f);
+    }
+
+    /// Whether this VM may fork (it declared the feature, its family
+    /// allows it, and its monitor still holds `/dev/kvm`).
+    pub fn may_fork(&self) -> bool {
+        self.shell.can_fork()
+    }
+
+    /// The host pid of the VM's monitor process (in the pid namespace that
+    /// process is in).
     pub fn pid(&self) -> i32 {
         self.family.pid()
     }
 
-    /// The pid of the VM that forked this one (0 for a family's root),
+    /// The host pid of the VM that forked this one (0 for a family's root),
     /// even if it has ended since.
     pub fn forked_from(&self) -> i32 {
         self.family.forked_from()
+    }
+
+    /// The VM's pid in its family, as its guest sees it (the root's is 1).
+    pub fn family_pid(&self) -> i32 {
+        self.family.fpid()
     }
 
     /// Timings so far.

@@ -18,6 +18,7 @@ impl Watchdog {
         let done = Arc::new(AtomicBool::new(false));
         let d = done.clone();
         let thread = std::thread::spawn(move || {
+            crate::sys::thread_started(crate::sys::ThreadRole::Watchdog);
             while !d.load(Ordering::Acquire) {
                 let now = Instant::now();
                 if now < deadline {

@@ -117,8 +117,8 @@ struct Child {
     info: VmInfo,
     dir: PathBuf,
     pidfd: OwnedFd,
-    /// Directory, `exit.json.tmp`, `console.log.tmp`, control socket.
-    fds: [OwnedFd; 4],
+    /// `exit.json`, `console.log`, control socket.
+    fds: [OwnedFd; 3],
 }
 
 impl Daemon {
@@ -156,7 +156,13 @@ impl Daemon {
     /// registered (its directory and record go again).
     fn register(&self, job: Job) {
         let Job { root, msg, reply } = job;
-        let r = serde_json::from_slice::<ForkNote>(&msg).map_err(ForkError::BadNote).and_then(|note| self.fork_child(&root, &note));
+        // Pids in the note are of the VMM processes' PID namespace, and only
+        // what the VMM process says: the child's host pid is the kernel's
+        // word (the creator of the socket pair it sent).
+        let r = serde_json::from_slice::<ForkNote>(&msg).map_err(ForkError::BadNote).and_then(|note| {
+            let cred = rustix::net::sockopt::socket_peercred(&reply).map_err(|_| ForkError::NotOurs(note.child_pid))?;
+            self.fork_child(&root, &note, cred.pid.as_raw_nonzero().get() as u32)
+        });
         match r {
             Ok(c) => {
                 let b: Vec<_> = c.fds.iter().map(|f| f.as_fd()).collect();
@@ -176,9 +182,10 @@ impl Daemon {
         }
     }
 
-    /// Make process `note.child_pid`, forked by a VM of family `root`, a VM
-    /// of the toolstack: id, directory, files, control socket, record.
-    fn fork_child(&self, root: &str, note: &ForkNote) -> Result<Child, ForkError> {
+    /// Make process `child_pid` (host pid; `note.child_pid` in its own
+    /// namespace), forked by a VM of family `root`, a VM of the toolstack:
+    /// id, directory, files, control socket, record.
+    fn fork_child(&self, root: &str, note: &ForkNote, child_pid: u32) -> Result<Child, ForkError> {
         let (parent, uid, old) = {
             let t = self.vms.lock();
             let in_family = |e: &&Entry| e.info.id == root || e.info.family.as_deref() == Some(root);
@@ -187,10 +194,10 @@ impl Daemon {
                 .by_id
                 .values()
                 .filter(in_family)
-                .find(|e| e.info.pid == note.parent_pid)
+                .find(|e| e.ns_pid == Some(note.parent_pid))
                 .ok_or(ForkError::NotInFamily)?;
-            if t.by_id.values().any(|e| e.info.pid == note.child_pid && e.info.exit.is_none()) {
-                return Err(ForkError::AlreadyVm(note.child_pid));
+            if t.by_id.values().any(|e| e.info.pid == child_pid && e.info.exit.is_none()) {
+                return Err(ForkError::AlreadyVm(child_pid));
             }
             // Keep at most FORKED_KEEP ended forked VMs per family: the
             // oldest go, so a guest forking in a loop cannot fill the host.
@@ -212,8 +219,8 @@ impl Daemon {
         // the root's, it carries the root's command line, and it runs under
         // the family's user id. Its parent may be gone already, so that is
         // not checked.
-        let start = proc_start(note.child_pid);
-        let pidfd = open_ours(note.child_pid, root, uid, start).ok_or(ForkError::NotOurs(note.child_pid))?;
+        let start = proc_start(child_pid);
+        let pidfd = open_ours(child_pid, root, uid, start).ok_or(ForkError::NotOurs(child_pid))?;
         // The directory is the daemon's until its files are made.
         let (id, dir) = new_vm_dir(&self.vms_dir())?;
         let made = (|| {
@@ -227,7 +234,7 @@ impl Daemon {
                 args: parent.args.clone(),
                 mem: parent.mem,
                 state: VmState::Running,
-                pid: note.child_pid,
+                pid: child_pid,
                 created_ms: now_ms(),
                 exit: None,
                 boot_us: None,
@@ -238,10 +245,10 @@ impl Daemon {
                 parent: Some(parent.id.clone()),
                 family: Some(root.to_string()),
             };
-            let p = Proc { uid, pid: note.child_pid, start };
+            let p = Proc { uid, pid: child_pid, start };
             self.records.register(&id, p, Some(info.clone())).map_err(ForkError::Record)?;
-            let (d, x, c) = files.into_parts();
-            Ok((info, [d, OwnedFd::from(x), OwnedFd::from(c), OwnedFd::from(listener)]))
+            let (x, c) = files.into_parts();
+            Ok((info, [OwnedFd::from(x), OwnedFd::from(c), OwnedFd::from(listener)]))
         })();
         match made {
             Ok((info, fds)) => Ok(Child { id, info, dir, pidfd, fds }),

@@ -53,6 +53,7 @@ use process::{SpawnError, Worker};
 use record::Records;
 use table::VmTable;
 use uids::{dir_uid, Uids};
+pub use uids::UID_BASE;
 
 /// Daemon configuration.
 #[derive(Clone, Debug)]
@@ -122,6 +123,9 @@ pub struct Daemon {
     uids: Uids,
     net: VmNet,
     records: Records,
+    /// The PID namespace VMM processes start in (none if it could not be
+    /// made: they then live in the daemon's, and the daemon says so).
+    pidns: Option<crate::pidns::PidNs>,
 }
 
 impl Daemon {
@@ -141,6 +145,10 @@ impl Daemon {
         }
         let epoll = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(InitError::Epoll)?;
         let net = VmNet::new(&cfg.bridge, cfg.subnet);
+        let pidns = crate::pidns::PidNs::open_or_create(&cfg.state_dir)
+            .inspect_err(|e| eprintln!("wispd: no PID namespace for VMM processes ({e}): they share the daemon's"))
+            .inspect(|ns| eprintln!("wispd: VMM processes start in the PID namespace of process {}", ns.pid))
+            .ok();
         let d = Arc::new(Daemon {
             cfg,
             vms: VmTable::default(),
@@ -150,6 +158,7 @@ impl Daemon {
             uids: Uids::default(),
             net,
             records: Records::new(meta),
+            pidns,
         });
         d.adopt(old_layout);
         Ok(d)
@@ -196,7 +205,7 @@ impl Daemon {
     /// Spawn a VMM process with a prepared shell of `mem` bytes and wait
     /// until it is ready.
     fn spawn_worker(&self, mem: u64) -> Result<Worker, SpawnError> {
-        process::spawn(&self.vms_dir(), &self.records, &self.uids, mem)
+        process::spawn(&self.vms_dir(), &self.records, &self.uids, self.pidns.as_ref(), mem)
     }
 
     /// Stop an unused VMM process and remove its directory.

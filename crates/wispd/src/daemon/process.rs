@@ -24,7 +24,8 @@ use wisp_api::ExitInfo;
 use wisp_vmm_process::proto::{self, Request};
 
 use super::record::{Proc, Records};
-use super::uids::{NoFreeUid, Uids, UID_BASE, UID_COUNT};
+use crate::pidns::PidNs;
+use super::uids::{UidError, Uids, UID_BASE, UID_COUNT};
 use crate::fsutil::read_capped;
 
 /// A VMM process (pooled or holding a VM).
@@ -53,9 +54,9 @@ pub enum DirError {
 /// Why a VMM process could not be prepared.
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
-    /// No user id left.
+    /// No user id to give.
     #[error(transparent)]
-    Uid(#[from] NoFreeUid),
+    Uid(#[from] UidError),
     /// Its directory.
     #[error(transparent)]
     Dir(#[from] DirError),
@@ -113,10 +114,10 @@ pub fn give_dir(dir: &Path, uid: u32) -> Result<(), DirError> {
 /// id of its own, record it, and wait until it is ready. On any failure
 /// the user id, the directory, the record and the process (if it started)
 /// are given back.
-pub fn spawn(vms_dir: &Path, records: &Records, uids: &Uids, mem: u64) -> Result<Worker, SpawnError> {
+pub fn spawn(vms_dir: &Path, records: &Records, uids: &Uids, pidns: Option<&PidNs>, mem: u64) -> Result<Worker, SpawnError> {
     let uid = uids.alloc()?;
     let made = new_vm_dir(vms_dir).map_err(SpawnError::from).and_then(|(id, dir)| {
-        start(&id, &dir, records, uid, mem)
+        start(&id, &dir, records, uid, pidns, mem)
             .map(|child| Worker { id: id.clone(), pid: child.id(), dir: dir.clone(), child: Some(child) })
             .inspect_err(|_| {
                 records.forget(&id);
@@ -131,7 +132,7 @@ pub fn spawn(vms_dir: &Path, records: &Records, uids: &Uids, mem: u64) -> Result
 
 /// Start `wispd __worker` for VM `id` in `dir`, record it, wait for its
 /// "ready" and give it its directory.
-fn start(id: &str, dir: &Path, records: &Records, uid: u32, mem: u64) -> Result<Child, SpawnError> {
+fn start(id: &str, dir: &Path, records: &Records, uid: u32, pidns: Option<&PidNs>, mem: u64) -> Result<Child, SpawnError> {
     let log = fs::File::create(dir.join("vmm.log")).map_err(SpawnError::Log)?;
     let exe = std::env::current_exe().map_err(SpawnError::Exe)?;
     let mut cmd = Command::new(exe);
@@ -143,7 +144,11 @@ fn start(id: &str, dir: &Path, records: &Records, uid: u32, mem: u64) -> Result<
     // Its own process group: signals for the daemon's group (Ctrl-C) do
     // not reach VMs, and the VMs outlive the daemon.
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    let mut child = cmd.spawn().map_err(SpawnError::Spawn)?;
+    let mut child = match pidns {
+        Some(ns) => ns.spawn(&mut cmd),
+        None => cmd.spawn(),
+    }
+    .map_err(SpawnError::Spawn)?;
     let fail = |child: &mut Child, e: SpawnError| {
         let _ = child.kill();
         let _ = child.wait();
@@ -194,7 +199,7 @@ pub fn proc_start(pid: u32) -> Option<u64> {
 
 /// The real, effective, saved and file-system ids of a `Uid:` or `Gid:`
 /// line of `/proc/<pid>/status`.
-fn status_ids(status: &str, key: &str) -> Option<Vec<u32>> {
+pub(super) fn status_ids(status: &str, key: &str) -> Option<Vec<u32>> {
     let line = status.lines().find_map(|l| l.strip_prefix(key))?;
     line.split_whitespace().map(|n| n.parse().ok()).collect()
 }

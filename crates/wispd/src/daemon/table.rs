@@ -32,12 +32,15 @@ pub struct Entry {
     /// For a family's root: the daemon's end of the family's uplink, on
     /// which forked VMM processes announce themselves.
     pub uplink: Option<OwnedFd>,
+    /// Its VMM process's pid in the VMM processes' PID namespace (what
+    /// that process and its family call it), read when it was entered.
+    pub ns_pid: Option<u32>,
 }
 
 impl Entry {
     /// A fresh entry for a VM.
     pub fn new(info: VmInfo, dir: PathBuf, child: Option<Child>, pidfd: Option<OwnedFd>) -> Entry {
-        Entry { info, dir, child, pidfd, ctl: None, forwards: Vec::new(), uplink: None }
+        Entry { info, dir, child, pidfd, ctl: None, forwards: Vec::new(), uplink: None, ns_pid: None }
     }
 }
 

@@ -45,7 +45,10 @@ impl Daemon {
         }
         let gone = pidfd.is_none() && info.exit.is_none();
         let id = info.id.clone();
-        self.vms.lock().insert(Entry::new(info, dir, child, pidfd));
+        let ns_pid = pidfd.as_ref().and_then(|_| crate::pidns::ns_pid(info.pid));
+        let mut e = Entry::new(info, dir, child, pidfd);
+        e.ns_pid = ns_pid;
+        self.vms.lock().insert(e);
         if gone {
             self.on_exit(&id);
         }

@@ -3,7 +3,8 @@
 //! expected, 1 otherwise.
 //!
 //! Modes: cow, tree, many N, pipe KIB, siblings, signals, msgq, shm,
-//! shm-after-detach, crash, bomb, victim, nap N, idle-wait, orphan-eof, daemonize, hold KEY, cross PID KEY, and `bench ROUNDS`
+//! shm-after-detach, crash, bomb, victim, nap N, idle-wait, orphan-eof,
+//! daemonize, pids HOSTPID, hold KEY, cross HOSTPID KEY, and `bench ROUNDS`
 //! (round-trip latencies for `make bench-fork`).
 #![no_std]
 #![no_main]
@@ -52,6 +53,7 @@ fn main() -> i32 {
         "daemonize" => daemonize(),
         "hold" => hold(n(2, 77) as i64),
         "cross" => cross(n(2, 0) as u32, n(3, 77) as i64),
+        "pids" => pids(n(2, 0) as u32),
         "bench" => bench(n(2, 1000)),
         _ => {
             println!("usage: family MODE (see the source)");
@@ -575,13 +577,55 @@ fn hold(key: i64) -> R {
     Ok(())
 }
 
+/// Another family's VM (`other`: the host pid of its monitor process) is
+/// out of reach: no pid of this family names it, and its queue's key means
+/// nothing here.
 fn cross(other: u32, key: i64) -> R {
     let k = f::kill(other, f::SIGUSR1);
     let w = f::waitpid(other as i64, true);
     let q = f::msgget(key, 0);
     println!("cross: kill {:?}, waitpid {:?}, msgget {:?}", k.map_err(|x| x.name()), w.map_err(|x| x.name()), q.map_err(|x| x.name()));
-    ensure!(k == Err(Errno::EPERM) && w == Err(Errno::ECHILD) && q == Err(Errno::ENOENT), "another family reachable");
+    ensure!(k == Err(Errno::ESRCH) && w == Err(Errno::ECHILD) && q == Err(Errno::ENOENT), "another family reachable");
     println!("cross ok");
+    Ok(())
+}
+
+/// Family pids: the root is 1, a child 2, a grandchild 3; wait returns
+/// them; an ended child's pid is not handed out again (the next child is
+/// 4); and `host`, a live host process's pid (the test's), names nothing
+/// here: `ESRCH`, as for any pid no member has.
+fn pids(host: u32) -> R {
+    let (me, parent) = (f::getpid(), f::getppid());
+    println!("pids: root {} parent {}", me, parent);
+    ensure!(me == 1 && parent == 0, "the root's pids");
+    let c = f::fork().map_err(e)?;
+    if c == 0 {
+        let g = f::fork().map_err(e)?;
+        if g == 0 {
+            let (me, parent) = (f::getpid(), f::getppid());
+            println!("pids: grandchild {} parent {}", me, parent);
+            wisp::exit(if me == 3 && parent == 2 { 0 } else { 1 });
+        }
+        let code = reap(g)?;
+        let (me, parent) = (f::getpid(), f::getppid());
+        println!("pids: child {} parent {} forked {} which exited {}", me, parent, g, code);
+        wisp::exit(if me == 2 && parent == 1 && g == 3 && code == 0 { 0 } else { 1 });
+    }
+    let (p, st) = f::waitpid(-1, false).map_err(e)?.ok_or("no child ended")?;
+    println!("pids: fork returned {}, wait returned {} with exit {:?}", c, p, status::exit_code(st));
+    ensure!(c == 2 && p == 2 && status::exit_code(st) == Some(0), "the child's pids");
+    let d = f::fork().map_err(e)?;
+    if d == 0 {
+        wisp::exit(0);
+    }
+    println!("pids: the next fork returned {}", d);
+    ensure!(d == 4 && reap(d)? == 0, "a pid handed out again");
+    let name = |r: Result<(), Errno>| r.map_err(|x| x.name());
+    let (probe, sig) = (f::kill(host, 0), f::kill(host, f::SIGUSR1));
+    println!("pids: kill of host pid {}: {:?}, {:?}; waitpid {:?}", host, name(probe), name(sig), f::waitpid(host as i64, true).map_err(|x| x.name()));
+    ensure!(host > 1 && probe == Err(Errno::ESRCH) && sig == Err(Errno::ESRCH), "a host pid answered");
+    ensure!(f::kill(2, 0) == Err(Errno::ESRCH) && f::kill(1, 0) == Ok(()), "waited-for child, or self");
+    println!("pids ok");
     Ok(())
 }
 

@@ -343,7 +343,10 @@ fn family_abuse(mem: u64) -> i32 {
         ("read into a wrapping buffer", call(op::READ, 0, [r as u64, u64::MAX - 4, 64, 0]), EFAULT),
         ("write to the read end", call(op::WRITE, flags::NOWAIT, [r as u64, 0x20_0000, 4, 0]), EBADF),
         ("signal 200", call(op::KILL, 0, [1, 200, 0, 0]), EINVAL),
-        ("kill init", call(op::KILL, 0, [1, 15, 0, 0]), EPERM),
+        // Pid 1 is this VM (the family's root); 2 is the host's kthreadd,
+        // which a family pid never names.
+        ("kill a host process", call(op::KILL, 0, [2, 15, 0, 0]), ESRCH),
+        ("kill a pid beyond any", call(op::KILL, 0, [1 << 40, 15, 0, 0]), ESRCH),
         ("wait without children", call(op::WAIT, 0, [u64::MAX, 0, 0, 0]), ECHILD),
         ("oversized message", call(op::MSGSND, 0, [0, 0x20_0000, 100_000, 1]), EINVAL),
         ("receive from no queue", call(op::MSGRCV, flags::NOWAIT, [12345, 0x20_0000, 16, 0]), EINVAL),
