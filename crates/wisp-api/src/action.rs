@@ -10,8 +10,57 @@
 //! round-trip test below), a handler in the daemon, and a line in
 //! `docs/api.yaml`.
 
+use std::fmt;
+
 use crate::http::{percent_encode, HttpError, Request};
-use crate::{CreateVm, PoolInfo, StopVm, API_PREFIX};
+use crate::{CreateVm, PoolInfo, StopVm, API_PREFIX, MAX_FAMILY, MIN_CPUS};
+
+/// Most CPUs a quota may name (the daemon also refuses more than its host has).
+pub const MAX_CPUS: f64 = 1024.0;
+
+/// Why the resource limits of a create request cannot be used. Checked by
+/// both ends ([`check_limits`]): the client before it sends, the daemon
+/// when it receives (which answers 400).
+#[derive(Clone, Debug, PartialEq)]
+pub enum LimitError {
+    /// `cpus` is not a number of CPUs (at least [`MIN_CPUS`]).
+    Cpus(f64),
+    /// `family_limit` is not 1..=[`MAX_FAMILY`].
+    FamilyLimit(u32),
+    /// `memory` is zero.
+    NoMemory,
+}
+
+impl fmt::Display for LimitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimitError::Cpus(c) => write!(f, "cpus {c}: must be a number of CPUs from {MIN_CPUS} to {MAX_CPUS}"),
+            LimitError::FamilyLimit(n) => write!(f, "family_limit {n}: must be 1 to {MAX_FAMILY}"),
+            LimitError::NoMemory => write!(f, "memory 0: a family needs memory"),
+        }
+    }
+}
+
+impl std::error::Error for LimitError {}
+
+/// Check the resource limits a create request asks for (`memory`, `cpus`,
+/// `family_limit`) as far as they do not depend on the host.
+pub fn check_limits(vm: &CreateVm) -> Result<(), LimitError> {
+    if let Some(c) = vm.cpus {
+        if !(MIN_CPUS..=MAX_CPUS).contains(&c) {
+            return Err(LimitError::Cpus(c));
+        }
+    }
+    if let Some(n) = vm.family_limit {
+        if !(1..=MAX_FAMILY).contains(&n) {
+            return Err(LimitError::FamilyLimit(n));
+        }
+    }
+    if vm.memory == Some(0) {
+        return Err(LimitError::NoMemory);
+    }
+    Ok(())
+}
 
 /// One API request, parsed. VMs are named by `vm`: an id, a unique id
 /// prefix (3+ digits) or a name.
@@ -198,7 +247,11 @@ mod tests {
                 PortMap { host: 8014, vm: 14, addr: Some([0, 0, 0, 0].into()) },
             ],
             net_rate: Some(crate::NetRate { bytes_per_sec: 1 << 20, frames_per_sec: 2000 }),
+            memory: Some(256 << 20),
+            cpus: Some(1.5),
+            family_limit: Some(8),
         };
+        assert_eq!(check_limits(&create), Ok(()));
         let pool = PoolInfo { target: vec![PoolTarget { mem: 16 << 20, count: 3 }], ready: vec![] };
         let all = [
             Action::Version,
@@ -246,5 +299,28 @@ mod tests {
         assert_eq!(parse("POST", "/v1/vms/x/stop", "").unwrap(), Action::StopVm { vm: "x".into(), grace_ms: None });
         assert_eq!(parse("DELETE", "/v1/vms/x?force", "").unwrap(), Action::RemoveVm { vm: "x".into(), force: true });
         assert_eq!(parse("GET", "/v1/vms/", "").unwrap(), Action::ListVms);
+    }
+
+    #[test]
+    fn limits_are_checked_with_clear_messages() {
+        let vm = |memory, cpus, family_limit| CreateVm { image: "x".into(), memory, cpus, family_limit, ..Default::default() };
+        assert_eq!(check_limits(&vm(None, None, None)), Ok(()));
+        assert_eq!(check_limits(&vm(Some(1), Some(MIN_CPUS), Some(1))), Ok(()));
+        assert_eq!(check_limits(&vm(None, Some(MAX_CPUS), Some(MAX_FAMILY))), Ok(()));
+        for c in [0.0, -1.0, 0.001, f64::NAN, f64::INFINITY, 1e9] {
+            assert!(matches!(check_limits(&vm(None, Some(c), None)), Err(LimitError::Cpus(_))), "{c}");
+        }
+        assert_eq!(check_limits(&vm(None, Some(0.0), None)).unwrap_err().to_string(), "cpus 0: must be a number of CPUs from 0.01 to 1024");
+        for n in [0, MAX_FAMILY + 1, u32::MAX] {
+            assert_eq!(check_limits(&vm(None, None, Some(n))), Err(LimitError::FamilyLimit(n)));
+        }
+        assert_eq!(check_limits(&vm(None, None, Some(0))).unwrap_err().to_string(), "family_limit 0: must be 1 to 64");
+        assert_eq!(check_limits(&vm(Some(0), None, None)).unwrap_err().to_string(), "memory 0: a family needs memory");
+        // Unknown fields are still refused; the new ones parse.
+        let ok: CreateVm = serde_json::from_str(r#"{"image":"x","memory":1048576,"cpus":0.5,"family_limit":4}"#).unwrap();
+        assert_eq!((ok.memory, ok.cpus, ok.family_limit), (Some(1 << 20), Some(0.5), Some(4)));
+        assert!(serde_json::from_str::<CreateVm>(r#"{"image":"x","cpu":1}"#).is_err());
+        assert!(serde_json::from_str::<CreateVm>(r#"{"image":"x","cpus":"1"}"#).is_err());
+        assert!(serde_json::from_str::<CreateVm>(r#"{"image":"x","family_limit":-1}"#).is_err());
     }
 }

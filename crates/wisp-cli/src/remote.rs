@@ -52,7 +52,11 @@ pub fn run(mut c: Client, a: &RunArgs) -> Result<u8, String> {
         net: a.net,
         ports: a.ports.clone(),
         net_rate: a.net_rate.map(|r| wisp_api::NetRate { bytes_per_sec: r.tx.bytes, frames_per_sec: r.tx.ops }),
+        memory: a.memory,
+        cpus: a.cpus,
+        family_limit: a.family_limit,
     };
+    wisp_api::action::check_limits(&req).map_err(|e| e.to_string())?;
     if let Some(n) = a.count {
         if !a.detach {
             return Err("--count needs -d (detached)".into());

@@ -134,7 +134,9 @@ impl Daemon {
         Ok(Console::Saved(Cursor::new(saved)))
     }
 
-    /// Remove a VM (with `force`, kill it first if it runs).
+    /// Remove a VM (with `force`, kill it first if it runs). With the last
+    /// VM of its family goes the family's control group, and every process
+    /// still in it.
     pub(super) fn remove(&self, key: &str, force: bool) -> Result<(), ActionError> {
         let (id, dir, info) = self.dir_of(key)?;
         if info.state != VmState::Exited {
@@ -149,13 +151,20 @@ impl Daemon {
                 self.wait(&id, Some(Duration::from_secs(5)))?;
             }
         }
+        let root = info.family.clone().unwrap_or_else(|| id.clone());
         let mut t = self.vms.lock();
         if let Some(e) = t.remove(&id) {
             for fd in e.pidfd.iter().chain(e.uplink.iter()) {
                 self.unwatch(fd.as_fd());
             }
         }
+        let family_left = t.by_id.values().any(|e| e.info.id == root || e.info.family.as_deref() == Some(root.as_str()));
         drop(t);
+        // The family's last VM: whatever still runs in its control group
+        // (nothing should) is killed, before its user id can be reused.
+        if !family_left {
+            self.destroy_group(&root);
+        }
         self.remove_dir(&dir);
         Ok(())
     }
