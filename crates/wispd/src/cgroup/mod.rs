@@ -25,6 +25,7 @@
 
 mod group;
 mod layout;
+mod mount;
 
 use std::fs;
 use std::io;
@@ -66,6 +67,9 @@ pub enum CgroupError {
     /// Not a family's id.
     #[error("'{0}' is no VM id")]
     BadId(String),
+    /// Mounting the hierarchies in the daemon's own mount namespace.
+    #[error("mount the cgroup hierarchies in this mount namespace: {0}")]
+    Mount(String),
     /// Processes of a group that would not die.
     #[error("group {group}: processes {pids:?} still run after {secs} s")]
     Survivors { group: String, pids: Vec<u32>, secs: u64 },
@@ -88,10 +92,18 @@ impl Cgroups {
     /// leaf, `<its group>/daemon`, if it is alone there (else it refuses).
     /// A daemon that finds itself in such a leaf (its own earlier move, or
     /// systemd's `DelegateSubgroup=daemon`) whose parent already enables
-    /// what it needs takes the parent as its group.
+    /// what it needs takes the parent as its group. A daemon in a mount
+    /// namespace of its own that shows no hierarchy (`ip netns exec`)
+    /// mounts them there first.
     pub fn init() -> Result<Cgroups, CgroupError> {
         let read = |p: &str| fs::read_to_string(p).map_err(io_err(Path::new(p)));
-        let mut found = layout::find(&read("/proc/self/cgroup")?, &read("/proc/self/mountinfo")?)?;
+        let proc_cgroup = read("/proc/self/cgroup")?;
+        let mut found = match layout::find(&proc_cgroup, &read("/proc/self/mountinfo")?) {
+            Err(LayoutError::NotMounted { .. }) if mount::mount_hierarchies(&proc_cgroup)? => {
+                layout::find(&proc_cgroup, &read("/proc/self/mountinfo")?)?
+            }
+            r => r?,
+        };
         let from_v1 = |c: Controller| found.iter().any(|f| !f.v2 && f.writable && f.controllers.iter().any(|n| n == c.name()));
         let need_v2: Vec<&str> = Controller::REQUIRED.into_iter().filter(|c| !from_v1(*c)).map(Controller::name).collect();
         if let Some(v2) = found.iter_mut().find(|f| f.v2 && f.writable) {
