@@ -112,6 +112,11 @@ mod tests {
     use crate::daemon::table::Entry;
 
     #[test]
+    fn the_apis_family_bound_is_the_monitors() {
+        assert_eq!(MAX_FAMILY as usize, wisp_abi::family::limits::MAX_MEMBERS);
+    }
+
+    #[test]
     fn a_family_gets_room_for_all_its_vms_unless_told_otherwise() {
         let mib = 1 << 20;
         let l = family_limits(16 * mib, None, None, None);
