@@ -104,13 +104,16 @@ pub enum Action {
         /// Keep streaming until the VM ends.
         follow: bool,
     },
-    /// `DELETE /v1/vms/{vm}[?force=true]`: remove a VM (with `force`, kill
-    /// it first if it runs).
+    /// `DELETE /v1/vms/{vm}[?force=true][&family=true]`: remove a VM (with
+    /// `force`, kill it first if it runs); with `family`, every VM of its
+    /// family (all killed at once, so that none forks meanwhile).
     RemoveVm {
         /// Which VM.
         vm: String,
         /// Kill a running VM first.
         force: bool,
+        /// The VM's whole family.
+        family: bool,
     },
     /// `GET /v1/pool`.
     GetPool,
@@ -173,7 +176,15 @@ impl Action {
             Action::Logs { vm, follow } => {
                 call("GET", vm_target(vm, if *follow { "/logs?follow=true" } else { "/logs" }), None)
             }
-            Action::RemoveVm { vm, force } => call("DELETE", vm_target(vm, if *force { "?force=true" } else { "" }), None),
+            Action::RemoveVm { vm, force, family } => {
+                let q = match (*force, *family) {
+                    (false, false) => "",
+                    (true, false) => "?force=true",
+                    (false, true) => "?family=true",
+                    (true, true) => "?force=true&family=true",
+                };
+                call("DELETE", vm_target(vm, q), None)
+            }
             Action::GetPool => call("GET", format!("{API_PREFIX}/pool"), None),
             Action::SetPool(p) => call("PUT", format!("{API_PREFIX}/pool"), json(p)),
         }
@@ -195,7 +206,7 @@ impl Action {
                 Action::CreateVm { vm: req.json()?, attach }
             }
             ("GET", ["vms", id]) => Action::GetVm(vm(id)),
-            ("DELETE", ["vms", id]) => Action::RemoveVm { vm: vm(id), force: flag(req, "force")? },
+            ("DELETE", ["vms", id]) => Action::RemoveVm { vm: vm(id), force: flag(req, "force")?, family: flag(req, "family")? },
             ("POST", ["vms", id, "pause"]) => Action::PauseVm(vm(id)),
             ("POST", ["vms", id, "resume"]) => Action::ResumeVm(vm(id)),
             ("POST", ["vms", id, "kill"]) => Action::KillVm(vm(id)),
@@ -267,8 +278,10 @@ mod tests {
             Action::WaitVm("abc".into()),
             Action::Logs { vm: "abc".into(), follow: false },
             Action::Logs { vm: "abc".into(), follow: true },
-            Action::RemoveVm { vm: "abc".into(), force: false },
-            Action::RemoveVm { vm: "abc".into(), force: true },
+            Action::RemoveVm { vm: "abc".into(), force: false, family: false },
+            Action::RemoveVm { vm: "abc".into(), force: true, family: false },
+            Action::RemoveVm { vm: "abc".into(), force: false, family: true },
+            Action::RemoveVm { vm: "abc".into(), force: true, family: true },
             Action::GetPool,
             Action::SetPool(pool),
         ];
@@ -297,7 +310,7 @@ mod tests {
         assert!(status("PUT", "/v1/pool", "{\"bogus\": 1}").unwrap_err().1.contains("missing field"));
         // An empty stop body is the default grace; a bare flag is true.
         assert_eq!(parse("POST", "/v1/vms/x/stop", "").unwrap(), Action::StopVm { vm: "x".into(), grace_ms: None });
-        assert_eq!(parse("DELETE", "/v1/vms/x?force", "").unwrap(), Action::RemoveVm { vm: "x".into(), force: true });
+        assert_eq!(parse("DELETE", "/v1/vms/x?force", "").unwrap(), Action::RemoveVm { vm: "x".into(), force: true, family: false });
         assert_eq!(parse("GET", "/v1/vms/", "").unwrap(), Action::ListVms);
     }
 

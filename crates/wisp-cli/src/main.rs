@@ -156,6 +156,10 @@ enum Cmd {
         /// Remove every VM.
         #[arg(long, conflicts_with = "vms")]
         all: bool,
+        /// Remove each VM's whole family (with -f, all its VMs are killed at
+        /// once: none forks meanwhile).
+        #[arg(long, conflicts_with = "all")]
+        family: bool,
         /// VM ids or names.
         #[arg(required_unless_present = "all")]
         vms: Vec<String>,

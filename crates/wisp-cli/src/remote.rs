@@ -234,6 +234,7 @@ pub fn manage(socket: &Path, cmd: Cmd) -> Result<u8, String> {
             Ok(x.code as u8)
         }
         Cmd::Rm { force, all: true, .. } => rm_all(&mut c, force),
+        Cmd::Rm { force, vms, family: true, .. } => each(&vms, |v| c.remove_family(v, force)),
         Cmd::Rm { force, vms, .. } => each(&vms, |v| c.remove(v, force)),
         Cmd::Pool { set } => {
             if !set.is_empty() {

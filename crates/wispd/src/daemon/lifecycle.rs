@@ -168,4 +168,42 @@ impl Daemon {
         self.remove_dir(&dir);
         Ok(())
     }
+
+    /// The ids of family `root`'s VMs (the root's too, if it is still there).
+    fn family_ids(&self, root: &str) -> Vec<String> {
+        let t = self.vms.lock();
+        t.by_id.values().filter(|e| e.info.id == root || e.info.family.as_deref() == Some(root)).map(|e| e.info.id.clone()).collect()
+    }
+
+    /// Remove every VM of VM `key`'s family (with `force`, running ones
+    /// too). Removed one by one, a family that forks would make new VMs
+    /// as fast as old ones go: with a control group, every process in it
+    /// is killed at once first (none forks meanwhile), and so is the group.
+    pub(super) fn remove_family(&self, key: &str, force: bool) -> Result<(), ActionError> {
+        let (id, _, info) = self.dir_of(key)?;
+        let root = info.family.clone().unwrap_or(id);
+        if !force {
+            let t = self.vms.lock();
+            let running = t.by_id.values().find(|e| (e.info.id == root || e.info.family.as_deref() == Some(root.as_str())) && e.info.state != VmState::Exited);
+            if let Some(e) = running {
+                return Err(ActionError::Running(e.info.id.clone()));
+            }
+        }
+        self.destroy_group(&root);
+        // A fork registered while the family died is one more (exited) VM:
+        // a few rounds take those too.
+        for _ in 0..4 {
+            let ids = self.family_ids(&root);
+            if ids.is_empty() {
+                break;
+            }
+            for id in ids {
+                match self.remove(&id, true) {
+                    Ok(()) | Err(ActionError::NotFound(_) | ActionError::Gone(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
 }

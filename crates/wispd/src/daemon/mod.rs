@@ -206,8 +206,12 @@ impl Daemon {
             Action::KillVm(vm) => Outcome::Vm(self.kill(&vm)?),
             Action::WaitVm(vm) => Outcome::Exit(self.wait(&vm, None)?),
             Action::Logs { vm, follow } => Outcome::Logs(self.logs(&vm, follow)?),
-            Action::RemoveVm { vm, force } => {
+            Action::RemoveVm { vm, force, family: false } => {
                 self.remove(&vm, force)?;
+                Outcome::Removed
+            }
+            Action::RemoveVm { vm, force, family: true } => {
+                self.remove_family(&vm, force)?;
                 Outcome::Removed
             }
             Action::GetPool => Outcome::Pool(self.pool.info()),
