@@ -100,14 +100,30 @@ fn removing_a_family_kills_whatever_is_in_its_group_and_removes_it() {
     let vm = create(&mut c, sleeper());
     let groups = family_of(&d, &vm);
     // A process placed in the family's group (as one a compromised VMM
-    // process could leave behind), in every hierarchy, with a child.
-    let mut stray = Command::new("sh").args(["-c", "sleep 1000 & exec sleep 1000"]).stdin(Stdio::null()).spawn().unwrap();
+    // process could leave behind), in every hierarchy, which then starts a
+    // child there and tells its pid.
+    let mut stray = Command::new("sh")
+        .args(["-c", "read go; sleep 1000 & echo $!; exec sleep 1000"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     for g in &groups {
         g.put(stray.id());
     }
-    eventually(TEN, || "the stray's child did not start".into(), || (memory_group(&groups).procs().len() == 3).then_some(()));
+    std::io::Write::write_all(stray.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stray.stdout.take().unwrap()), &mut line).unwrap();
+    let child: u32 = line.trim().parse().unwrap();
+    for g in &groups {
+        assert_eq!(g.procs().iter().filter(|p| **p != vm.pid).count(), 2, "{g:?}: {:?}", g.procs());
+        assert!(g.procs().contains(&child));
+    }
     c.remove(&vm.id, true).unwrap();
     assert_eq!(stray.wait().unwrap().signal(), Some(9), "the process in the family's group survived its removal");
+    // Dead; reaped by whoever inherited it.
+    let alive = || std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'));
+    eventually(TEN, || format!("its child {child} survived"), || (!alive()).then_some(()));
     assert!(gone(&groups), "the family's group is still there");
 
     // A family whose root is removed keeps its group while a forked VM of
@@ -220,15 +236,14 @@ fn a_fork_bomb_that_dirties_memory_stays_within_its_family_limit() {
     c.pause(&bystander.id).unwrap();
     c.resume(&bystander.id).unwrap();
     assert!(d.log().lines().all(|l| !l.contains("panicked")), "{}", d.log());
-    // Removing the family leaves nothing of it (its VMs fork on while
-    // they are removed one by one: until the last one).
-    eventually(Duration::from_secs(60), || "the bomb's VMs keep coming".into(), || {
-        let family: Vec<VmInfo> = c.list().unwrap().into_iter().filter(|v| v.id == bomb.id || v.family.as_deref() == Some(&bomb.id)).collect();
-        for v in &family {
-            let _ = c.remove(&v.id, true);
-        }
-        family.is_empty().then_some(())
-    });
+    // Removing the family (all of it at once: one by one, its VMs would
+    // fork on as fast as they go) leaves nothing of it.
+    let r = c.remove_family(&bomb.id, false);
+    assert!(matches!(&r, Err(ApiError::Status(409, m)) if m.contains("is running")), "{r:?}");
+    let member = c.list().unwrap().into_iter().find(|v| v.family.as_deref() == Some(&bomb.id)).expect("a forked VM");
+    c.remove_family(&member.id, true).unwrap();
+    let family: Vec<VmInfo> = c.list().unwrap().into_iter().filter(|v| v.id == bomb.id || v.family.as_deref() == Some(&bomb.id)).collect();
+    assert!(family.is_empty(), "{family:?}");
     assert!(gone(&groups), "the bomb's group is still there");
     let left = || std::fs::read_dir("/proc").unwrap().flatten().filter(|e| {
         let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
@@ -245,6 +260,9 @@ fn a_restarted_daemon_adopts_a_pid_only_in_its_familys_group() {
     let inside = create(&mut c, sleeper());
     let outside = create(&mut c, sleeper());
     let groups = family_of(&d, &outside);
+    // No shell being spawned while the daemon is killed (a process between
+    // fork and exec still holds its API socket for a moment).
+    eventually(TEN, || "the pool did not fill".into(), || (c.pool().ok()?.ready.iter().map(|r| r.count).sum::<u32>() == 1).then_some(()));
     drop(c);
     d.sigkill();
     // A VMM process that is no longer in its family's group (here: moved to

@@ -36,9 +36,13 @@ impl Group {
         self.file(name).exists()
     }
 
-    /// The processes in it.
+    /// The processes in it (v1 may list one more than once).
     pub fn procs(&self) -> Vec<u32> {
-        std::fs::read_to_string(self.file("cgroup.procs")).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect()
+        let text = std::fs::read_to_string(self.file("cgroup.procs")).unwrap_or_default();
+        let mut pids: Vec<u32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
     }
 
     /// Move process `pid` into this group.
