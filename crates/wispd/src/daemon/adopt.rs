@@ -248,6 +248,8 @@ impl Daemon {
                         // A process of its may still run: its user id is not reused.
                         None => self.uids.mark_used(uid),
                     }
+                    // Its control group, if it has one, holds only its own.
+                    self.destroy_group(&name);
                     let _ = fs::remove_dir_all(&dir);
                     continue;
                 }
