@@ -107,12 +107,9 @@ impl Cgroups {
         let from_v1 = |c: Controller| found.iter().any(|f| !f.v2 && f.writable && f.controllers.iter().any(|n| n == c.name()));
         let need_v2: Vec<&str> = Controller::REQUIRED.into_iter().filter(|c| !from_v1(*c)).map(Controller::name).collect();
         if let Some(v2) = found.iter_mut().find(|f| f.v2 && f.writable) {
-            if let (Some(parent_path), Some(parent_dir)) = (v2.path.strip_suffix("/daemon"), v2.dir.parent()) {
-                let enabled = words(&fs::read_to_string(parent_dir.join("cgroup.subtree_control")).unwrap_or_default());
-                if !need_v2.is_empty() && need_v2.iter().all(|c| enabled.iter().any(|e| e == c)) {
-                    v2.path = if parent_path.is_empty() { "/".into() } else { parent_path.into() };
-                    v2.dir = parent_dir.to_path_buf();
-                }
+            let enabled = |dir: &Path| words(&fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap_or_default());
+            if let Some((path, dir)) = leaf_parent(&v2.path, &v2.dir, &need_v2, enabled) {
+                (v2.path, v2.dir) = (path, dir);
             }
         }
         let avail = found
@@ -225,6 +222,22 @@ impl Cgroups {
         }
         Ok(())
     }
+}
+
+/// The daemon's v2 group if it runs in the leaf `<group>/daemon` (`path`,
+/// `dir`) of a group whose children get the controllers it needs from v2
+/// (`need_v2`; `enabled` reads a group's `cgroup.subtree_control`): that
+/// group's path and directory.
+fn leaf_parent(path: &str, dir: &Path, need_v2: &[&str], enabled: impl Fn(&Path) -> Vec<String>) -> Option<(String, PathBuf)> {
+    let parent_path = path.strip_suffix("/daemon")?;
+    let parent_dir = dir.parent()?;
+    if need_v2.is_empty() || dir.file_name()? != "daemon" {
+        return None;
+    }
+    let on = enabled(parent_dir);
+    need_v2.iter().all(|c| on.iter().any(|e| e == c)).then(|| {
+        (if parent_path.is_empty() { "/".into() } else { parent_path.into() }, parent_dir.to_path_buf())
+    })
 }
 
 /// Space-separated words of a control file.
@@ -341,6 +354,23 @@ mod tests {
         assert_eq!(m.wait().unwrap().signal(), Some(9));
         assert!(c.procs(&id).is_empty());
         c.destroy(&id).unwrap();
+    }
+
+    #[test]
+    fn a_daemon_in_its_own_v2_leaf_takes_the_delegated_parent() {
+        let all = ["memory", "pids", "cpu"];
+        let on = |words: &'static str| move |_: &Path| super::words(words);
+        let svc = Path::new("/sys/fs/cgroup/system.slice/wispd.service/daemon");
+        assert_eq!(
+            leaf_parent("/system.slice/wispd.service/daemon", svc, &all, on("cpu io memory pids")),
+            Some(("/system.slice/wispd.service".into(), "/sys/fs/cgroup/system.slice/wispd.service".into()))
+        );
+        // Not delegated (the controllers are not enabled for its children).
+        assert_eq!(leaf_parent("/system.slice/wispd.service/daemon", svc, &all, on("cpu")), None);
+        // Not a leaf named daemon; a hybrid host that needs nothing of v2.
+        assert_eq!(leaf_parent("/user.slice/session-1.scope", Path::new("/sys/fs/cgroup/user.slice/session-1.scope"), &all, on("memory pids cpu")), None);
+        assert_eq!(leaf_parent("/daemon", Path::new("/sys/fs/cgroup/unified/daemon"), &[], on("memory pids cpu")), None);
+        assert_eq!(leaf_parent("/daemon", Path::new("/sys/fs/cgroup/daemon"), &all, on("memory pids cpu")), Some(("/".into(), "/sys/fs/cgroup".into())));
     }
 
     #[test]
