@@ -195,14 +195,37 @@ def iperf(net, host, secs, length, window=None, udp=False, parallel=None):
     return {"error": last}
 
 
-def rr(net, host, size, count, args):
-    """`count` TCP round trips of `size` bytes over one connection (rrclient)."""
-    r = net.x(HELPERS["rrclient"], "-c", "-t", str(args.rr_max_secs), host, str(RR_PORT), str(size), str(count),
-              check=False)
+def rr_run(net, host, size, count, args):
+    """`count` TCP round trips of `size` bytes over one new connection
+    (rrclient); returns (the client's summary, the round trips in µs)."""
+    raw = os.path.join(BUILD, "net-rr.raw")
+    if os.path.exists(raw):
+        os.unlink(raw)
+    r = net.x(HELPERS["rrclient"], "-c", "-t", str(args.rr_max_secs), "-r", raw, host, str(RR_PORT), str(size),
+              str(count), check=False)
     try:
-        return json.loads(r.stdout.strip().splitlines()[-1])
+        v = json.loads(r.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return {"error": (r.stderr or r.stdout).strip()[-300:]}
+        v = {"error": (r.stderr or r.stdout).strip()[-300:]}
+    if "error" in v:
+        return v, []
+    with open(raw) as f:
+        return v, [int(x) / 1e3 for x in f.read().split()]
+
+
+CDF_PCT = list(range(100)) + [99.5, 99.9, 100]
+
+
+def distribution(rtts, secs, rounds):
+    """Pooled round trips of all rounds: the summary rrclient prints, over
+    all of them (nearest-rank percentiles)."""
+    s = sorted(rtts)
+    pct = lambda p: round(common.percentile(s, p), 3)  # noqa: E731
+    return {"round_trips": len(s), "rounds": len(rounds), "secs": round(secs, 4), "rps": round(len(s) / secs, 1),
+            "min_us": s[0], "p50_us": pct(50), "p90_us": pct(90), "p99_us": pct(99), "p999_us": pct(99.9),
+            "max_us": s[-1], "mean_us": round(sum(s) / len(s), 3),
+            "round_p50_us": [r["p50_us"] for r in rounds], "round_p99_us": [r["p99_us"] for r in rounds],
+            "cdf_pct": CDF_PCT, "cdf_us": [s[0]] + [pct(p) for p in CDF_PCT[1:]]}
 
 
 PING_LINE = re.compile(r"seq=(\d+) ttl=\d+ time=([\d.]+) ms")
@@ -211,31 +234,28 @@ PING_LINE = re.compile(r"seq=(\d+) ttl=\d+ time=([\d.]+) ms")
 def ping(net, host, count=PING_COUNT, interval=None):
     """ICMP round trips from the namespace to `host` (busybox ping): back to
     back (-A: the next request as soon as the reply arrives) or one every
-    `interval` seconds. avg_us is busybox's average over all replies; the
-    median/p99 leave out the first reply (it may include ARP)."""
+    `interval` seconds. avg_us is busybox's average over all replies;
+    `rtts_us` each reply's round trip."""
     argv = ["busybox", "ping", "-c", str(count), "-W", "5"]
     argv += ["-i", interval] if interval else ["-A"]
     r = net.x(*(argv + [host]), check=False)
     m = re.search(r"round-trip min/avg/max = ([\d.]+)/([\d.]+)/([\d.]+) ms", r.stdout)
     if not m:
         return {"error": (r.stderr or r.stdout).strip()[-300:]}
-    rtts = sorted(float(t) * 1e3 for q, t in PING_LINE.findall(r.stdout) if int(q) > 0)
     rec = re.search(r"(\d+) packets received", r.stdout)
-    out = {"count": count, "interval_s": float(interval) if interval else None,
-           "received": int(rec.group(1)) if rec else None,
-           "min_us": float(m.group(1)) * 1e3, "avg_us": float(m.group(2)) * 1e3, "max_us": float(m.group(3)) * 1e3}
-    if rtts:
-        out.update({"median_us": common.median(rtts), "p99_us": common.percentile(rtts, 99)})
-    return out
+    return {"count": count, "received": int(rec.group(1)) if rec else None,
+            "min_us": float(m.group(1)) * 1e3, "avg_us": float(m.group(2)) * 1e3, "max_us": float(m.group(3)) * 1e3,
+            "rtts_us": [float(t) * 1e3 for _, t in PING_LINE.findall(r.stdout)]}
 
 
-def busy_ping(net, env, host, args):
-    """Ping `host` as ping_idle does while rrclient keeps its server busy with
-    back-to-back 1-byte round trips on one connection."""
+def busy_ping(net, env, host, count):
+    """ping_idle's pings while rrclient keeps the server busy with
+    back-to-back 1-byte round trips on one connection; the loop's own
+    summary goes to "busy_loop"."""
     p = net.spawn([HELPERS["rrclient"], "-t", "120", host, str(RR_PORT), "1", "0"], env + "-busy")
     try:
         wait_for(p, "rrclient: running", 15)
-        v = ping(net, host, PING_SPACED, PING_INTERVAL)
+        v = ping(net, host, count, PING_INTERVAL)
         if p.poll() is not None:
             return {"error": "the busy loop ended before the pings did: %s" % _tail(p)}
     except Skip as e:
@@ -243,8 +263,7 @@ def busy_ping(net, env, host, args):
     finally:
         net.stop(p)
     try:
-        loop = json.loads(_tail(p, 100000).strip().splitlines()[-1])
-        v["busy_loop"] = {k: loop.get(k) for k in ("round_trips", "secs", "rps", "p50_us", "p99_us", "error") if k in loop}
+        v["busy_loop"] = json.loads(_tail(p, 100000).strip().splitlines()[-1])
     except (ValueError, IndexError):
         v["busy_loop"] = {"error": _tail(p)}
     return v
@@ -255,9 +274,10 @@ def _tail(p, n=300):
         return f.read()[-n:]
 
 
-def measure(net, env, host, echo_host, slow, args):
+def throughput(net, env, host, slow, args):
+    """The iperf3 points and the back-to-back ping, against one environment."""
     t = args.slow_secs if slow else args.secs
-    res = {"iperf_host": host, "echo_host": echo_host, "secs": t, "tcp": {}, "tcp_p4": {}, "window": {}, "udp": {}, "rr": {}}
+    res = {"iperf_host": host, "secs": t, "tcp": {}, "tcp_p4": {}, "window": {}, "udp": {}}
     for L in (MSG_SIZES_SLOW if slow else MSG_SIZES):
         res["tcp"][str(L)] = v = iperf(net, host, t, L)
         log("  %-9s tcp  -l %-5s %s" % (env, human(L), fmtres(v)))
@@ -270,18 +290,75 @@ def measure(net, env, host, echo_host, slow, args):
         res["udp"][str(L)] = v = iperf(net, host, t, L, udp=True)
         log("  %-9s udp  -l %-5s %s" % (env, human(L), fmtres(v)))
     res["ping"] = v = ping(net, host)
+    v.pop("rtts_us", None)
     log("  %-9s ping -A   %s" % (env, fmtping(v, "avg_us")))
-    # The echo server has seen no traffic yet but wait_port's: idle.
-    res["ping_idle"] = v = ping(net, echo_host, PING_SPACED, PING_INTERVAL)
-    log("  %-9s ping idle %s" % (env, fmtping(v)))
-    for size in RR_SIZES:
-        res["rr"][str(size)] = v = rr(net, echo_host, size, args.rr_count_slow if slow else args.rr_count, args)
-        log("  %-9s rr   %-5s %s" % (env, human(size), "error: %s" % v["error"] if "error" in v else
-                                     "p50 %.1f us, p99 %.1f us, min %.1f us, %d round trips" % (
-                                         v["p50_us"], v["p99_us"], v["min_us"], v["round_trips"])))
-    res["ping_busy"] = v = busy_ping(net, env, echo_host, args)
-    log("  %-9s ping busy %s" % (env, fmtping(v)))
     return res
+
+
+def latency(net, envs, slow, args, results):
+    """Request/response and idle/busy ping against several environments'
+    echo servers at once (envs: [(name, echo_host)]), in `args.rounds`
+    rounds that take the environments in turn (each round starts with the
+    next one), so that the host's drift during the phase falls on all of
+    them alike. Per round and environment: `rr_count / rounds` round trips
+    of each size on a new connection; then, after all round trips, rounds
+    of PING_SPACED / rounds idle pings, then as many busy ones. The round
+    trips go first, so no ping pays for ARP."""
+    R = max(1, args.rounds)
+    count = max(1, (args.rr_count_slow if slow else args.rr_count) // R)
+    pings = max(1, PING_SPACED // R)
+    acc = {e: {"rr": {str(sz): ([], [], 0.0) for sz in RR_SIZES}, "idle": [], "busy": [], "loops": [], "errors": []}
+           for e, _ in envs}
+    order = lambda r: envs[r % len(envs):] + envs[:r % len(envs)]  # noqa: E731
+    for r in range(R):
+        for e, host in order(r):
+            for sz in RR_SIZES:
+                v, rtts = rr_run(net, host, sz, count, args)
+                if "error" in v:
+                    acc[e]["errors"].append("rr %d B: %s" % (sz, v["error"]))
+                    continue
+                runs, samples, secs = acc[e]["rr"][str(sz)]
+                runs.append(v)
+                samples.extend(rtts)
+                acc[e]["rr"][str(sz)] = (runs, samples, secs + v["secs"])
+    for kind in ("idle", "busy"):
+        for r in range(R):
+            for e, host in order(r):
+                v = ping(net, host, pings, PING_INTERVAL) if kind == "idle" else busy_ping(net, e, host, pings)
+                if "error" in v:
+                    acc[e]["errors"].append("ping %s: %s" % (kind, v["error"]))
+                    continue
+                acc[e][kind].extend(v["rtts_us"])
+                if kind == "busy":
+                    acc[e]["loops"].append(v["busy_loop"])
+    for e, host in envs:
+        a, res = acc[e], results[e]
+        res["echo_host"] = host
+        res["rr"] = {}
+        for sz in RR_SIZES:
+            runs, samples, secs = a["rr"][str(sz)]
+            res["rr"][str(sz)] = v = distribution(samples, secs, runs) if samples else {"error": "; ".join(a["errors"])}
+            log("  %-9s rr   %-5s %s" % (e, human(sz), "error: %s" % v["error"] if "error" in v else
+                                         "p50 %.1f us, p99 %.1f us, min %.1f us, %d round trips (p50 per round %s)" % (
+                                             v["p50_us"], v["p99_us"], v["min_us"], v["round_trips"],
+                                             "/".join("%.0f" % x for x in v["round_p50_us"]))))
+        for kind in ("idle", "busy"):
+            rtts = sorted(a[kind])
+            if not rtts:
+                res["ping_" + kind] = {"error": "; ".join(a["errors"]) or "no replies"}
+            else:
+                res["ping_" + kind] = {"count": pings * R, "received": len(rtts), "interval_s": float(PING_INTERVAL),
+                                       "median_us": common.median(rtts), "p99_us": common.percentile(rtts, 99),
+                                       "min_us": rtts[0], "avg_us": sum(rtts) / len(rtts), "max_us": rtts[-1]}
+            if kind == "busy" and a["loops"] and "error" not in res["ping_busy"]:
+                ok = [x for x in a["loops"] if "error" not in x]
+                res["ping_busy"]["busy_loop"] = {
+                    "round_trips": sum(x["round_trips"] for x in ok), "secs": round(sum(x["secs"] for x in ok), 3),
+                    "p50_us_per_round": [x["p50_us"] for x in ok],
+                    "errors": [x["error"] for x in a["loops"] if "error" in x]}
+            log("  %-9s ping %-4s %s" % (e, kind, fmtping(res["ping_" + kind])))
+        if a["errors"]:
+            res["latency_errors"] = a["errors"]
 
 
 def fmtping(v, key="median_us"):
@@ -316,7 +393,7 @@ def env_wisp(net, args):
     p2 = net.spawn([wisp, "run", "--timeout", "600s", "--tap", "wtap1", "--ip", "10.88.1.2/24", "echo"], "wisp-echo", env=env)
     wait_for(p1, "listening", 30)
     wait_for(p2, "listening", 30)
-    return "10.88.0.2", "10.88.1.2", [p1, p2], {
+    return "10.88.0.2", "10.88.1.2", {"iperf": [p1], "echo": [p2]}, {
         "iperf": "wisp run --tap wtap0 --ip 10.88.0.2/24 iperf", "echo": "wisp run --tap wtap1 --ip 10.88.1.2/24 echo"}
 
 
@@ -328,7 +405,7 @@ def _plain_servers(net, ns, host, name):
     wait_for(p1, "Server listening", 10)
     wait_for(p2, "listening", 10)
     wait_port(net, host, RR_PORT, 10)
-    return host, host, [p1, p2], {"iperf": "iperf3 -s", "echo": "bench/build/echosrv %d (bench/echo/echosrv.c)" % RR_PORT}
+    return host, host, {"iperf": [p1], "echo": [p2]}, {"iperf": "iperf3 -s", "echo": "bench/build/echosrv %d (bench/echo/echosrv.c)" % RR_PORT}
 
 
 def env_container(net, args):
@@ -414,7 +491,7 @@ def env_linux_vm(net, args):
     p = net.spawn(argv, "linux-vm")
     wait_for(p, VM_READY, 180)
     wait_port(net, "10.88.3.2", RR_PORT, 30)
-    return "10.88.3.2", "10.88.3.2", [p], {"vm": " ".join(argv), "iperf": "iperf3 -s -D",
+    return "10.88.3.2", "10.88.3.2", {"iperf": [], "echo": [p]}, {"vm": " ".join(argv), "iperf": "iperf3 -s -D",
                                            "echo": "/bin/echosrv %d (bench/echo/echosrv.c, static)" % RR_PORT}
 
 
@@ -678,6 +755,15 @@ def do_plot(out):
 # --------------------------------------------------------------------------
 
 
+def _loadavg():
+    """The host's 1/5/15-minute load averages: how quiet the machine was."""
+    try:
+        with open("/proc/loadavg") as f:
+            return [float(x) for x in f.read().split()[:3]]
+    except (OSError, ValueError):
+        return None
+
+
 def _on_sigterm(*_):
     raise KeyboardInterrupt()
 
@@ -692,6 +778,8 @@ def main():
     ap.add_argument("--rr-count", type=int, default=20000, help="request/response round trips per size (default 20000)")
     ap.add_argument("--rr-count-slow", type=int, default=2000, help="the same for the Linux VM (TCG; default 2000)")
     ap.add_argument("--rr-max-secs", type=float, default=20, help="stop a request/response run after this long (default 20)")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="latency rounds, taking the environments in turn (default 5)")
     ap.add_argument("--plot-only", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.plot_only:
@@ -707,25 +795,50 @@ def main():
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _on_sigterm)
     results = {}
+    load_before = _loadavg()
+    if load_before and load_before[0] > 1.0:
+        log("note: the host is busy (load average %s): figures will be noisy" % " ".join("%.2f" % x for x in load_before))
     try:
         net.up()
         log("namespace %s (container: %s)" % (net.ns, net.ns2))
+        # Throughput one environment after another; each keeps its echo
+        # server, and the fast ones' latency is then measured together, in
+        # rounds (latency()). The Linux VM (TCG, slow, and busy even when
+        # idle) runs last and on its own.
+        waiting = []
         for name, fn, slow in ENVS:
             if name not in want:
                 continue
+            if slow and waiting:
+                log("latency: %s" % ", ".join(e for e, _, _ in waiting))
+                latency(net, [(e, h) for e, h, _ in waiting], False, args, results)
+                for _, _, procs in waiting:
+                    for p in procs:
+                        net.stop(p)
+                waiting = []
             log("%s:" % name)
-            procs = []
+            procs = {}
             try:
                 host, echo_host, procs, cmds = fn(net, args)
-                r = measure(net, name, host, echo_host, slow, args)
-                r["commands"] = cmds
-                results[name] = r
+                results[name] = throughput(net, name, host, slow, args)
+                results[name]["commands"] = cmds
             except Skip as e:
                 log("  skipped: %s" % e)
                 results[name] = {"skipped": str(e)}
-            finally:
-                for p in procs:
+                for p in procs.get("iperf", []) + procs.get("echo", []):
                     net.stop(p)
+                continue
+            for p in procs["iperf"]:
+                net.stop(p)
+            if slow:
+                latency(net, [(name, echo_host)], True, args, results)
+                for p in procs["echo"]:
+                    net.stop(p)
+            else:
+                waiting.append((name, echo_host, procs["echo"]))
+        if waiting:
+            log("latency: %s" % ", ".join(e for e, _, _ in waiting))
+            latency(net, [(e, h) for e, h, _ in waiting], False, args, results)
     except KeyboardInterrupt:
         log("interrupted")
         raise
@@ -738,17 +851,20 @@ def main():
                       "windows": WINDOWS, "udp_sizes": UDP_SIZES, "udp_sizes_linux_vm": UDP_SIZES_SLOW,
                       "udp_rate": UDP_RATE, "secs": args.secs, "slow_secs": args.slow_secs,
                       "tcp_p4": "iperf3 -P %d -l %s (sum of the streams)" % (P4_STREAMS, human(P4_SIZE)),
-                      "rr": ("TCP request/response, one connection, TCP_NODELAY: bench/echo/rrclient.c (static C, "
-                             "CLOCK_MONOTONIC around send..last recv), %d round trips per size after 200 warm-up "
-                             "(%d for the Linux VM), sizes %s; server: wisp's guest `echo` app for wisp, "
-                             "bench/echo/echosrv.c (static C, epoll) for every other peer"
-                             % (args.rr_count, args.rr_count_slow, RR_SIZES)),
-                      "ping": ("busybox ping: `ping` -A -c %d to the iperf server (avg); `ping_idle` -i %s -c %d to "
-                               "the echo server, nothing else running; `ping_busy` the same while rrclient runs "
-                               "1-byte round trips against that server; median/p99 leave out the first reply"
-                               % (PING_COUNT, PING_INTERVAL, PING_SPACED)),
+                      "rr": ("TCP request/response, TCP_NODELAY: bench/echo/rrclient.c (static C, CLOCK_MONOTONIC "
+                             "from before send to after the last recv), %d round trips per size (%d for the Linux VM) "
+                             "in %d rounds of one connection each (200 warm-up round trips per connection), pooled; "
+                             "the fast environments' rounds alternate between them; sizes %s; server: wisp's guest "
+                             "`echo` app for wisp, bench/echo/echosrv.c (static C, epoll) for every other peer"
+                             % (args.rr_count, args.rr_count_slow, args.rounds, RR_SIZES)),
+                      "ping": ("busybox ping: `ping` -A -c %d to the iperf server (busybox's avg), after that "
+                               "environment's iperf3 points; `ping_idle`: -i %s to the echo server, nothing else "
+                               "running, %d pings in %d rounds alternating between environments, median of all "
+                               "replies; `ping_busy`: the same while rrclient runs back-to-back 1-byte round trips "
+                               "against that server" % (PING_COUNT, PING_INTERVAL, PING_SPACED, args.rounds)),
                       "linux_vm": "QEMU -accel tcg (software emulation): KVM on this host cannot boot a stock Linux kernel",
                       "gbps": "receiver side (server) bits/s / 1e9"},
+           "host_load": {"loadavg_before": load_before, "loadavg_after": _loadavg()},
            "environments": results}
     doc["ratios"] = ratios(results)
     doc["targets"] = targets(doc["ratios"])

@@ -1,5 +1,5 @@
 /*
- * rrclient [-w WARMUP] [-t MAXSECS] [-c] HOST PORT SIZE COUNT
+ * rrclient [-w WARMUP] [-t MAXSECS] [-c] [-r FILE] HOST PORT SIZE COUNT
  *
  * TCP request/response against an echo server: one connection
  * (TCP_NODELAY), WARMUP unrecorded round trips (default 200), then COUNT
@@ -9,7 +9,8 @@
  * MAXSECS (default 30) of recorded time; COUNT 0 means "until MAXSECS or
  * SIGTERM/SIGINT" (bench/net.py uses that to keep a VM busy while it pings
  * it). With -c the reply is checked against the request (after the clock
- * stops).
+ * stops). With -r every round trip's time (ns, one a line, in the order
+ * measured) is written to FILE at the end (bench/net.py pools several runs).
  *
  * Prints "rrclient: running" on stderr when the warm-up is over, and one
  * JSON object on stdout at the end: round trips, min/p50/p90/p99/p99.9/max/
@@ -100,19 +101,22 @@ int main(int argc, char **argv) {
     long warmup = 200;
     double maxsecs = 30;
     int check = 0, opt;
-    while ((opt = getopt(argc, argv, "w:t:c")) != -1) {
+    const char *raw = NULL;
+    while ((opt = getopt(argc, argv, "w:t:cr:")) != -1) {
         if (opt == 'w')
             warmup = atol(optarg);
         else if (opt == 't')
             maxsecs = atof(optarg);
         else if (opt == 'c')
             check = 1;
+        else if (opt == 'r')
+            raw = optarg;
         else
             goto usage;
     }
     if (argc - optind != 4) {
     usage:
-        fprintf(stderr, "usage: rrclient [-w WARMUP] [-t MAXSECS] [-c] HOST PORT SIZE COUNT\n");
+        fprintf(stderr, "usage: rrclient [-w WARMUP] [-t MAXSECS] [-c] [-r FILE] HOST PORT SIZE COUNT\n");
         return 2;
     }
     const char *host = argv[optind];
@@ -196,6 +200,15 @@ int main(int argc, char **argv) {
     if (n == 0)
         fail("no round trips", 0);
 
+    if (raw) {
+        FILE *f = fopen(raw, "w");
+        if (!f)
+            fail("open -r file", errno);
+        for (size_t i = 0; i < n; i++)
+            fprintf(f, "%llu\n", (unsigned long long)lat[i]);
+        if (fclose(f) != 0)
+            fail("write -r file", errno);
+    }
     double secs = (double)(end - start) / 1e9, sum = 0;
     for (size_t i = 0; i < n; i++)
         sum += (double)lat[i];
