@@ -789,7 +789,10 @@ def main():
     if os.geteuid() != 0:
         sys.exit("net.py: run as root (network namespaces, taps, /dev/kvm)")
     os.makedirs(BUILD, exist_ok=True)
-    HELPERS.update(helpers())
+    try:
+        HELPERS.update(helpers())
+    except Skip as e:
+        sys.exit("net.py: cannot build bench/echo's helpers: %s" % e)
     want = args.envs.split(",")
     net = Net()
     signal.signal(signal.SIGINT, signal.default_int_handler)
