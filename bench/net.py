@@ -755,6 +755,107 @@ def do_plot(out):
 # --------------------------------------------------------------------------
 
 
+class HostWatch:
+    """CPU time that other processes on the host use while the benchmark
+    runs (other engineers' builds, tests...): every 0.5 s a thread reads
+    /proc/*/stat and adds up the user+system time of every process that is
+    neither this script nor one of its descendants nor a kernel thread (the
+    network stack's softirq work is ours and lands there). A process first
+    seen during the run counts whole. mark(name) closes a phase;
+    result() gives each phase's share of all CPUs in per cent."""
+
+    def __init__(self):
+        import threading
+        self.me = os.getpid()
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.ncpu = os.cpu_count() or 1
+        self.seen = {}         # pid -> (starttime, cpu ticks last seen)
+        self.other = 0         # ticks of other processes so far
+        self.phases = []       # (name, seconds, ticks)
+        self.t0 = self.mark_t = time.monotonic()
+        self.mark_ticks = 0
+        self.lock = threading.Lock()
+        self.stop_ev = threading.Event()
+        self.sample(first=True)
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.thread.start()
+
+    def loop(self):
+        while not self.stop_ev.wait(0.5):
+            self.sample()
+
+    def sample(self, first=False):
+        procs = {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    st = f.read()
+            except OSError:
+                continue
+            f = st[st.rindex(")") + 2:].split()
+            # fields after the name: state ppid ... flags(7) ... utime(12) stime(13) ... starttime(20)
+            procs[int(d)] = (int(f[1]), int(f[6]), int(f[11]) + int(f[12]), int(f[19]))
+        ours = {self.me}
+        changed = True
+        while changed:
+            changed = False
+            for pid, (ppid, _, _, _) in procs.items():
+                if ppid in ours and pid not in ours:
+                    ours.add(pid)
+                    changed = True
+        add = 0
+        for pid, (ppid, flags, cpu, start) in procs.items():
+            prev = self.seen.get(pid)
+            base = prev[1] if prev and prev[0] == start else (cpu if first else 0)
+            self.seen[pid] = (start, cpu)
+            if pid in ours or flags & 0x00200000 or pid == 2 or ppid == 2:  # PF_KTHREAD
+                continue
+            add += max(0, cpu - base)
+        with self.lock:
+            self.other += add
+
+    def mark(self, name):
+        self.sample()
+        now = time.monotonic()
+        with self.lock:
+            self.phases.append((name, now - self.mark_t, self.other - self.mark_ticks))
+            self.mark_t, self.mark_ticks = now, self.other
+
+    def result(self):
+        self.stop_ev.set()
+        self.thread.join(2)
+        pct = lambda secs, ticks: round(100.0 * ticks / self.tick / (secs * self.ncpu), 1) if secs > 0 else None  # noqa: E731
+        total = sum(p[1] for p in self.phases)
+        return {"other_cpu_pct": pct(total, sum(p[2] for p in self.phases)),
+                "other_cpu_pct_by_phase": {n: pct(s, t) for n, s, t in self.phases}}
+
+
+def wait_quiet(limit, window=3.0, threshold=5.0):
+    """Before measuring: wait (at most `limit` s) for a `window` in which
+    other processes use under `threshold` % of the CPUs; measure anyway
+    after that, saying so. Returns the last window's figure."""
+    w = HostWatch()
+    end = time.monotonic() + limit
+    pct = None
+    try:
+        while True:
+            w.stop_ev.wait(window)  # a measuring window, not a synchronisation
+            w.mark("wait")
+            pct = 100.0 * w.phases[-1][2] / w.tick / (w.phases[-1][1] * w.ncpu)
+            if pct < threshold:
+                break
+            if time.monotonic() >= end:
+                log("note: the host is still busy after %ds (other processes: %.0f %% of the CPUs); measuring anyway"
+                    % (limit, pct))
+                break
+            log("waiting for a quiet host: other processes use %.0f %% of the CPUs" % pct)
+    finally:
+        w.result()
+    return round(pct, 1)
+
+
 def _loadavg():
     """The host's 1/5/15-minute load averages: how quiet the machine was."""
     try:
@@ -778,6 +879,8 @@ def main():
     ap.add_argument("--rr-count", type=int, default=20000, help="request/response round trips per size (default 20000)")
     ap.add_argument("--rr-count-slow", type=int, default=2000, help="the same for the Linux VM (TCG; default 2000)")
     ap.add_argument("--rr-max-secs", type=float, default=20, help="stop a request/response run after this long (default 20)")
+    ap.add_argument("--wait-quiet", type=int, default=180, metavar="SECS",
+                    help="first wait up to SECS for other processes to use < 5%% of the CPUs (default 180; 0: don't)")
     ap.add_argument("--rounds", type=int, default=5,
                     help="latency rounds, taking the environments in turn (default 5)")
     ap.add_argument("--plot-only", help=argparse.SUPPRESS)
@@ -798,12 +901,15 @@ def main():
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _on_sigterm)
     results = {}
+    quiet = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
     load_before = _loadavg()
     if load_before and load_before[0] > 1.0:
         log("note: the host is busy (load average %s): figures will be noisy" % " ".join("%.2f" % x for x in load_before))
+    watch = None
     try:
         net.up()
         log("namespace %s (container: %s)" % (net.ns, net.ns2))
+        watch = HostWatch()
         # Throughput one environment after another; each keeps its echo
         # server, and the fast ones' latency is then measured together, in
         # rounds (latency()). The Linux VM (TCG, slow, and busy even when
@@ -815,6 +921,7 @@ def main():
             if slow and waiting:
                 log("latency: %s" % ", ".join(e for e, _, _ in waiting))
                 latency(net, [(e, h) for e, h, _ in waiting], False, args, results)
+                watch.mark("latency")
                 for _, _, procs in waiting:
                     for p in procs:
                         net.stop(p)
@@ -830,11 +937,14 @@ def main():
                 results[name] = {"skipped": str(e)}
                 for p in procs.get("iperf", []) + procs.get("echo", []):
                     net.stop(p)
+                watch.mark(name + " (skipped)")
                 continue
+            watch.mark(name)
             for p in procs["iperf"]:
                 net.stop(p)
             if slow:
                 latency(net, [(name, echo_host)], True, args, results)
+                watch.mark(name + " latency")
                 for p in procs["echo"]:
                     net.stop(p)
             else:
@@ -842,6 +952,7 @@ def main():
         if waiting:
             log("latency: %s" % ", ".join(e for e, _, _ in waiting))
             latency(net, [(e, h) for e, h, _ in waiting], False, args, results)
+            watch.mark("latency")
     except KeyboardInterrupt:
         log("interrupted")
         raise
@@ -867,7 +978,9 @@ def main():
                                "against that server" % (PING_COUNT, PING_INTERVAL, PING_SPACED, args.rounds)),
                       "linux_vm": "QEMU -accel tcg (software emulation): KVM on this host cannot boot a stock Linux kernel",
                       "gbps": "receiver side (server) bits/s / 1e9"},
-           "host_load": {"loadavg_before": load_before, "loadavg_after": _loadavg()},
+           "host_load": dict({"loadavg_before": load_before, "loadavg_after": _loadavg(),
+                              "other_cpu_pct_before": quiet},
+                             **(watch.result() if watch else {})),
            "environments": results}
     doc["ratios"] = ratios(results)
     doc["targets"] = targets(doc["ratios"])
@@ -876,6 +989,10 @@ def main():
         json.dump(doc, f, indent=1)
         f.write("\n")
     print_table(doc)
+    other = doc["host_load"].get("other_cpu_pct")
+    if other is not None and other > 5:
+        log("note: other processes used %.1f %% of the host's CPUs during the run (by phase: %s): "
+            "the figures are disturbed; rerun on a quiet host" % (other, doc["host_load"]["other_cpu_pct_by_phase"]))
     do_plot(args.out)
     return 0
 

@@ -98,7 +98,13 @@ def net_section(n):
     cols = " | ".join(head[e] for e in envs)
     sep = "|---|" + "---|" * len(envs)
     sizes = sorted({int(k) for e in envs for k in E[e]["tcp"]})
-    load = n.get("host_load", {}).get("loadavg_before")
+    hl = n.get("host_load", {})
+    load = hl.get("loadavg_before")
+    other = hl.get("other_cpu_pct")
+    quiet = ("" if other is None else
+             " Other processes on the host used %.1f %% of its CPUs during the run%s." % (
+                 other, " (by phase: %s)" % ", ".join("%s %.0f %%" % kv for kv in hl.get("other_cpu_pct_by_phase", {}).items())
+                 if other >= 2 else ""))
     out = ["## Network study (`make bench-net`, `bench/results/net.json`, `net-tcp.png`, `net-udp.png`, "
            "`net-window.png`, `net-rr.png`, `net-ping.png`)", "",
            "All inside one network namespace the benchmark creates: wisp (the `iperf` and `echo` apps, one VM",
@@ -108,7 +114,7 @@ def net_section(n):
            "Throughput: the host's `iperf3` client. Request/response: one compiled client (`bench/echo/rrclient.c`)",
            "for every peer; the server is wisp's guest `echo` app for wisp and one compiled echo server",
            "(`bench/echo/echosrv.c`, static) for all the others. Run of %s%s." % (
-               n["date"][:16], " (host load average %.2f at the start)" % load[0] if load else ""), "",
+               n["date"][:16], " (host load average %.2f at the start)" % load[0] if load else "") + quiet, "",
            "Targets for the data-path work, measured in this run (wisp ÷ peer unless said otherwise):", "",
            "| ratio | measured | target | |", "|---|---|---|---|"]
     for k, t in n.get("targets", {}).items():
