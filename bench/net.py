@@ -726,10 +726,12 @@ def plot(doc, outdir):
     a.set_xticks(range(len(envs)))
     a.set_xticklabels([label(e) for e in envs])
     a.set_yscale("log")
+    top = max([res[e].get(k, {}).get(f) or 1 for e in envs for k, f, _ in kinds] + [1])
+    a.set_ylim(top=top * 5)
     a.set_ylabel("ICMP echo round trip (µs, log)")
     a.set_title("ping from the namespace to each server")
     a.grid(True, axis="y", alpha=0.3, which="both")
-    a.legend(fontsize=8)
+    a.legend(fontsize=8, loc="upper center", ncol=3)
     fig.tight_layout()
     fig.savefig(os.path.join(outdir, "net-ping.png"), dpi=110)
     plt.close(fig)
@@ -903,8 +905,6 @@ def main():
     results = {}
     quiet = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
     load_before = _loadavg()
-    if load_before and load_before[0] > 1.0:
-        log("note: the host is busy (load average %s): figures will be noisy" % " ".join("%.2f" % x for x in load_before))
     watch = None
     try:
         net.up()
