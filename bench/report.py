@@ -99,7 +99,6 @@ def net_section(n):
     sep = "|---|" + "---|" * len(envs)
     sizes = sorted({int(k) for e in envs for k in E[e]["tcp"]})
     hl = n.get("host_load", {})
-    load = hl.get("loadavg_before")
     other = hl.get("other_cpu_pct")
     quiet = ("" if other is None else
              " Other processes on the host used %.1f %% of its CPUs during the run%s." % (
@@ -114,7 +113,7 @@ def net_section(n):
            "Throughput: the host's `iperf3` client. Request/response: one compiled client (`bench/echo/rrclient.c`)",
            "for every peer; the server is wisp's guest `echo` app for wisp and one compiled echo server",
            "(`bench/echo/echosrv.c`, static) for all the others. Run of %s%s." % (
-               n["date"][:16], " (host load average %.2f at the start)" % load[0] if load else "") + quiet, "",
+               n["date"][:16], "") + quiet, "",
            "Targets for the data-path work, measured in this run (wisp ÷ peer unless said otherwise):", "",
            "| ratio | measured | target | |", "|---|---|---|---|"]
     for k, t in n.get("targets", {}).items():
