@@ -87,44 +87,85 @@ def density_section(d):
     return out
 
 
+NET_ENVS = [("wisp", "wisp"), ("container", "container"), ("native", "native"),
+            ("linux_vm", "Linux VM (QEMU TCG)")]
+
+
 def net_section(n):
     E = n["environments"]
-    envs = [e for e in ("wisp", "container", "native", "linux_vm") if e in E and "tcp" in E[e]]
+    envs = [e for e, _ in NET_ENVS if e in E and "tcp" in E[e]]
+    head = dict(NET_ENVS)
+    cols = " | ".join(head[e] for e in envs)
+    sep = "|---|" + "---|" * len(envs)
     sizes = sorted({int(k) for e in envs for k in E[e]["tcp"]})
-    out = ["## Network study (`make bench-net`, `bench/results/net.json`, `net-tcp.png`, `net-udp.png`, `net-window.png`)", "",
-           "The host's `iperf3` client against each environment, all inside one network namespace the",
-           "benchmark creates: wisp (the `iperf` app on a tap), a container (iperf3 in a child namespace",
-           "behind a veth pair), native (iperf3 on the namespace's loopback) and a Linux VM (QEMU TCG",
-           "microvm, Debian cloud kernel, virtio-net, iperf3 in the initramfs). Run of %s." % n["date"][:16], "",
-           "TCP stream throughput (Gbit/s) against message size (`-l`):", "",
-           "| size | " + " | ".join(envs) + " |", "|---|" + "---|" * len(envs)]
+    hl = n.get("host_load", {})
+    other = hl.get("other_cpu_pct")
+    quiet = ("" if other is None else
+             " Other processes on the host used %.1f %% of its CPUs during the run%s." % (
+                 other, " (by phase: %s)" % ", ".join("%s %.0f %%" % kv for kv in hl.get("other_cpu_pct_by_phase", {}).items())
+                 if other >= 2 else ""))
+    out = ["## Network study (`make bench-net`, `bench/results/net.json`, `net-tcp.png`, `net-udp.png`, "
+           "`net-window.png`, `net-rr.png`, `net-ping.png`)", "",
+           "All inside one network namespace the benchmark creates: wisp (the `iperf` and `echo` apps, one VM",
+           "each, on taps), a container (servers in a child namespace behind a veth pair), native (servers on",
+           "the namespace's loopback) and a Linux VM — **QEMU TCG** (software emulation: KVM on this host cannot",
+           "boot a stock Linux kernel), microvm, Debian cloud kernel, virtio-net, servers in the initramfs.",
+           "Throughput: the host's `iperf3` client. Request/response: one compiled client (`bench/echo/rrclient.c`)",
+           "for every peer; the server is wisp's guest `echo` app for wisp and one compiled echo server",
+           "(`bench/echo/echosrv.c`, static) for all the others. Run of %s%s." % (
+               n["date"][:16], "") + quiet, "",
+           "Targets for the data-path work, measured in this run (wisp ÷ peer unless said otherwise):", "",
+           "| ratio | measured | target | |", "|---|---|---|---|"]
+    for k, t in n.get("targets", {}).items():
+        v = t["value"]
+        shown = "n/a" if v is None else ("+%.1f points" % v if k == "udp_small_loss_pct" else ratio(v))
+        out.append("| `%s` | %s | %s | %s |" % (k, shown, t["target"],
+                                               {True: "met", False: "**missed**", None: "not measured"}[t["met"]]))
+    out += ["", "TCP stream throughput (Gbit/s) against message size (`-l`), one stream, and 64 KiB over four (`-P 4`):", "",
+            "| size | " + cols + " |", sep]
+    gb = lambda v: "%.2f" % v["gbps"] if v and v.get("gbps") is not None else "-"  # noqa: E731
     for sz in sizes:
-        cells = []
-        for e in envs:
-            v = E[e]["tcp"].get(str(sz))
-            cells.append("%.2f" % v["gbps"] if v and v.get("gbps") is not None else "-")
-        out.append("| %d | %s |" % (sz, " | ".join(cells)))
+        out.append("| %d | %s |" % (sz, " | ".join(gb(E[e]["tcp"].get(str(sz))) for e in envs)))
+    p4 = sorted({k for e in envs for k in E[e].get("tcp_p4", {})}, key=int)
+    for k in p4:
+        out.append("| %d, `-P 4` | %s |" % (int(k), " | ".join(gb(E[e].get("tcp_p4", {}).get(k)) for e in envs)))
     udp = sorted({int(k) for e in envs for k in E[e].get("udp", {})})
     out += ["", "UDP at 200 Mbit/s offered, received throughput (Gbit/s) / loss (%) against datagram size:", "",
-            "| size | " + " | ".join(envs) + " |", "|---|" + "---|" * len(envs)]
+            "| size | " + cols + " |", sep]
     for sz in udp:
         cells = []
         for e in envs:
             v = E[e].get("udp", {}).get(str(sz))
             cells.append("%.3f / %.1f" % (v["gbps"], v["loss_pct"]) if v and v.get("gbps") is not None else "-")
         out.append("| %d | %s |" % (sz, " | ".join(cells)))
-    rr = []
-    for e in envs:
-        r = E[e].get("rr") or E[e].get("latency") or {}
-        med = r.get("median_us") if isinstance(r, dict) else None
-        rr.append("%s %s µs" % (e, "%.0f" % med if med is not None else "-"))
-    pings = []
-    for e in envs:
-        pg = E[e].get("ping") or {}
-        pings.append("%s %s µs" % (e, "%.0f" % pg["avg_us"] if "avg_us" in pg else "-"))
-    out += ["", "Request/response latency, median: " + ", ".join(rr) + ".", "",
-            "Ping round trip from the namespace, average: " + ", ".join(pings) + ".", "",
-            "`ratios`: " + ", ".join("`%s` %s" % (k, ratio(v)) for k, v in n["ratios"].items()) + ".", ""]
+    us = lambda v, k: "%.0f" % v[k] if v and v.get(k) is not None else "-"  # noqa: E731
+    out += ["", "TCP request/response round trip (µs), pooled over the rounds:", "",
+            "| | " + cols + " |", sep,
+            "| server | " + " | ".join("guest `echo` app" if e == "wisp" else "`echosrv`" for e in envs) + " |"]
+    for sz in sorted({int(k) for e in envs for k in E[e].get("rr", {})}):
+        for key, name in (("p50_us", "p50"), ("p90_us", "p90"), ("p99_us", "p99"), ("min_us", "min")):
+            out.append("| %s, %s | %s |" % ("1 B" if sz == 1 else "%d B" % sz, name,
+                                            " | ".join(us(E[e].get("rr", {}).get(str(sz)), key) for e in envs)))
+        out.append("| %s, p50 of each round | %s |" % ("1 B" if sz == 1 else "%d B" % sz, " | ".join(
+            "/".join("%.0f" % x for x in E[e].get("rr", {}).get(str(sz), {}).get("round_p50_us", [])) or "-"
+            for e in envs)))
+    out += ["", "Ping from the namespace (µs): back to back (`-A`, average), idle and busy (one echo every",
+            "0.1 s, median / p99):", "",
+            "| | " + cols + " |", sep,
+            "| back to back, avg | %s |" % " | ".join(us(E[e].get("ping"), "avg_us") for e in envs),
+            "| idle | %s |" % " | ".join("%s / %s" % (us(E[e].get("ping_idle"), "median_us"), us(E[e].get("ping_idle"), "p99_us"))
+                                       for e in envs),
+            "| busy (1-byte request/response loop running) | %s |" % " | ".join(
+                "%s / %s" % (us(E[e].get("ping_busy"), "median_us"), us(E[e].get("ping_busy"), "p99_us")) for e in envs)]
+    rs = []
+    for k, v in n["ratios"].items():
+        if isinstance(v, dict):
+            def losses(d):
+                return ", ".join("%s B %.1f %%" % (s, x) for s, x in d.items() if x is not None)
+            rs.append("`%s` wisp %s; container %s" % (k, losses(v.get("wisp", {})), losses(v.get("container", {}))))
+        else:
+            rs.append("`%s` %s" % (k, ratio(v)))
+    out += ["", "`ratios`: " + ", ".join(rs) + ".", ""]
     return out
 
 
