@@ -7,16 +7,30 @@
 //! a byte buffer ([`ByteRegion`]) with frames of their own.
 //!
 //! The region is guest memory: the guest may write anything there at any
-//! time. So every index, descriptor and frame is copied out once and then
-//! checked (copy-then-validate); what is sent is the copy that was checked.
-//! The monitor's own indices (`tx_cons`, `rx_prod`) live here and are only
+//! time. So every index and descriptor is copied out once and then checked
+//! (copy-then-validate), and so are a TX frame's headers: what the monitor
+//! decides on — the identity, the virtio-net header ([`check`]) — and the
+//! headers it sends are its private copy. Only the payload after them goes
+//! from guest memory to the tap without a copy ([`TxFrame::rest`]): the
+//! guest may change it meanwhile, which changes nothing but its own data.
+//! RX frames are written into the ring's slots as the host gave them. The
+//! monitor's own indices (`tx_cons`, `rx_prod`) live here and are only
 //! published, never read back. A broken rule is an `Err` (the NIC stops),
 //! never a panic.
 
+pub mod check;
+#[cfg(test)]
+mod tests;
+
 use std::time::{Duration, Instant};
 
-use wisp_abi::net::{hdr, SlotDesc, MAX_FRAME, REGION_SIZE, RX_BUF_OFF, RX_DESC_OFF, SLOTS, SLOT_SIZE, TX_BUF_OFF, TX_DESC_OFF};
+use wisp_abi::net::{
+    gso, hdr, slots_for, vnet_flags, SlotDesc, VnetHdr, DESC_SIZE, MAX_CHAIN, MAX_FRAME, MAX_GSO_FRAME, REGION_SIZE, RX_BUF_OFF,
+    RX_DESC_OFF, SLOTS, SLOT_SIZE, TX_BUF_OFF, TX_DESC_OFF,
+};
 use zerocopy::{FromBytes, IntoBytes};
+
+use check::HEAD_MAX;
 
 use super::{own_frame, NetRate, NetStats};
 use crate::memory::RamView;
@@ -120,7 +134,7 @@ fn limiter(rate: Rate, now: Instant) -> Option<RateLimiter> {
 /// What one pass over the TX side did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Tx {
-    /// Slots taken from the ring (sent or dropped as spoofed).
+    /// Frames taken from the ring (sent or dropped as spoofed).
     pub taken: u32,
     /// The TX budget stopped the pass: the next frame may go after this long.
     pub wait: Option<Duration>,
@@ -131,14 +145,103 @@ pub struct Tx {
 pub struct Rx {
     /// Frames delivered.
     pub got: u32,
-    /// The ring is full.
+    /// The ring has no room for a frame of [`MAX_CHAIN`] slots.
     pub full: bool,
     /// The RX budget is spent for this long.
     pub wait: Option<Duration>,
 }
 
-/// The monitor's state of one NIC's rings: its identity, its own indices,
-/// its budgets and counters.
+/// Up to two ranges of the region (a chain that wraps around the ring's
+/// end is two): `(address, length)`, an unused one of length 0.
+pub type Ranges = [(u64, usize); 2];
+
+/// A checked TX frame, ready for the tap: the monitor's header, its copy
+/// of the frame's first bytes, and where the rest lies in guest memory.
+#[derive(Clone, Copy, Debug)]
+pub struct TxFrame<'a> {
+    /// The monitor's own virtio-net header (rebuilt from checked fields).
+    pub vnet: VnetHdr,
+    /// The frame's first bytes (its headers), copied and checked.
+    pub head: &'a [u8],
+    /// The rest of the frame in guest memory, in order.
+    pub rest: Ranges,
+}
+
+impl TxFrame<'_> {
+    /// The frame's length.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.rest[0].1 + self.rest[1].1
+    }
+
+    /// Whether the frame is empty (never: frames have at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The whole frame, read from `mem` (tests and fuzzing; the I/O thread
+    /// hands the ranges to the kernel instead).
+    pub fn to_vec(&self, mem: &impl RingMemory) -> Result<Vec<u8>, String> {
+        let mut f = self.head.to_vec();
+        for &(addr, len) in &self.rest {
+            let at = f.len();
+            f.resize(at + len, 0);
+            mem.read(addr, &mut f[at..])?;
+        }
+        Ok(f)
+    }
+}
+
+/// Where an RX frame may go: the [`MAX_CHAIN`] free slots at `rx_prod`.
+#[derive(Clone, Copy, Debug)]
+pub struct RxSpace {
+    /// The slots' buffers, in order.
+    pub ranges: Ranges,
+}
+
+impl RxSpace {
+    /// Bytes of room.
+    pub fn capacity(&self) -> usize {
+        self.ranges[0].1 + self.ranges[1].1
+    }
+
+    /// Copy `frame` into the room (tests and fuzzing; the I/O thread reads
+    /// the tap into it); false if it does not fit.
+    pub fn put(&self, mem: &mut impl RingMemory, frame: &[u8]) -> Result<bool, String> {
+        if frame.len() > self.capacity() {
+            return Ok(false);
+        }
+        let first = frame.len().min(self.ranges[0].1);
+        mem.write(self.ranges[0].0, &frame[..first])?;
+        mem.write(self.ranges[1].0, &frame[first..])?;
+        Ok(true)
+    }
+}
+
+/// The ranges of `len` bytes from `skip` on, of the chain at `slot` of the
+/// ring whose buffers start at `buf` (it wraps after slot SLOTS − 1).
+fn chain(buf: u64, slot: u32, skip: usize, len: usize) -> Ranges {
+    let to_end = (SLOTS - slot) as usize * SLOT_SIZE as usize;
+    let at = buf + slot as u64 * SLOT_SIZE as u64;
+    if skip >= to_end {
+        return [(buf + (skip - to_end) as u64, len), (buf, 0)];
+    }
+    let first = len.min(to_end - skip);
+    [(at + skip as u64, first), (buf, len - first)]
+}
+
+/// Segments and bytes on the wire of an RX frame of `len` bytes with
+/// header `v` (the host's): a super-frame counts as its segments.
+fn rx_cost(v: &VnetHdr, len: usize) -> (u64, u64) {
+    if v.gso_type == gso::NONE || v.gso_size == 0 {
+        return (1, len as u64);
+    }
+    let hdrs = (v.hdr_len as usize).min(len);
+    let segs = (len - hdrs).div_ceil(v.gso_size as usize).max(1) as u64;
+    (segs, len as u64 + (segs - 1) * hdrs as u64)
+}
+
+/// The monitor's state of one NIC's rings: its identity, its offloads, its
+/// own indices, its budgets and counters.
 #[derive(Clone, Debug)]
 pub struct NicRing {
     /// Offset of the region in the memory.
@@ -146,9 +249,11 @@ pub struct NicRing {
     /// What its frames may say they come from.
     mac: [u8; 6],
     ip: [u8; 4],
-    /// TX frames taken (the monitor's copy of `hdr::TX_CONS`).
+    /// The tap's offloads (`wisp_abi::net::offload` bits): what TX headers may ask for.
+    offloads: u64,
+    /// TX slots taken (the monitor's copy of `hdr::TX_CONS`).
     tx_cons: u32,
-    /// RX frames delivered (the monitor's copy of `hdr::RX_PROD`).
+    /// RX slots filled (the monitor's copy of `hdr::RX_PROD`).
     rx_prod: u32,
     tx_limit: Option<RateLimiter>,
     rx_limit: Option<RateLimiter>,
@@ -157,14 +262,15 @@ pub struct NicRing {
 
 impl NicRing {
     /// The rings of the region at `base` of `mem`, for a NIC with `mac` and
-    /// IPv4 address `ip`, limited to `rate` from `now` on. The monitor's
-    /// indices start where the ring's stand now (before the guest runs);
-    /// from here on they are its own.
-    pub fn new(mem: &impl RingMemory, base: u64, mac: [u8; 6], ip: [u8; 4], rate: NetRate, now: Instant) -> Result<NicRing, String> {
+    /// IPv4 address `ip` whose tap has `offloads`, limited to `rate` from
+    /// `now` on. The monitor's indices start where the ring's stand now
+    /// (before the guest runs); from here on they are its own.
+    pub fn new(mem: &impl RingMemory, base: u64, mac: [u8; 6], ip: [u8; 4], offloads: u64, rate: NetRate, now: Instant) -> Result<NicRing, String> {
         Ok(NicRing {
             base,
             mac,
             ip,
+            offloads,
             tx_cons: mem.load_u32(base + hdr::TX_CONS)?,
             rx_prod: mem.load_u32(base + hdr::RX_PROD)?,
             tx_limit: limiter(rate.tx, now),
@@ -178,7 +284,7 @@ impl NicRing {
         self.stats
     }
 
-    /// The monitor's indices: (TX frames taken, RX frames delivered).
+    /// The monitor's indices: (TX slots taken, RX slots filled).
     pub fn indices(&self) -> (u32, u32) {
         (self.tx_cons, self.rx_prod)
     }
@@ -193,7 +299,7 @@ impl NicRing {
         mem.store_u32(self.base + hdr::STOPPED, 1)
     }
 
-    /// Frames the guest has queued and the monitor not taken yet.
+    /// Slots the guest has queued and the monitor not taken yet.
     pub fn tx_pending(&self, mem: &impl RingMemory) -> Result<u32, String> {
         let prod = mem.load_u32(self.base + hdr::TX_PROD)?;
         let cons = self.tx_cons;
@@ -205,274 +311,111 @@ impl NicRing {
     }
 
     /// Take every frame the guest queued, as far as the TX budget allows at
-    /// `now`: each is copied into `frame` (at least [`SLOT_SIZE`] bytes),
-    /// checked, and handed to `send` if it carries the NIC's own identity
-    /// (else dropped and counted).
-    pub fn drain_tx(&mut self, mem: &mut impl RingMemory, now: Instant, frame: &mut [u8], mut send: impl FnMut(&[u8])) -> Result<Tx, String> {
-        let n = self.tx_pending(mem)?;
-        for i in 0..n {
-            let slot = (self.tx_cons % SLOTS) as u64;
-            let mut d = [0u8; 8];
-            mem.read(self.base + TX_DESC_OFF + slot * 8, &mut d)?;
+    /// `now`: its descriptor and headers are copied and checked, and it is
+    /// handed to `send` (with the memory, where the rest of it lies) if it
+    /// carries the NIC's own identity (else dropped and counted).
+    pub fn drain_tx<M: RingMemory>(&mut self, mem: &mut M, now: Instant, mut send: impl FnMut(&M, &TxFrame)) -> Result<Tx, String> {
+        let pending = self.tx_pending(mem)?;
+        let (mut done, mut taken) = (0u32, 0u32);
+        let mut head = [0u8; HEAD_MAX];
+        while done < pending {
+            let slot = self.tx_cons % SLOTS;
+            let mut d = [0u8; DESC_SIZE as usize];
+            mem.read(self.base + TX_DESC_OFF + slot as u64 * DESC_SIZE, &mut d)?;
             let d = SlotDesc::read_from_bytes(&d).unwrap_or_default();
-            if d.len == 0 || d.len > SLOT_SIZE {
-                return Err(format!("TX slot {slot}: length {} (1..={SLOT_SIZE} allowed)", d.len));
+            if d.len == 0 || d.len > MAX_GSO_FRAME {
+                return Err(format!("TX slot {slot}: length {} (1..={MAX_GSO_FRAME} allowed)", d.len));
             }
+            let n = slots_for(d.len);
+            if n > pending - done {
+                return Err(format!(
+                    "TX slot {slot}: a {}-byte frame takes {n} slots and only {} are queued (the chain leaves the ring)",
+                    d.len,
+                    pending - done
+                ));
+            }
+            let len = d.len as usize;
+            let hl = len.min(HEAD_MAX);
+            let buf = self.base + TX_BUF_OFF;
+            let [(a0, l0), (a1, _)] = chain(buf, slot, 0, hl);
+            mem.read(a0, &mut head[..l0])?;
+            mem.read(a1, &mut head[l0..hl])?;
+            let plan = check::tx(&d, &head[..hl], self.offloads).map_err(|e| format!("TX slot {slot}: {e}"))?;
             if let Some(l) = &mut self.tx_limit {
-                if !l.consume_at(d.len as u64, now) {
-                    return Ok(Tx { taken: i, wait: Some(l.ready_in_at(d.len as u64, now)) });
+                if !l.consume_ops_at(plan.wire_bytes, plan.segs as u64, now) {
+                    return Ok(Tx { taken, wait: Some(l.ready_in_ops_at(plan.wire_bytes, plan.segs as u64, now)) });
                 }
             }
-            let buf = frame.get_mut(..d.len as usize).ok_or("the frame buffer is smaller than a slot")?;
-            mem.read(self.base + TX_BUF_OFF + slot * SLOT_SIZE as u64, buf)?;
-            if own_frame(buf, self.mac, self.ip) {
-                send(buf);
+            if own_frame(&head[..hl], self.mac, self.ip) {
+                send(mem, &TxFrame { vnet: plan.vnet, head: &head[..hl], rest: chain(buf, slot, hl, len - hl) });
                 self.stats.tx_frames += 1;
+                self.stats.tx_segments += plan.segs as u64;
             } else {
                 self.stats.tx_spoofed += 1;
             }
-            self.tx_cons = self.tx_cons.wrapping_add(1);
+            self.tx_cons = self.tx_cons.wrapping_add(n);
+            done += n;
+            taken += 1;
             mem.store_u32(self.base + hdr::TX_CONS, self.tx_cons)?;
         }
-        Ok(Tx { taken: n, wait: None })
+        Ok(Tx { taken, wait: None })
     }
 
-    /// Fill free RX slots with frames from `recv` (which writes one frame
-    /// into the buffer it is given, [`SLOT_SIZE`] bytes, and says how long
-    /// it is, or `None` when there is none), as far as the RX budget allows
-    /// at `now`; beyond it frames stay where `recv` takes them from.
-    pub fn fill_rx(&mut self, mem: &mut impl RingMemory, now: Instant, frame: &mut [u8], mut recv: impl FnMut(&mut [u8]) -> Option<usize>) -> Result<Rx, String> {
+    /// Fill the RX ring with frames from `recv`, as far as the RX budget
+    /// allows at `now`: while [`MAX_CHAIN`] slots are free, `recv` gets
+    /// the memory and their room, writes one frame there and says its
+    /// header and length (`None` or 0 when there is none; a length over
+    /// the room: a frame too long, dropped). Beyond the budget frames stay
+    /// where `recv` takes them from.
+    pub fn fill_rx<M: RingMemory>(&mut self, mem: &mut M, now: Instant, mut recv: impl FnMut(&mut M, &RxSpace) -> Option<(VnetHdr, usize)>) -> Result<Rx, String> {
         let mut rx = Rx::default();
-        let frame = frame.get_mut(..SLOT_SIZE as usize).ok_or("the frame buffer is smaller than a slot")?;
         loop {
             let cons = mem.load_u32(self.base + hdr::RX_CONS)?;
             let used = self.rx_prod.wrapping_sub(cons);
             if used > SLOTS {
                 return Err(format!("RX consumer index {cons} is ahead of the producer ({})", self.rx_prod));
             }
-            if used == SLOTS {
+            if SLOTS - used < MAX_CHAIN {
                 rx.full = true;
                 return Ok(rx);
             }
             // A frame read cannot be put back: it is delivered and paid
-            // for. So the budget must hold the largest frame the read can
-            // give (a slot, not just MAX_FRAME: a VLAN-tagged or oversized
-            // one is longer), or the payment below would be refused and
-            // the frame go free — frames and bytes both.
+            // for. The budget must hold a slot's worth (a frame longer
+            // than MAX_FRAME, VLAN-tagged or oversized, is as dear) and
+            // a frame; a super-frame's further segments and bytes are a
+            // debt the budget pays before the next read.
             if let Some(l) = &mut self.rx_limit {
-                let wait = l.ready_in_at(frame.len() as u64, now);
+                let wait = l.ready_in_at(SLOT_SIZE as u64, now);
                 if !wait.is_zero() {
                     rx.wait = Some(wait);
                     return Ok(rx);
                 }
             }
-            let n = match recv(frame) {
-                Some(n) if n > 0 => n.min(frame.len()),
+            let slot = self.rx_prod % SLOTS;
+            let space = RxSpace { ranges: chain(self.base + RX_BUF_OFF, slot, 0, MAX_CHAIN as usize * SLOT_SIZE as usize) };
+            let (vnet, n) = match recv(mem, &space) {
+                Some((v, n)) if n > 0 => (v, n),
                 _ => return Ok(rx),
             };
+            let n = n.min(space.capacity() + 1);
+            let (segs, bytes) = rx_cost(&vnet, n);
             if let Some(l) = &mut self.rx_limit {
-                let paid = l.consume_at(n as u64, now);
-                debug_assert!(paid, "the budget was checked for a whole slot");
+                let paid = l.consume_ops_at(bytes, segs, now);
+                debug_assert!(paid, "the budget was checked");
             }
-            let slot = (self.rx_prod % SLOTS) as u64;
-            mem.write(self.base + RX_BUF_OFF + slot * SLOT_SIZE as u64, &frame[..n])?;
-            mem.write(self.base + RX_DESC_OFF + slot * 8, SlotDesc { len: n as u32, flags: 0 }.as_bytes())?;
-            self.rx_prod = self.rx_prod.wrapping_add(1);
+            if n > space.capacity() {
+                self.stats.rx_dropped += 1;
+                continue;
+            }
+            // The host's header as it is, but for flags the ABI does not define.
+            let vnet = VnetHdr { flags: vnet.flags & (vnet_flags::NEEDS_CSUM | vnet_flags::DATA_VALID), ..vnet };
+            let d = SlotDesc { len: n as u32, vnet, reserved: 0 };
+            mem.write(self.base + RX_DESC_OFF + slot as u64 * DESC_SIZE, d.as_bytes())?;
+            self.rx_prod = self.rx_prod.wrapping_add(slots_for(n as u32));
             mem.store_u32(self.base + hdr::RX_PROD, self.rx_prod)?;
             self.stats.rx_frames += 1;
+            self.stats.rx_segments += segs;
             rx.got += 1;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MAC: [u8; 6] = [0x52, 0x54, 0, 9, 0, 2];
-    const IP: [u8; 4] = [10, 9, 0, 2];
-
-    /// An IPv4 frame from the NIC (source `ip`), `len` bytes, tagged `tag`.
-    fn frame(ip: [u8; 4], tag: u8, len: usize) -> Vec<u8> {
-        let mut f = vec![0xff; 6];
-        f.extend_from_slice(&MAC);
-        f.extend_from_slice(&[0x08, 0x00, 0x45, 0, 0, 20, 0, 0, 0, 0, 64, 17, 0, 0]);
-        f.extend_from_slice(&ip);
-        f.extend_from_slice(&[10, 9, 0, 1]);
-        f.resize(len, tag);
-        f
-    }
-
-    /// What a guest does to send: the frame in slot `tx_prod`, its
-    /// descriptor, then the index.
-    fn queue(m: &mut ByteRegion, f: &[u8]) {
-        let prod = m.load_u32(hdr::TX_PROD).unwrap();
-        let slot = (prod % SLOTS) as u64;
-        m.write(TX_BUF_OFF + slot * SLOT_SIZE as u64, f).unwrap();
-        m.write(TX_DESC_OFF + slot * 8, SlotDesc { len: f.len() as u32, flags: 0 }.as_bytes()).unwrap();
-        m.store_u32(hdr::TX_PROD, prod.wrapping_add(1)).unwrap();
-    }
-
-    fn ring(m: &ByteRegion, rate: NetRate, t: Instant) -> NicRing {
-        NicRing::new(m, 0, MAC, IP, rate, t).unwrap()
-    }
-
-    fn drain(r: &mut NicRing, m: &mut ByteRegion, t: Instant) -> (Result<Tx, String>, Vec<Vec<u8>>) {
-        let mut sent = Vec::new();
-        let mut buf = vec![0; SLOT_SIZE as usize];
-        let tx = r.drain_tx(m, t, &mut buf, |f| sent.push(f.to_vec()));
-        (tx, sent)
-    }
-
-    #[test]
-    fn frames_go_once_under_the_nics_identity() {
-        let (mut m, t) = (ByteRegion::region(), Instant::now());
-        let mut r = ring(&m, NetRate::default(), t);
-        let (good, spoofed, last) = (frame(IP, 1, 60), frame([10, 9, 0, 7], 2, 60), frame(IP, 3, SLOT_SIZE as usize));
-        for f in [&good, &spoofed, &last] {
-            queue(&mut m, f);
-        }
-        let (tx, sent) = drain(&mut r, &mut m, t);
-        assert_eq!(tx, Ok(Tx { taken: 3, wait: None }));
-        assert_eq!(sent, [good, last]);
-        assert_eq!((r.stats().tx_frames, r.stats().tx_spoofed), (2, 1));
-        assert_eq!(m.load_u32(hdr::TX_CONS), Ok(3));
-        // The guest rewinds the consumer index: nothing goes twice.
-        m.store_u32(hdr::TX_CONS, 0).unwrap();
-        let (tx, sent) = drain(&mut r, &mut m, t);
-        assert_eq!((tx, sent.len()), (Ok(Tx::default()), 0));
-        assert_eq!(r.indices(), (3, 0));
-        // Indices wrap around u32.
-        let mut m = ByteRegion::region();
-        m.store_u32(hdr::TX_PROD, u32::MAX).unwrap();
-        m.store_u32(hdr::TX_CONS, u32::MAX).unwrap();
-        let mut r = ring(&m, NetRate::default(), t);
-        queue(&mut m, &frame(IP, 4, 100));
-        queue(&mut m, &frame(IP, 5, 100));
-        assert_eq!(drain(&mut r, &mut m, t).1.len(), 2);
-        assert_eq!(r.indices().0, 1);
-    }
-
-    #[test]
-    fn broken_ring_rules_stop_the_nic_without_a_panic() {
-        let t = Instant::now();
-        let err = |m: &mut ByteRegion| {
-            let mut r = ring(m, NetRate::default(), t);
-            drain(&mut r, m, t).0.unwrap_err()
-        };
-        let mut m = ByteRegion::region();
-        m.store_u32(hdr::TX_PROD, SLOTS + 1).unwrap();
-        assert!(err(&mut m).contains("ahead of the consumer"));
-        // A producer behind the consumer is as far ahead as u32 goes.
-        let mut m = ByteRegion::region();
-        m.store_u32(hdr::TX_CONS, 5).unwrap();
-        m.store_u32(hdr::TX_PROD, 4).unwrap();
-        assert!(err(&mut m).contains("ahead of the consumer"));
-        for len in [0, SLOT_SIZE + 1, u32::MAX] {
-            let mut m = ByteRegion::region();
-            m.write(TX_DESC_OFF, SlotDesc { len, flags: 0 }.as_bytes()).unwrap();
-            m.store_u32(hdr::TX_PROD, 1).unwrap();
-            assert!(err(&mut m).contains(&format!("length {len}")), "{len}");
-        }
-        // A region cut short by the end of memory: an error where it ends.
-        let mut m = ByteRegion::new(TX_BUF_OFF as usize + 100);
-        queue(&mut m, &frame(IP, 1, 60));
-        // The second frame's buffer lies past the end: only its descriptor.
-        m.write(TX_DESC_OFF + 8, SlotDesc { len: 60, flags: 0 }.as_bytes()).unwrap();
-        m.store_u32(hdr::TX_PROD, 2).unwrap();
-        let mut r = ring(&m, NetRate::default(), t);
-        let (tx, sent) = drain(&mut r, &mut m, t);
-        assert!(tx.unwrap_err().contains("outside"));
-        assert_eq!(sent.len(), 1, "the first frame fits");
-        assert!(NicRing::new(&ByteRegion::new(8), 0, MAC, IP, NetRate::default(), t).is_err());
-        // The RX consumer ahead of the producer.
-        let mut m = ByteRegion::region();
-        let mut r = ring(&m, NetRate::default(), t);
-        m.store_u32(hdr::RX_CONS, 1).unwrap();
-        let e = r.fill_rx(&mut m, t, &mut [0; SLOT_SIZE as usize], |_| Some(60)).unwrap_err();
-        assert!(e.contains("RX consumer index 1 is ahead"), "{e}");
-        // A frame buffer smaller than a slot is refused, not overrun.
-        assert!(r.fill_rx(&mut m, t, &mut [0; 100], |_| Some(60)).is_err());
-    }
-
-    #[test]
-    fn rx_fills_free_slots_only() {
-        let (mut m, t) = (ByteRegion::region(), Instant::now());
-        let mut r = ring(&m, NetRate::default(), t);
-        let mut buf = vec![0; SLOT_SIZE as usize];
-        let mut n = 0u32;
-        let mut recv = |b: &mut [u8]| {
-            n += 1;
-            b[..4].copy_from_slice(&n.to_le_bytes());
-            Some(60 + (n as usize % 1000))
-        };
-        let rx = r.fill_rx(&mut m, t, &mut buf, &mut recv).unwrap();
-        assert_eq!(rx, Rx { got: SLOTS, full: true, wait: None });
-        assert_eq!(m.load_u32(hdr::RX_PROD), Ok(SLOTS));
-        // Slot 7 holds the 8th frame, with its length.
-        let mut d = [0u8; 8];
-        m.read(RX_DESC_OFF + 7 * 8, &mut d).unwrap();
-        assert_eq!(SlotDesc::read_from_bytes(&d).unwrap().len, 68);
-        let mut head = [0u8; 4];
-        m.read(RX_BUF_OFF + 7 * SLOT_SIZE as u64, &mut head).unwrap();
-        assert_eq!(u32::from_le_bytes(head), 8);
-        // The guest takes 10: 10 more fit.
-        m.store_u32(hdr::RX_CONS, 10).unwrap();
-        assert_eq!(r.fill_rx(&mut m, t, &mut buf, &mut recv).unwrap().got, 10);
-        // Nothing to read: nothing delivered, not full.
-        m.store_u32(hdr::RX_CONS, SLOTS + 10).unwrap();
-        assert_eq!(r.fill_rx(&mut m, t, &mut buf, |_| None).unwrap(), Rx::default());
-        assert_eq!(r.stats().rx_frames, SLOTS as u64 + 10);
-    }
-
-    #[test]
-    fn rx_frames_longer_than_max_frame_are_paid_for() {
-        // Found by the nic_ring fuzz target: the RX budget was checked for
-        // MAX_FRAME bytes and then charged with the frame's length; a
-        // longer frame (up to a slot) was refused the charge and went free,
-        // so a host sending such frames passed any frame limit.
-        let (mut m, t) = (ByteRegion::region(), Instant::now());
-        // 40 KiB/s (a burst of 4096 bytes) and 100 frames/s (a burst of 10).
-        let rate = NetRate { tx: Rate::default(), rx: Rate { bytes: 40960, ops: 100 } };
-        let mut r = ring(&m, rate, t);
-        let mut sizes = [2048usize, 500].into_iter().chain(std::iter::repeat(SLOT_SIZE as usize));
-        let rx = r.fill_rx(&mut m, t, &mut [0; SLOT_SIZE as usize], |_| sizes.next()).unwrap();
-        assert_eq!(rx.got, 2, "the byte budget allows 2048 + 500 bytes, then waits");
-        assert!(rx.wait.is_some() && !rx.full);
-        // Only frames: the burst of 10 and no more.
-        let rate = NetRate { tx: Rate::default(), rx: Rate { bytes: 0, ops: 100 } };
-        let mut r = ring(&m, rate, t);
-        let rx = r.fill_rx(&mut m, t, &mut [0; SLOT_SIZE as usize], |_| Some(SLOT_SIZE as usize)).unwrap();
-        assert_eq!(rx.got, 10);
-    }
-
-    #[test]
-    fn budgets_hold_frames_back_until_their_time() {
-        let (mut m, t) = (ByteRegion::region(), Instant::now());
-        // 20 frames/s: a burst of 2, then one every 50 ms.
-        let rate = NetRate { tx: Rate { bytes: 0, ops: 20 }, rx: Rate { bytes: 0, ops: 20 } };
-        let mut r = ring(&m, rate, t);
-        for i in 0..5 {
-            queue(&mut m, &frame(IP, i, 100));
-        }
-        let (tx, sent) = drain(&mut r, &mut m, t);
-        assert_eq!(sent.len(), 2);
-        assert_eq!(tx.unwrap(), Tx { taken: 2, wait: Some(Duration::from_millis(50)) });
-        let (tx, _) = drain(&mut r, &mut m, t + Duration::from_millis(49));
-        assert_eq!(tx.unwrap().taken, 0);
-        let (tx, _) = drain(&mut r, &mut m, t + Duration::from_millis(50));
-        assert_eq!(tx.unwrap().taken, 1);
-        // A clock going backwards adds nothing.
-        assert_eq!(drain(&mut r, &mut m, t).0.unwrap().taken, 0);
-        // RX: the burst, then the budget's wait; frames stay with the host.
-        let mut offered = 0;
-        let rx = r
-            .fill_rx(&mut m, t, &mut [0; SLOT_SIZE as usize], |_| {
-                offered += 1;
-                Some(60)
-            })
-            .unwrap();
-        assert_eq!((rx.got, offered), (2, 2));
-        assert_eq!(rx.wait, Some(Duration::from_millis(50)));
     }
 }
