@@ -1,19 +1,41 @@
 //! The NIC driver: smoltcp's [`phy::Device`] over the two shared rings of
-//! a `DeviceKind::Net` device (see `wisp_abi::net` for the ABI).
+//! a `DeviceKind::Net` device (see `wisp_abi::net` for the ABI), with the
+//! host's offloads where the monitor's tap has them (`params[4]`):
+//!
+//! - TX: smoltcp builds each frame in a buffer of ours; TCP segments of a
+//!   poll that continue one another are coalesced into a super-frame of up
+//!   to 64 KiB in the ring (`tcp_gso`), which the host cuts back into
+//!   them (gso TCPV4), and TCP checksums are left to the host (smoltcp is
+//!   told not to compute them; the checksum field gets the pseudo-header
+//!   sum and the descriptor NEEDS_CSUM). Other frames go alone.
+//! - RX: the host's super-frames (up to [`MAX_CHAIN`] slots) go to smoltcp
+//!   whole — its ingress path takes a TCP segment longer than the MTU — and
+//!   straight from the ring unless the chain wraps around its end. smoltcp
+//!   checks no checksum; frames the host vouched for (NEEDS_CSUM: its own,
+//!   DATA_VALID: checked) are taken as they are, the others are checked
+//!   here (IPv4 header, TCP, UDP, ICMP) and dropped if wrong.
 //!
 //! The guest owns `rx_cons` and `tx_prod`, the monitor `rx_prod` and
-//! `tx_cons`. We read the monitor's index with acquire ordering (so the slot
-//! it published is visible) and publish ours with release ordering (so the
-//! slot we filled or finished with is). A TX token is only handed out while
-//! the TX ring has a free slot, so `tx_prod` never runs more than `SLOTS`
-//! ahead of `tx_cons`; every TX frame is 1..=`SLOT_SIZE` bytes.
+//! `tx_cons` (slot counts). We read the monitor's index with acquire
+//! ordering (so the slots it published are visible) and publish ours with
+//! release ordering (so the slots we filled or finished with are). A TX
+//! token is only handed out while the TX ring has room for the largest
+//! super-frame and one frame more, so `tx_prod` never runs more than
+//! `SLOTS` ahead of `tx_cons`; every TX frame is 1..=`MAX_GSO_FRAME` bytes.
 
+use alloc::boxed::Box;
 use alloc::vec;
+use alloc::vec::Vec;
 use core::sync::atomic::{fence, AtomicU32, Ordering};
 
-use smoltcp::phy::{self, DeviceCapabilities, Medium};
+use smoltcp::phy::{self, Checksum, ChecksumCapabilities, DeviceCapabilities, Medium};
 use smoltcp::time::Instant;
-use wisp_abi::net::{hdr, MAX_FRAME, REGION_SIZE, RX_BUF_OFF, RX_DESC_OFF, SLOTS, SLOT_SIZE, TX_BUF_OFF, TX_DESC_OFF};
+use smoltcp::wire::{EthernetFrame, EthernetProtocol, Icmpv4Packet, IpProtocol, Ipv4Packet, TcpPacket, UdpPacket};
+use tcp_gso::{Coalescer, Offer, Open};
+use wisp_abi::net::{
+    decode_geometry, hdr, offload, slots_for, vnet_flags, SlotDesc, VnetHdr, DESC_SIZE, MAX_CHAIN, MAX_FRAME, REGION_SIZE,
+    RX_BUF_OFF, RX_DESC_OFF, SLOTS, SLOT_SIZE, TX_BUF_OFF, TX_DESC_OFF,
+};
 use wisp_abi::DeviceDesc;
 
 /// The header field at offset `off` of the NIC region at `base`.
@@ -28,23 +50,32 @@ fn field(base: u64, off: u64) -> &'static AtomicU32 {
     unsafe { &*((base + off) as *const AtomicU32) }
 }
 
-/// Guest-physical (= virtual) address of a slot's descriptor `len` field.
-fn desc_addr(base: u64, desc_off: u64, slot: u32) -> u64 {
-    base + desc_off + slot as u64 * 8
+/// Guest-physical (= virtual) address of a slot's descriptor.
+fn desc_addr(base: u64, desc_off: u64, index: u32) -> u64 {
+    base + desc_off + (index % SLOTS) as u64 * DESC_SIZE
 }
 
-/// Guest-physical (= virtual) address of a slot's frame buffer.
-fn buf_addr(base: u64, buf_off: u64, slot: u32) -> u64 {
-    base + buf_off + slot as u64 * SLOT_SIZE as u64
+/// The two pieces (address, length) of `len` bytes from byte `offset` of
+/// the chain that starts at ring index `index` of the buffers at
+/// `buf_off` (a chain wraps after slot SLOTS − 1).
+fn pieces(base: u64, buf_off: u64, index: u32, offset: usize, len: usize) -> [(u64, usize); 2] {
+    let slot = index % SLOTS;
+    let bufs = base + buf_off;
+    let to_end = (SLOTS - slot) as usize * SLOT_SIZE as usize;
+    if offset >= to_end {
+        return [(bufs + (offset - to_end) as u64, len), (bufs, 0)];
+    }
+    let first = len.min(to_end - offset);
+    [(bufs + slot as u64 * SLOT_SIZE as u64 + offset as u64, first), (bufs, len - first)]
 }
 
 /// Check a device-table entry against the ABI this library OS was built
-/// with; `Ok(base)` if the rings can be used.
-pub(crate) fn check(dev: &DeviceDesc) -> Result<u64, &'static str> {
+/// with; `Ok((base, offloads))` if the rings can be used.
+pub(crate) fn check(dev: &DeviceDesc) -> Result<(u64, u64), &'static str> {
     let info = crate::env::boot_info();
     let base = dev.base;
     let end = base.checked_add(REGION_SIZE).ok_or("region wraps around")?;
-    if dev.params[3] != SLOTS as u64 || dev.params[4] != SLOT_SIZE as u64 {
+    if decode_geometry(dev.params[3]) != (SLOTS, SLOT_SIZE) {
         return Err("ring geometry differs from this library OS's ABI");
     }
     if dev.size < REGION_SIZE {
@@ -61,7 +92,33 @@ pub(crate) fn check(dev: &DeviceDesc) -> Result<u64, &'static str> {
     {
         return Err("region overlaps the guest's own memory");
     }
-    Ok(base)
+    // Offloads this library OS knows; others are not used.
+    Ok((base, dev.params[4] & (offload::CSUM | offload::TSO4)))
+}
+
+/// Whether the checksums of `frame` that the host did not vouch for hold:
+/// the IPv4 header's and the TCP, UDP or ICMP one (what smoltcp, told not
+/// to check, would have). Frames that are no such datagram are left to
+/// smoltcp.
+fn checksums_hold(frame: &[u8]) -> bool {
+    let Ok(eth) = EthernetFrame::new_checked(frame) else { return true };
+    if eth.ethertype() != EthernetProtocol::Ipv4 {
+        return true;
+    }
+    let Ok(ip) = Ipv4Packet::new_checked(eth.payload()) else { return true };
+    if !ip.verify_checksum() {
+        return false;
+    }
+    if ip.more_frags() || ip.frag_offset() != 0 {
+        return true;
+    }
+    let (src, dst) = (ip.src_addr().into(), ip.dst_addr().into());
+    match ip.next_header() {
+        IpProtocol::Tcp => TcpPacket::new_checked(ip.payload()).map_or(true, |p| p.verify_checksum(&src, &dst)),
+        IpProtocol::Udp => UdpPacket::new_checked(ip.payload()).map_or(true, |p| p.verify_checksum(&src, &dst)),
+        IpProtocol::Icmp => Icmpv4Packet::new_checked(ip.payload()).map_or(true, |p| p.verify_checksum()),
+        _ => true,
+    }
 }
 
 /// The NIC's rings.
@@ -81,47 +138,125 @@ struct Rx {
     cons: u32,
     /// Frames taken since the last `take_activity`.
     frames: u32,
+    /// Where a chain that wraps around the ring's end is put together.
+    bounce: Vec<u8>,
 }
 
 struct Tx {
     base: u64,
-    /// Our copy of `tx_prod` (we are its only writer).
+    /// Our copy of `tx_prod` (we are its only writer): where the open
+    /// super-frame, if any, starts.
     prod: u32,
-    /// Frames queued since the last `flush`.
+    /// Frames published since the last `flush`.
     queued: u32,
-    /// Frames queued since the last `take_activity`.
+    /// Frames built since the last `take_activity`.
     frames: u32,
     /// A TX token was refused because the ring was full.
     full: bool,
+    /// The tap's offloads we use.
+    offloads: u64,
+    /// Segments of this poll, coalesced.
+    gso: Coalescer,
+    /// Where smoltcp builds a frame.
+    scratch: Box<[u8]>,
 }
 
 impl Rx {
-    /// Frames waiting in the RX ring.
+    /// Slots waiting in the RX ring.
     fn available(&self) -> u32 {
         field(self.base, hdr::RX_PROD).load(Ordering::Acquire).wrapping_sub(self.cons)
     }
 }
 
 impl Tx {
-    /// Whether the TX ring has a free slot.
+    /// Whether the TX ring has room for the largest super-frame (the open
+    /// one may grow to it) and one frame more.
     fn has_room(&self) -> bool {
         let cons = field(self.base, hdr::TX_CONS).load(Ordering::Acquire);
-        self.prod.wrapping_sub(cons) < SLOTS
+        SLOTS - self.prod.wrapping_sub(cons).min(SLOTS) > MAX_CHAIN
+    }
+
+    /// Copy `bytes` to byte `offset` of the (unpublished) chain at `prod`.
+    fn copy_in(&self, offset: usize, bytes: &[u8]) {
+        let mut from = 0;
+        for (addr, len) in pieces(self.base, TX_BUF_OFF, self.prod, offset, bytes.len()) {
+            // SAFETY: the chain at `prod` is not published: the monitor
+            // finished with these slots (`has_room` saw them free with an
+            // acquire load of `tx_cons`) and reads them again only after
+            // we publish them. `pieces` keeps every byte inside the TX
+            // buffers of the validated region (offset + len ≤ the largest
+            // chain, MAX_CHAIN < SLOTS slots).
+            unsafe { core::ptr::copy_nonoverlapping(bytes[from..].as_ptr(), addr as *mut u8, len) };
+            from += len;
+        }
+    }
+
+    /// The first `len` bytes (within its first slot) of the chain at `prod`.
+    fn head(&mut self, len: usize) -> &mut [u8] {
+        let [(addr, n), _] = pieces(self.base, TX_BUF_OFF, self.prod, 0, len.min(SLOT_SIZE as usize));
+        // SAFETY: as in `copy_in`: unpublished slots of the validated
+        // region, ours until published; `n` bytes lie in the first slot,
+        // and no other reference to them exists while `self` is borrowed.
+        unsafe { core::slice::from_raw_parts_mut(addr as *mut u8, n) }
+    }
+
+    /// Publish the `len`-byte frame at `prod` with header `vnet`.
+    fn publish(&mut self, len: usize, vnet: VnetHdr) {
+        let d = desc_addr(self.base, TX_DESC_OFF, self.prod);
+        // SAFETY: this slot's descriptor, owned by us as in `copy_in`; it
+        // is 16-byte aligned inside the validated region.
+        unsafe { core::ptr::write_volatile(d as *mut SlotDesc, SlotDesc { len: len as u32, vnet, reserved: 0 }) };
+        self.prod = self.prod.wrapping_add(slots_for(len as u32));
+        field(self.base, hdr::TX_PROD).store(self.prod, Ordering::Release);
+        self.queued += 1;
+    }
+
+    /// Finish and publish a super-frame.
+    fn publish_open(&mut self, o: Open) {
+        let vnet = o.finish(self.head(o.len));
+        self.publish(o.len, vnet);
+    }
+
+    /// Put the `len`-byte frame smoltcp built in `scratch` on the ring.
+    fn push(&mut self, len: usize) {
+        let offer = if self.offloads & offload::TSO4 != 0 { self.gso.offer(&self.scratch[..len]) } else { Offer::New { open: false } };
+        match offer {
+            Offer::Append { from, at } => self.copy_in(at, &self.scratch[from..len]),
+            Offer::New { open } => {
+                if let Some(o) = self.gso.take(&self.scratch[..len], open) {
+                    self.publish_open(o);
+                }
+                self.copy_in(0, &self.scratch[..len]);
+                if !open {
+                    let vnet = if self.offloads & offload::CSUM != 0 { tcp_gso::single(self.head(len)) } else { VnetHdr::default() };
+                    self.publish(len, vnet);
+                }
+            }
+        }
     }
 }
 
 impl Nic {
     /// The NIC described by device-table entry `index` (already `check`ed,
-    /// `base` being its region).
-    pub(crate) fn new(index: u32, base: u64) -> Nic {
+    /// `base` being its region, `offloads` what it may use).
+    pub(crate) fn new(index: u32, base: u64, offloads: u64) -> Nic {
         // The indices may not start at zero (the monitor owns their initial
         // values): continue from wherever they are.
         let rx_cons = field(base, hdr::RX_CONS).load(Ordering::Acquire);
         let tx_prod = field(base, hdr::TX_PROD).load(Ordering::Acquire);
         Nic {
             index,
-            rx: Rx { base, cons: rx_cons, frames: 0 },
-            tx: Tx { base, prod: tx_prod, queued: 0, frames: 0, full: false },
+            rx: Rx { base, cons: rx_cons, frames: 0, bounce: Vec::new() },
+            tx: Tx {
+                base,
+                prod: tx_prod,
+                queued: 0,
+                frames: 0,
+                full: false,
+                offloads,
+                gso: Coalescer::default(),
+                scratch: vec![0u8; MAX_FRAME as usize].into_boxed_slice(),
+            },
             dead: false,
         }
     }
@@ -161,10 +296,17 @@ impl Nic {
         (core::mem::take(&mut self.rx.frames), core::mem::take(&mut self.tx.frames))
     }
 
-    /// After a poll: if frames were queued and the monitor's I/O thread
-    /// sleeps, kick it — once per batch, never per frame.
+    /// After a poll: publish the open super-frame; if frames were queued
+    /// and the monitor's I/O thread sleeps, kick it — once per batch,
+    /// never per frame.
     pub(crate) fn flush(&mut self) {
-        if core::mem::take(&mut self.tx.queued) == 0 || self.dead {
+        if self.dead {
+            return;
+        }
+        if let Some(o) = self.tx.gso.flush() {
+            self.tx.publish_open(o);
+        }
+        if core::mem::take(&mut self.tx.queued) == 0 {
             return;
         }
         // Our `tx_prod` store must be visible before we read `monitor_idle`
@@ -212,11 +354,19 @@ impl phy::Device for Nic {
         caps.medium = Medium::Ethernet;
         caps.max_transmission_unit = MAX_FRAME as usize;
         caps.max_burst_size = None;
+        // Computed on TX (TCP's by the host where it can), never checked
+        // on RX: `checksums_hold` does what the host did not vouch for.
+        let mut sums = ChecksumCapabilities::default();
+        sums.ipv4 = Checksum::Tx;
+        sums.udp = Checksum::Tx;
+        sums.icmpv4 = Checksum::Tx;
+        sums.tcp = if self.tx.offloads & offload::CSUM != 0 { Checksum::None } else { Checksum::Tx };
+        caps.checksum = sums;
         caps
     }
 }
 
-/// One received frame: the slot at `rx_cons`.
+/// One received frame: the chain at `rx_cons`.
 pub(crate) struct RxToken<'a> {
     rx: &'a mut Rx,
 }
@@ -224,30 +374,48 @@ pub(crate) struct RxToken<'a> {
 impl phy::RxToken for RxToken<'_> {
     fn consume<R, F: FnOnce(&[u8]) -> R>(self, f: F) -> R {
         let rx = self.rx;
-        let slot = rx.cons % SLOTS;
-        let mut frame = [0u8; SLOT_SIZE as usize];
+        let d = desc_addr(rx.base, RX_DESC_OFF, rx.cons);
         // SAFETY: `receive` saw `rx_prod` (acquire) past `rx_cons`, so the
-        // monitor has finished writing this slot's descriptor and buffer and
-        // will not touch them again until we advance `rx_cons`. Both lie
-        // inside the region `check` validated (slot < SLOTS); the descriptor
-        // field is 4-byte aligned. Volatile/raw copies: no reference into
-        // the shared memory is created.
-        let len = unsafe { core::ptr::read_volatile(desc_addr(rx.base, RX_DESC_OFF, slot) as *const u32) };
+        // monitor has finished writing this chain's descriptor and buffers
+        // and will not touch them again until we advance `rx_cons`. The
+        // descriptor lies inside the region `check` validated, 16-byte
+        // aligned; a volatile copy, no reference into shared memory.
+        let desc = unsafe { core::ptr::read_volatile(d as *const SlotDesc) };
+        let avail = rx.available();
+        let mut len = desc.len as usize;
+        let slots = slots_for(desc.len);
         // A length the ABI does not allow is a monitor bug: drop the frame.
-        let len = if len <= SLOT_SIZE { len as usize } else { 0 };
-        // SAFETY: as above; `frame` holds SLOT_SIZE ≥ len bytes.
-        unsafe {
-            core::ptr::copy_nonoverlapping(buf_addr(rx.base, RX_BUF_OFF, slot) as *const u8, frame.as_mut_ptr(), len)
+        if len == 0 || slots > MAX_CHAIN || slots > avail {
+            len = 0;
+        }
+        let [(a0, l0), (a1, l1)] = pieces(rx.base, RX_BUF_OFF, rx.cons, 0, len);
+        let frame: &[u8] = if l1 == 0 {
+            // SAFETY: as above, the chain's `len` bytes are contiguous
+            // (no wrap) inside the RX buffers; the monitor leaves them
+            // alone until we publish `rx_cons` below, after `f` is done.
+            unsafe { core::slice::from_raw_parts(a0 as *const u8, l0) }
+        } else {
+            rx.bounce.resize(len, 0);
+            // SAFETY: as above; the two pieces lie inside the RX buffers
+            // and `bounce` holds `l0 + l1` bytes.
+            unsafe {
+                core::ptr::copy_nonoverlapping(a0 as *const u8, rx.bounce.as_mut_ptr(), l0);
+                core::ptr::copy_nonoverlapping(a1 as *const u8, rx.bounce.as_mut_ptr().add(l0), l1);
+            }
+            &rx.bounce[..len]
         };
-        // The slot is copied out: hand it back before processing the frame.
-        rx.cons = rx.cons.wrapping_add(1);
+        let vouched = desc.vnet.flags & (vnet_flags::NEEDS_CSUM | vnet_flags::DATA_VALID) != 0;
+        let r = f(if vouched || checksums_hold(frame) { frame } else { &[] });
+        // Done with the chain: hand it back.
+        rx.cons = rx.cons.wrapping_add(slots.max(1).min(avail));
         field(rx.base, hdr::RX_CONS).store(rx.cons, Ordering::Release);
         rx.frames += 1;
-        f(&frame[..len])
+        r
     }
 }
 
-/// Room for one frame: the slot at `tx_prod`.
+/// Room for one frame: smoltcp builds it in our buffer, then it goes to
+/// the ring (`Tx::push`).
 pub(crate) struct TxToken<'a> {
     tx: &'a mut Tx,
 }
@@ -255,30 +423,14 @@ pub(crate) struct TxToken<'a> {
 impl phy::TxToken for TxToken<'_> {
     fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
         let tx = self.tx;
-        if len == 0 || len > SLOT_SIZE as usize {
+        if len == 0 || len > MAX_FRAME as usize {
             // Cannot go on the ring (smoltcp never asks for this with our
             // MTU): build it and drop it, as a NIC drops an oversized frame.
             let mut scratch = vec![0u8; len];
             return f(&mut scratch);
         }
-        let slot = tx.prod % SLOTS;
-        let buf = buf_addr(tx.base, TX_BUF_OFF, slot) as *mut u8;
-        // SAFETY: the token exists only if `tx_prod - tx_cons < SLOTS`
-        // (checked with an acquire load of `tx_cons`), so the monitor has
-        // finished with this slot and reads it again only after we publish
-        // it below. The buffer lies inside the validated region and is
-        // SLOT_SIZE ≥ len bytes; nothing else references it meanwhile.
-        let r = f(unsafe { core::slice::from_raw_parts_mut(buf, len) });
-        // SAFETY: this slot's descriptor, owned by us as above; the `len`
-        // field is 4-byte aligned, `flags` follows it.
-        unsafe {
-            let d = desc_addr(tx.base, TX_DESC_OFF, slot);
-            core::ptr::write_volatile(d as *mut u32, len as u32);
-            core::ptr::write_volatile((d + 4) as *mut u32, 0);
-        }
-        tx.prod = tx.prod.wrapping_add(1);
-        field(tx.base, hdr::TX_PROD).store(tx.prod, Ordering::Release);
-        tx.queued += 1;
+        let r = f(&mut tx.scratch[..len]);
+        tx.push(len);
         tx.frames += 1;
         r
     }

@@ -172,7 +172,7 @@ fn timers() -> i32 {
 /// none of the others.
 fn net_spoof() -> i32 {
     use core::sync::atomic::{AtomicU32, Ordering};
-    use wisp::abi::net::{decode_ipv4, decode_mac, hdr, SLOTS, SLOT_SIZE, TX_BUF_OFF, TX_DESC_OFF};
+    use wisp::abi::net::{decode_ipv4, decode_mac, hdr, SlotDesc, DESC_SIZE, SLOTS, SLOT_SIZE, TX_BUF_OFF, TX_DESC_OFF};
     let info = wisp::env::boot_info();
     let Some((idx, dev)) =
         info.devices[..info.device_count as usize].iter().enumerate().find(|(_, d)| d.kind == wisp::abi::DeviceKind::Net as u32)
@@ -192,7 +192,8 @@ fn net_spoof() -> i32 {
         // publishes it by bumping TX_PROD below; the frame fits a slot.
         unsafe {
             core::ptr::copy_nonoverlapping(frame.as_ptr(), (dev.base + TX_BUF_OFF + slot * SLOT_SIZE as u64) as *mut u8, frame.len());
-            core::ptr::write_volatile((dev.base + TX_DESC_OFF + slot * 8) as *mut u32, frame.len() as u32);
+            let d = SlotDesc { len: frame.len() as u32, ..Default::default() };
+            core::ptr::write_volatile((dev.base + TX_DESC_OFF + slot * DESC_SIZE) as *mut SlotDesc, d);
         }
         field(hdr::TX_PROD).store(prod.wrapping_add(1), Ordering::Release);
         wisp::hypercall::notify(idx as u32);
