@@ -18,6 +18,9 @@
 //! test` tests it on the host.
 #![cfg_attr(not(test), no_std)]
 
+extern crate alloc;
+
+use alloc::vec::Vec;
 use wisp_abi::net::{gso, vnet_flags, VnetHdr, MAX_GSO_FRAME, MAX_GSO_SEGS, MIN_GSO_SIZE};
 
 /// Ethernet header bytes.
@@ -105,57 +108,67 @@ fn ipv4_checksum(ip: &[u8]) -> u16 {
 }
 
 /// A single frame smoltcp built, going alone: a TCP/IPv4 one asks the
-/// host for its checksum (its headers, `head`, are changed), any other
+/// host for its checksum (its headers, `frame`, are changed), any other
 /// goes as it is (smoltcp computed its checksums).
-pub fn single(head: &mut [u8]) -> VnetHdr {
-    match parse(head) {
-        Some(seg) => ask_checksum(head, &seg, head.len() - ETH - seg.ip_hl),
+pub fn single(frame: &mut [u8]) -> VnetHdr {
+    match parse(frame) {
+        Some(seg) => ask_checksum(frame, &seg, frame.len() - ETH - seg.ip_hl),
         None => VnetHdr::default(),
     }
 }
 
-/// The super-frame being built.
-#[derive(Clone, Copy, Debug)]
-pub struct Open {
-    /// Its first segment's headers.
+/// Super-frames open at once (one per flow): smoltcp's egress sends one
+/// segment per socket and round, so the segments of parallel streams
+/// interleave.
+pub const OPEN_MAX: usize = 4;
+
+/// A super-frame being built, in a buffer of its own.
+#[derive(Debug)]
+struct Open {
+    /// Its first segment's layout.
     first: Seg,
-    head: [u8; HEAD_MAX],
-    /// Bytes so far.
-    pub len: usize,
+    /// The frame so far.
+    buf: Vec<u8>,
     segs: u32,
     next_seq: u32,
     /// Nothing more may join (a short segment or PSH came).
     closed: bool,
     psh: bool,
+    /// When it opened (for the oldest to go first when all are in use).
+    age: u64,
 }
 
 impl Open {
-    /// Segments in it.
-    pub fn segs(&self) -> u32 {
-        self.segs
+    /// Whether `frame` belongs to the same flow (addresses and ports).
+    fn same_flow(&self, frame: &[u8], seg: &Seg) -> bool {
+        let l4 = ETH + seg.ip_hl;
+        let ours = ETH + self.first.ip_hl;
+        seg.ip_hl == self.first.ip_hl && frame[ETH + 12..ETH + 20] == self.buf[ETH + 12..ETH + 20] && frame[l4..l4 + 4] == self.buf[ours..ours + 4]
     }
 
-    /// Finish it: `head` is its first `hdrs` bytes (in the ring), where
-    /// the IPv4 length and checksum, PSH and the pseudo-header sum are
-    /// set; returns its virtio-net header.
-    pub fn finish(&self, head: &mut [u8]) -> VnetHdr {
+    /// Finish it (IPv4 length and checksum, PSH, the pseudo-header sum)
+    /// and hand it to `out` with its virtio-net header.
+    fn finish(&mut self, out: &mut impl FnMut(&[u8], VnetHdr)) {
         let s = self.first;
+        let len = self.buf.len();
+        let head = &mut self.buf[..];
         if self.segs == 1 {
-            return ask_checksum(head, &s, self.len - ETH - s.ip_hl);
+            let v = ask_checksum(head, &s, len - ETH - s.ip_hl);
+            return out(&self.buf, v);
         }
         let ip = &mut head[ETH..ETH + s.ip_hl];
-        ip[2..4].copy_from_slice(&((self.len - ETH) as u16).to_be_bytes());
+        ip[2..4].copy_from_slice(&((len - ETH) as u16).to_be_bytes());
         ip[10..12].fill(0);
         let c = ipv4_checksum(ip);
         ip[10..12].copy_from_slice(&c.to_be_bytes());
         if self.psh {
             head[ETH + s.ip_hl + 13] |= PSH;
         }
-        let v = ask_checksum(head, &s, self.len - ETH - s.ip_hl);
-        VnetHdr { gso_type: gso::TCPV4, hdr_len: s.hdrs as u16, gso_size: s.payload as u16, ..v }
+        let v = ask_checksum(head, &s, len - ETH - s.ip_hl);
+        out(&self.buf, VnetHdr { gso_type: gso::TCPV4, hdr_len: s.hdrs as u16, gso_size: s.payload as u16, ..v });
     }
 
-    /// Whether `frame` (`seg`) continues this super-frame.
+    /// Whether `frame` (`seg`, of the same flow) continues this super-frame.
     fn continued_by(&self, frame: &[u8], seg: &Seg) -> bool {
         let s = &self.first;
         if self.closed
@@ -163,95 +176,92 @@ impl Open {
             || seg.seq != self.next_seq
             || seg.payload == 0
             || seg.payload > s.payload
-            || self.len + seg.payload > MAX_GSO_FRAME as usize
+            || self.buf.len() + seg.payload > MAX_GSO_FRAME as usize
             || self.segs >= MAX_GSO_SEGS
         {
             return false;
         }
         // The same headers but for what differs between segments.
         let (ip, l4) = (ETH, ETH + s.ip_hl);
-        let same = |a: usize, b: usize| frame[a..b] == self.head[a..b];
+        let same = |a: usize, b: usize| frame[a..b] == self.buf[a..b];
         same(0, ip + 2)
             && same(ip + 6, ip + 10)
             && same(ip + 12, l4 + 4)
             && same(l4 + 8, l4 + 13)
-            && (frame[l4 + 13] & !PSH) == (self.head[l4 + 13] & !PSH)
+            && (frame[l4 + 13] & !PSH) == (self.buf[l4 + 13] & !PSH)
             && same(l4 + 14, l4 + 16)
             && same(l4 + 18, s.hdrs)
     }
 }
 
-/// What to do with a frame smoltcp built.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Offer {
-    /// Copy its payload (`frame[from..]`) to the open super-frame at byte
-    /// `at`.
-    Append {
-        /// Where its payload starts.
-        from: usize,
-        /// Where it goes in the super-frame.
-        at: usize,
-    },
-    /// Finish and publish the open super-frame (if any, [`Coalescer::take`]),
-    /// then put this frame at the start of a new chain: as the new open
-    /// super-frame if `open`, else alone (finished with [`single`]).
-    New {
-        /// It opens a super-frame.
-        open: bool,
-    },
-}
-
-/// Coalesces a poll's segments.
+/// Coalesces a poll's segments, up to [`OPEN_MAX`] flows at once.
 #[derive(Debug, Default)]
 pub struct Coalescer {
-    open: Option<Open>,
+    open: [Option<Open>; OPEN_MAX],
+    /// Buffers of finished super-frames, kept for the next ones.
+    spare: Vec<Vec<u8>>,
+    clock: u64,
 }
 
 impl Coalescer {
-    /// Decide for `frame`; with [`Offer::New`] the caller takes the open
-    /// frame first.
-    pub fn offer(&mut self, frame: &[u8]) -> Offer {
-        let Some(seg) = parse(frame) else { return Offer::New { open: false } };
+    /// Take a frame smoltcp built (`frame`, whose headers may be changed):
+    /// it joins an open super-frame of its flow, opens one, or goes alone;
+    /// every frame that is done, in the order it must leave (a flow's
+    /// frames in their order), goes to `out` with its virtio-net header.
+    /// At most [`OPEN_MAX`] + 1 frames go out per call.
+    pub fn push(&mut self, frame: &mut [u8], mut out: impl FnMut(&[u8], VnetHdr)) {
+        let Some(seg) = parse(frame) else { return out(frame, VnetHdr::default()) };
         let data = seg.flags & ACK != 0 && seg.flags & (FIN | SYN | RST | URG) == 0 && seg.payload > 0;
-        if let Some(o) = &mut self.open {
+        let mine = self.open.iter().position(|o| o.as_ref().is_some_and(|o| o.same_flow(frame, &seg)));
+        if let Some(i) = mine {
+            let o = self.open[i].as_mut().expect("found above");
             if data && o.continued_by(frame, &seg) {
-                let at = o.len;
-                o.len += seg.payload;
+                o.buf.extend_from_slice(&frame[seg.hdrs..]);
                 o.segs += 1;
                 o.next_seq = seg.seq.wrapping_add(seg.payload as u32);
                 o.psh |= seg.flags & PSH != 0;
                 o.closed = seg.payload < o.first.payload || o.psh;
-                return Offer::Append { from: seg.hdrs, at };
+                return;
             }
+            // The flow's earlier data goes first.
+            self.close(i, &mut out);
         }
         // A new super-frame: a full data segment that may be followed.
-        let open = data && seg.payload >= MIN_GSO_SIZE as usize && seg.flags & PSH == 0;
-        Offer::New { open }
-    }
-
-    /// After [`Offer::New`]: the open super-frame to publish (if any); if
-    /// the new frame opens one, it is `frame` from now on.
-    pub fn take(&mut self, frame: &[u8], open: bool) -> Option<Open> {
-        let was = self.open.take();
-        if open {
-            if let Some(seg) = parse(frame) {
-                let mut head = [0u8; HEAD_MAX];
-                head[..seg.hdrs].copy_from_slice(&frame[..seg.hdrs]);
-                let next_seq = seg.seq.wrapping_add(seg.payload as u32);
-                self.open = Some(Open { first: seg, head, len: frame.len(), segs: 1, next_seq, closed: false, psh: false });
-            }
+        if !data || seg.payload < MIN_GSO_SIZE as usize || seg.flags & PSH != 0 {
+            let v = ask_checksum(frame, &seg, frame.len() - ETH - seg.ip_hl);
+            return out(frame, v);
         }
-        was
+        let i = match self.open.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                let oldest = (0..OPEN_MAX).min_by_key(|&i| self.open[i].as_ref().map_or(0, |o| o.age)).unwrap_or(0);
+                self.close(oldest, &mut out);
+                oldest
+            }
+        };
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.reserve(MAX_GSO_FRAME as usize);
+        buf.extend_from_slice(frame);
+        self.clock += 1;
+        let next_seq = seg.seq.wrapping_add(seg.payload as u32);
+        self.open[i] = Some(Open { first: seg, buf, segs: 1, next_seq, closed: false, psh: false, age: self.clock });
     }
 
-    /// The open super-frame, taken (to publish at the end of a poll).
-    pub fn flush(&mut self) -> Option<Open> {
-        self.open.take()
+    fn close(&mut self, i: usize, out: &mut impl FnMut(&[u8], VnetHdr)) {
+        if let Some(mut o) = self.open[i].take() {
+            o.finish(out);
+            self.spare.push(o.buf);
+        }
     }
 
-    /// Whether a super-frame is open.
-    pub fn is_open(&self) -> bool {
-        self.open.is_some()
+    /// Hand every open super-frame to `out` (at the end of a poll).
+    pub fn flush(&mut self, mut out: impl FnMut(&[u8], VnetHdr)) {
+        let mut order: Vec<usize> = (0..OPEN_MAX).filter(|&i| self.open[i].is_some()).collect();
+        order.sort_by_key(|&i| self.open[i].as_ref().map_or(0, |o| o.age));
+        for i in order {
+            self.close(i, &mut out);
+        }
     }
 }
 
@@ -292,37 +302,13 @@ mod tests {
     fn run(frames: &[Vec<u8>]) -> Vec<(VnetHdr, Vec<u8>)> {
         let mut c = Coalescer::default();
         let mut out: Vec<(VnetHdr, Vec<u8>)> = Vec::new();
-        let mut open: Option<Vec<u8>> = None;
-        let publish = |o: Open, buf: Vec<u8>, out: &mut Vec<(VnetHdr, Vec<u8>)>| {
-            let mut buf = buf;
-            assert_eq!(buf.len(), o.len);
-            let v = o.finish(&mut buf);
-            out.push((v, buf));
-        };
         for f in frames {
-            match c.offer(f) {
-                Offer::Append { from, at } => {
-                    let b = open.as_mut().unwrap();
-                    assert_eq!(b.len(), at);
-                    b.extend_from_slice(&f[from..]);
-                }
-                Offer::New { open: o } => {
-                    if let Some(was) = c.take(f, o) {
-                        publish(was, open.take().unwrap(), &mut out);
-                    }
-                    if o {
-                        open = Some(f.clone());
-                    } else {
-                        let mut b = f.clone();
-                        let v = single(&mut b);
-                        out.push((v, b));
-                    }
-                }
-            }
+            let mut f = f.clone();
+            let before = out.len();
+            c.push(&mut f, |b, v| out.push((v, b.to_vec())));
+            assert!(out.len() - before <= OPEN_MAX + 1);
         }
-        if let Some(o) = c.flush() {
-            publish(o, open.take().unwrap(), &mut out);
-        }
+        c.flush(|b, v| out.push((v, b.to_vec())));
         out
     }
 
@@ -416,23 +402,68 @@ mod tests {
         ] {
             let out = run(&[a.clone(), b.clone()]);
             assert_eq!(out.len(), 2, "{why}");
-            assert_eq!(out[0].0.gso_type, gso::NONE, "{why}: one segment goes as a plain frame");
-            assert_eq!(segment(&out[0].0, &out[0].1), [with_checksum(&a)], "{why}");
+            // (Another flow's frame may go first: `a` stays open.)
+            let a_out = out.iter().find(|(_, f)| f[ETH + 21] == a[ETH + 21] && f[..ETH + 20] == a[..ETH + 20]).unwrap();
+            assert_eq!(a_out.0.gso_type, gso::NONE, "{why}: one segment goes as a plain frame");
+            assert!(segment(&a_out.0, &a_out.1) == [with_checksum(&a)], "{why}");
         }
         // After a short segment or PSH, nothing joins; a new one opens.
         let out = run(&[seg(1, 1000, ACK), seg(1001, 500, ACK), seg(1501, 1000, ACK), seg(2501, 1000, ACK)]);
         assert_eq!(out.iter().map(|(v, f)| (v.gso_type, f.len())).collect::<Vec<_>>(), [(1, 54 + 1500), (1, 54 + 2000)]);
         let out = run(&[seg(1, 1000, ACK | PSH), seg(1001, 1000, ACK)]);
         assert_eq!(out.len(), 2, "a segment with PSH goes alone");
-        // Not TCP, or not data: alone, untouched but for the checksum request.
+        // Not TCP: at once and untouched, while the open super-frame of
+        // another flow goes on.
         let mut udp = seg(1, 100, ACK);
         udp[ETH + 9] = 17;
         let out = run(&[seg(1, 1000, ACK), udp.clone(), seg(1001, 1000, ACK)]);
-        assert_eq!(out[1], (VnetHdr::default(), udp));
-        assert_eq!(out.len(), 3);
+        assert!(out[0] == (VnetHdr::default(), udp));
+        assert_eq!((out.len(), out[1].0.gso_type, out[1].1.len()), (2, gso::TCPV4, 2054));
         let out = run(&[seg(1, 0, ACK)]);
         assert_eq!(out[0].0, VnetHdr { flags: 1, csum_start: 34, csum_offset: 16, ..Default::default() });
         assert!(verify(&segment(&out[0].0, &out[0].1)[0]));
+    }
+
+    #[test]
+    fn interleaved_flows_each_coalesce_in_order() {
+        // Four streams, one segment each per round, as smoltcp's egress
+        // sends them; then a pure ACK of stream 1 and stream 0's FIN.
+        let flow = |port: u8, seq: u32, len: usize, flags: u8| {
+            let mut f = seg(seq, len, flags);
+            f[ETH + 20 + 1] = port;
+            f
+        };
+        let mut frames = Vec::new();
+        for r in 0..10u32 {
+            for p in 0..4u8 {
+                frames.push(flow(p, 1 + r * 1000, 1000, ACK));
+            }
+        }
+        frames.push(flow(1, 10_001, 0, ACK));
+        frames.push(flow(0, 10_001, 0, ACK | FIN));
+        let out = run(&frames);
+        let port = |f: &Vec<u8>| f[ETH + 20 + 1];
+        // Stream 1's data, then its ACK; stream 0's data, then its FIN;
+        // streams 2 and 3 at the end of the poll.
+        let shape: Vec<(u8, u8, usize)> = out.iter().map(|(v, f)| (port(f), v.gso_type, f.len())).collect();
+        assert_eq!(shape, [(1, 1, 54 + 10_000), (1, 0, 54), (0, 1, 54 + 10_000), (0, 0, 54), (2, 1, 54 + 10_000), (3, 1, 54 + 10_000)]);
+        let mut seen = [0usize; 4];
+        for (v, f) in &out {
+            for b in segment(v, f) {
+                assert!(verify(&b));
+                let p = port(&b) as usize;
+                let orig = frames.iter().filter(|g| port(g) as usize == p).nth(seen[p]).unwrap();
+                seen[p] += 1;
+                assert!(b == with_checksum(orig), "stream {p}, segment {}", seen[p]);
+            }
+        }
+        assert_eq!(seen, [11, 11, 10, 10]);
+        // A fifth flow closes the oldest.
+        let mut frames: Vec<Vec<u8>> = (0..5u8).map(|p| flow(p, 1, 1000, ACK)).collect();
+        frames.push(flow(4, 1001, 1000, ACK));
+        let out = run(&frames);
+        let shape: Vec<(u8, usize)> = out.iter().map(|(_, f)| (port(f), f.len())).collect();
+        assert_eq!(shape, [(0, 1054), (1, 1054), (2, 1054), (3, 1054), (4, 2054)]);
     }
 
     #[test]

@@ -3,11 +3,12 @@
 //! host's offloads where the monitor's tap has them (`params[4]`):
 //!
 //! - TX: smoltcp builds each frame in a buffer of ours; TCP segments of a
-//!   poll that continue one another are coalesced into a super-frame of up
-//!   to 64 KiB in the ring (`tcp_gso`), which the host cuts back into
-//!   them (gso TCPV4), and TCP checksums are left to the host (smoltcp is
-//!   told not to compute them; the checksum field gets the pseudo-header
-//!   sum and the descriptor NEEDS_CSUM). Other frames go alone.
+//!   poll that continue one another are coalesced per flow into
+//!   super-frames of up to 64 KiB (`tcp_gso`), copied into the ring when
+//!   done, which the host cuts back into them (gso TCPV4), and TCP
+//!   checksums are left to the host (smoltcp is told not to compute them;
+//!   the checksum field gets the pseudo-header sum and the descriptor
+//!   NEEDS_CSUM). Other frames go alone.
 //! - RX: the host's super-frames (up to [`MAX_CHAIN`] slots) go to smoltcp
 //!   whole — its ingress path takes a TCP segment longer than the MTU — and
 //!   straight from the ring unless the chain wraps around its end. smoltcp
@@ -31,7 +32,7 @@ use core::sync::atomic::{fence, AtomicU32, Ordering};
 use smoltcp::phy::{self, Checksum, ChecksumCapabilities, DeviceCapabilities, Medium};
 use smoltcp::time::Instant;
 use smoltcp::wire::{EthernetFrame, EthernetProtocol, Icmpv4Packet, IpProtocol, Ipv4Packet, TcpPacket, UdpPacket};
-use tcp_gso::{Coalescer, Offer, Open};
+use tcp_gso::{Coalescer, OPEN_MAX};
 use wisp_abi::net::{
     decode_geometry, hdr, offload, slots_for, vnet_flags, SlotDesc, VnetHdr, DESC_SIZE, MAX_CHAIN, MAX_FRAME, REGION_SIZE,
     RX_BUF_OFF, RX_DESC_OFF, SLOTS, SLOT_SIZE, TX_BUF_OFF, TX_DESC_OFF,
@@ -143,12 +144,7 @@ struct Rx {
 }
 
 struct Tx {
-    base: u64,
-    /// Our copy of `tx_prod` (we are its only writer): where the open
-    /// super-frame, if any, starts.
-    prod: u32,
-    /// Frames published since the last `flush`.
-    queued: u32,
+    ring: TxRing,
     /// Frames built since the last `take_activity`.
     frames: u32,
     /// A TX token was refused because the ring was full.
@@ -161,6 +157,15 @@ struct Tx {
     scratch: Box<[u8]>,
 }
 
+/// The TX ring as the guest fills it.
+struct TxRing {
+    base: u64,
+    /// Our copy of `tx_prod` (we are its only writer).
+    prod: u32,
+    /// Frames published since the last `flush`.
+    queued: u32,
+}
+
 impl Rx {
     /// Slots waiting in the RX ring.
     fn available(&self) -> u32 {
@@ -168,70 +173,55 @@ impl Rx {
     }
 }
 
-impl Tx {
-    /// Whether the TX ring has room for the largest super-frame (the open
-    /// one may grow to it) and one frame more.
+/// Free TX slots a token needs: every open super-frame may go out at its
+/// largest before the new frame (`Coalescer::push`).
+const TX_ROOM: u32 = OPEN_MAX as u32 * MAX_CHAIN + 1;
+
+impl TxRing {
+    /// Whether the TX ring has room for what one frame may make go out.
     fn has_room(&self) -> bool {
         let cons = field(self.base, hdr::TX_CONS).load(Ordering::Acquire);
-        SLOTS - self.prod.wrapping_sub(cons).min(SLOTS) > MAX_CHAIN
+        SLOTS - self.prod.wrapping_sub(cons).min(SLOTS) >= TX_ROOM
     }
 
-    /// Copy `bytes` to byte `offset` of the (unpublished) chain at `prod`.
-    fn copy_in(&self, offset: usize, bytes: &[u8]) {
+    /// Copy `frame` into the chain at `prod` and publish it with header
+    /// `vnet`.
+    fn publish(&mut self, frame: &[u8], vnet: VnetHdr) {
         let mut from = 0;
-        for (addr, len) in pieces(self.base, TX_BUF_OFF, self.prod, offset, bytes.len()) {
+        for (addr, len) in pieces(self.base, TX_BUF_OFF, self.prod, 0, frame.len()) {
             // SAFETY: the chain at `prod` is not published: the monitor
-            // finished with these slots (`has_room` saw them free with an
-            // acquire load of `tx_cons`) and reads them again only after
-            // we publish them. `pieces` keeps every byte inside the TX
-            // buffers of the validated region (offset + len ≤ the largest
-            // chain, MAX_CHAIN < SLOTS slots).
-            unsafe { core::ptr::copy_nonoverlapping(bytes[from..].as_ptr(), addr as *mut u8, len) };
+            // finished with these slots (`has_room` saw TX_ROOM slots
+            // free with an acquire load of `tx_cons` before the token that
+            // led here, and at most that many are published per token) and
+            // reads them again only after we publish them below. `pieces`
+            // keeps every byte inside the TX buffers of the validated
+            // region (a frame is at most MAX_CHAIN < SLOTS slots).
+            unsafe { core::ptr::copy_nonoverlapping(frame[from..].as_ptr(), addr as *mut u8, len) };
             from += len;
         }
-    }
-
-    /// The first `len` bytes (within its first slot) of the chain at `prod`.
-    fn head(&mut self, len: usize) -> &mut [u8] {
-        let [(addr, n), _] = pieces(self.base, TX_BUF_OFF, self.prod, 0, len.min(SLOT_SIZE as usize));
-        // SAFETY: as in `copy_in`: unpublished slots of the validated
-        // region, ours until published; `n` bytes lie in the first slot,
-        // and no other reference to them exists while `self` is borrowed.
-        unsafe { core::slice::from_raw_parts_mut(addr as *mut u8, n) }
-    }
-
-    /// Publish the `len`-byte frame at `prod` with header `vnet`.
-    fn publish(&mut self, len: usize, vnet: VnetHdr) {
         let d = desc_addr(self.base, TX_DESC_OFF, self.prod);
-        // SAFETY: this slot's descriptor, owned by us as in `copy_in`; it
-        // is 16-byte aligned inside the validated region.
-        unsafe { core::ptr::write_volatile(d as *mut SlotDesc, SlotDesc { len: len as u32, vnet, reserved: 0 }) };
-        self.prod = self.prod.wrapping_add(slots_for(len as u32));
+        let desc = SlotDesc { len: frame.len() as u32, vnet, reserved: 0 };
+        // SAFETY: this slot's descriptor, owned by us as above; it is
+        // 16-byte aligned inside the validated region.
+        unsafe { core::ptr::write_volatile(d as *mut SlotDesc, desc) };
+        self.prod = self.prod.wrapping_add(slots_for(frame.len() as u32));
         field(self.base, hdr::TX_PROD).store(self.prod, Ordering::Release);
         self.queued += 1;
     }
+}
 
-    /// Finish and publish a super-frame.
-    fn publish_open(&mut self, o: Open) {
-        let vnet = o.finish(self.head(o.len));
-        self.publish(o.len, vnet);
-    }
-
-    /// Put the `len`-byte frame smoltcp built in `scratch` on the ring.
+impl Tx {
+    /// Put the `len`-byte frame smoltcp built in `scratch` on the ring:
+    /// coalesced with the TSO offload, else alone (its TCP checksum left to
+    /// the host with the checksum offload).
     fn push(&mut self, len: usize) {
-        let offer = if self.offloads & offload::TSO4 != 0 { self.gso.offer(&self.scratch[..len]) } else { Offer::New { open: false } };
-        match offer {
-            Offer::Append { from, at } => self.copy_in(at, &self.scratch[from..len]),
-            Offer::New { open } => {
-                if let Some(o) = self.gso.take(&self.scratch[..len], open) {
-                    self.publish_open(o);
-                }
-                self.copy_in(0, &self.scratch[..len]);
-                if !open {
-                    let vnet = if self.offloads & offload::CSUM != 0 { tcp_gso::single(self.head(len)) } else { VnetHdr::default() };
-                    self.publish(len, vnet);
-                }
-            }
+        let frame = &mut self.scratch[..len];
+        let ring = &mut self.ring;
+        if self.offloads & offload::TSO4 != 0 {
+            self.gso.push(frame, |f, v| ring.publish(f, v));
+        } else {
+            let vnet = if self.offloads & offload::CSUM != 0 { tcp_gso::single(frame) } else { VnetHdr::default() };
+            ring.publish(frame, vnet);
         }
     }
 }
@@ -248,9 +238,7 @@ impl Nic {
             index,
             rx: Rx { base, cons: rx_cons, frames: 0, bounce: Vec::new() },
             tx: Tx {
-                base,
-                prod: tx_prod,
-                queued: 0,
+                ring: TxRing { base, prod: tx_prod, queued: 0 },
                 frames: 0,
                 full: false,
                 offloads,
@@ -278,7 +266,7 @@ impl Nic {
             return false;
         }
         let rx = self.rx.available() != 0;
-        (rx || self.tx.full) && self.tx.has_room()
+        (rx || self.tx.full) && self.tx.ring.has_room()
     }
 
     /// Start a poll: forget that the TX ring was full.
@@ -303,10 +291,9 @@ impl Nic {
         if self.dead {
             return;
         }
-        if let Some(o) = self.tx.gso.flush() {
-            self.tx.publish_open(o);
-        }
-        if core::mem::take(&mut self.tx.queued) == 0 {
+        let ring = &mut self.tx.ring;
+        self.tx.gso.flush(|f, v| ring.publish(f, v));
+        if core::mem::take(&mut self.tx.ring.queued) == 0 {
             return;
         }
         // Our `tx_prod` store must be visible before we read `monitor_idle`
@@ -315,7 +302,7 @@ impl Nic {
         // Release/acquire does not order a store before a later load; a
         // full fence does.
         fence(Ordering::SeqCst);
-        if field(self.tx.base, hdr::MONITOR_IDLE).load(Ordering::Acquire) == 1 {
+        if field(self.tx.ring.base, hdr::MONITOR_IDLE).load(Ordering::Acquire) == 1 {
             crate::hypercall::notify(self.index);
         }
     }
@@ -331,7 +318,7 @@ impl phy::Device for Nic {
         }
         // Processing a frame may need a reply (ARP, ICMP echo, TCP ACK/RST):
         // leave RX frames waiting until there is a TX slot for it.
-        if !self.tx.has_room() {
+        if !self.tx.ring.has_room() {
             self.tx.full = true;
             return None;
         }
@@ -342,7 +329,7 @@ impl phy::Device for Nic {
         if self.dead {
             return None;
         }
-        if !self.tx.has_room() {
+        if !self.tx.ring.has_room() {
             self.tx.full = true;
             return None;
         }
