@@ -144,6 +144,19 @@ impl RateLimiter {
         true
     }
 
+    /// Spend the budget of `ops` operations of `len` bytes whether it is
+    /// there or not (an operation already done, e.g. a frame read from a
+    /// tap): what is missing is a debt the refills pay first.
+    pub fn charge_at(&mut self, len: u64, ops: u64, now: Instant) {
+        self.refill(now);
+        if let Some(b) = &mut self.bytes {
+            b.spend(len);
+        }
+        if let Some(b) = &mut self.ops {
+            b.spend(ops);
+        }
+    }
+
     /// How long until an operation of `len` bytes would be allowed.
     pub fn ready_in(&mut self, len: u64) -> Duration {
         self.ready_in_at(len, Instant::now())
@@ -254,6 +267,12 @@ mod tests {
         let sent: u64 = (0..=10_000).filter(|ms| r.consume_at(65_549, t + Duration::from_millis(*ms))).count() as u64 * 65_549;
         assert!(sent <= 10_000_000 + 2 * 65_549, "{sent} bytes in 10 s");
         assert!(sent >= 9_000_000, "{sent} bytes in 10 s");
+        // Charged after the fact (a frame already read): a debt all the same.
+        let mut r = RateLimiter::new_at(Rate { bytes: 1000, ops: 10 }, 1514, t);
+        r.charge_at(65_549, 45, t);
+        assert!(!r.consume_at(1, t + Duration::from_secs(4)), "45 frames at 10/s");
+        assert!(!r.consume_at(1, t + Duration::from_secs(60)), "65,549 bytes at 1000/s");
+        assert!(r.consume_at(1, t + Duration::from_secs(65)));
     }
 
     #[test]
