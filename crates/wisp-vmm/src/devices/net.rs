@@ -273,7 +273,9 @@ const SPIN_ROUNDS: u32 = 64;
 impl Io {
     fn run(mut self) -> Result<NetStats, String> {
         let r = self.serve();
-        if r.is_err() {
+        if let Err(why) = &r {
+            // offload: say why (the VM goes on; its console is the guest's).
+            eprintln!("wisp: NIC stopped: {why}");
             // Tell the guest its NIC is gone; wake it so it notices.
             let _ = self.ring.mark_stopped(&mut self.ram);
             self.control.post_events(wisp_abi::events::NET);

@@ -13,6 +13,8 @@ use core::time::Duration;
 use alloc::vec::Vec;
 use wisp::abi::{args, Hypercall};
 
+mod net_offload;
+
 wisp::main!(main, wisp::Manifest::new().features(wisp::features::ALL).nic(false));
 
 fn main() -> i32 {
@@ -112,6 +114,8 @@ fn main() -> i32 {
         "timers" => return timers(),
         "net-corrupt" => return net_corrupt(),
         "net-spoof" => return net_spoof(),
+        "net-offload" => return net_offload::bad_frame(wisp::env::arg(2).unwrap_or("")),
+        "net-rx-stall" => return net_offload::rx_stall(wisp::env::arg(2).and_then(|s| s.parse().ok()).unwrap_or(5)),
         "clock" => {
             let (mono, wall) = wisp::hypercall::clock();
             let mine = wisp::time::wall_ns();
