@@ -108,7 +108,9 @@ def main():
 
     idle_before = idle_cpu_percent(5)
     avail0 = meminfo("MemAvailable")
-    d = wispapi.Daemon(wispd, os.path.join(ROOT, "build", "images"), pool="16M=%d" % args.pool)
+    # Past the daemon's default quotas on purpose: N sleepers of 16 MiB.
+    quotas = ["--max-vms", str(args.n), "--max-guest-memory", "%dM" % (16 * args.n)]
+    d = wispapi.Daemon(wispd, os.path.join(ROOT, "build", "images"), pool="16M=%d" % args.pool, extra=quotas)
     api = d.api()
     attach = d.api()
     d.wait_pool(api, args.pool)

@@ -130,7 +130,7 @@ def boot_to_first_line(api, body):
 class Daemon:
     """A private wispd for one benchmark run (own socket and state dir)."""
 
-    def __init__(self, wispd, images, pool="16M=8", root=None):
+    def __init__(self, wispd, images, pool="16M=8", root=None, extra=()):
         import os
         import subprocess
         import tempfile
@@ -139,7 +139,7 @@ class Daemon:
         self.log = open(os.path.join(self.root, "wispd.log"), "w")
         self.proc = subprocess.Popen(
             [wispd, "--socket", self.socket, "--state-dir", os.path.join(self.root, "state"),
-             "--images", images, "--pool", pool],
+             "--images", images, "--pool", pool] + list(extra),
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
         deadline = time.time() + 20
         while True:

@@ -42,6 +42,16 @@ impl DeviceKind {
     }
 }
 
+/// Flags of a device-table entry that mean the same for every kind (the
+/// high 16 bits of [`DeviceDesc::flags`]; the low 16 are the kind's own).
+pub mod device_flags {
+    /// The device has a doorbell port, `crate::DOORBELL_PORT_BASE` + its
+    /// index: an `out` of any byte there kicks it. Set by monitors that
+    /// serve doorbells (older guests ignore it and use the notify
+    /// hypercall, which stays).
+    pub const DOORBELL: u32 = 1 << 16;
+}
+
 /// One entry of the device table. The meaning of `base`, `size` and `params`
 /// depends on `kind`; an entry with `kind == 0` is unused.
 #[repr(C)]

@@ -62,6 +62,15 @@ pub const HYPERCALL_PORT_COUNT: u16 = 16;
 /// outside the window the guest may use, so a guest cannot fake a fault.
 pub const FAULT_PORT: u16 = 0x5ff;
 
+/// First doorbell port: an `out` of any byte to `DOORBELL_PORT_BASE + i`
+/// kicks device `i` of the boot-info table, like [`Hypercall::Notify`] but
+/// without an argument block — so the monitor can have KVM turn it into an
+/// eventfd signal (`KVM_IOEVENTFD`) that never leaves the kernel (~8 µs on
+/// PVM hosts, against 18–40 µs for an exit to the monitor). Only for devices
+/// whose entry has [`bootinfo::device_flags::DOORBELL`]; a monitor without
+/// KVM's help serves it as an exit, the same for the guest.
+pub const DOORBELL_PORT_BASE: u16 = 0x600;
+
 /// Hypercall numbers (added to [`HYPERCALL_PORT_BASE`]).
 #[repr(u16)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

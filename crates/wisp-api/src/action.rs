@@ -10,8 +10,57 @@
 //! round-trip test below), a handler in the daemon, and a line in
 //! `docs/api.yaml`.
 
+use std::fmt;
+
 use crate::http::{percent_encode, HttpError, Request};
-use crate::{CreateVm, PoolInfo, StopVm, API_PREFIX};
+use crate::{CreateVm, PoolInfo, StopVm, API_PREFIX, MAX_FAMILY, MIN_CPUS};
+
+/// Most CPUs a quota may name (the daemon also refuses more than its host has).
+pub const MAX_CPUS: f64 = 1024.0;
+
+/// Why the resource limits of a create request cannot be used. Checked by
+/// both ends ([`check_limits`]): the client before it sends, the daemon
+/// when it receives (which answers 400).
+#[derive(Clone, Debug, PartialEq)]
+pub enum LimitError {
+    /// `cpus` is not a number of CPUs (at least [`MIN_CPUS`]).
+    Cpus(f64),
+    /// `family_limit` is not 1..=[`MAX_FAMILY`].
+    FamilyLimit(u32),
+    /// `memory` is zero.
+    NoMemory,
+}
+
+impl fmt::Display for LimitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimitError::Cpus(c) => write!(f, "cpus {c}: must be a number of CPUs from {MIN_CPUS} to {MAX_CPUS}"),
+            LimitError::FamilyLimit(n) => write!(f, "family_limit {n}: must be 1 to {MAX_FAMILY}"),
+            LimitError::NoMemory => write!(f, "memory 0: a family needs memory"),
+        }
+    }
+}
+
+impl std::error::Error for LimitError {}
+
+/// Check the resource limits a create request asks for (`memory`, `cpus`,
+/// `family_limit`) as far as they do not depend on the host.
+pub fn check_limits(vm: &CreateVm) -> Result<(), LimitError> {
+    if let Some(c) = vm.cpus {
+        if !(MIN_CPUS..=MAX_CPUS).contains(&c) {
+            return Err(LimitError::Cpus(c));
+        }
+    }
+    if let Some(n) = vm.family_limit {
+        if !(1..=MAX_FAMILY).contains(&n) {
+            return Err(LimitError::FamilyLimit(n));
+        }
+    }
+    if vm.memory == Some(0) {
+        return Err(LimitError::NoMemory);
+    }
+    Ok(())
+}
 
 /// One API request, parsed. VMs are named by `vm`: an id, a unique id
 /// prefix (3+ digits) or a name.
@@ -55,13 +104,16 @@ pub enum Action {
         /// Keep streaming until the VM ends.
         follow: bool,
     },
-    /// `DELETE /v1/vms/{vm}[?force=true]`: remove a VM (with `force`, kill
-    /// it first if it runs).
+    /// `DELETE /v1/vms/{vm}[?force=true][&family=true]`: remove a VM (with
+    /// `force`, kill it first if it runs); with `family`, every VM of its
+    /// family (all killed at once, so that none forks meanwhile).
     RemoveVm {
         /// Which VM.
         vm: String,
         /// Kill a running VM first.
         force: bool,
+        /// The VM's whole family.
+        family: bool,
     },
     /// `GET /v1/pool`.
     GetPool,
@@ -163,7 +215,15 @@ impl Action {
             Action::Logs { vm, follow } => {
                 call("GET", vm_target(vm, if *follow { "/logs?follow=true" } else { "/logs" }), None)
             }
-            Action::RemoveVm { vm, force } => call("DELETE", vm_target(vm, if *force { "?force=true" } else { "" }), None),
+            Action::RemoveVm { vm, force, family } => {
+                let q = match (*force, *family) {
+                    (false, false) => "",
+                    (true, false) => "?force=true",
+                    (false, true) => "?family=true",
+                    (true, true) => "?force=true&family=true",
+                };
+                call("DELETE", vm_target(vm, q), None)
+            }
             Action::GetPool => call("GET", format!("{API_PREFIX}/pool"), None),
             Action::SetPool(p) => call("PUT", format!("{API_PREFIX}/pool"), json(p)),
         }
@@ -187,7 +247,7 @@ impl Action {
                 Action::CreateVm { vm, attach }
             }
             ("GET", ["vms", id]) => Action::GetVm(vm(id)),
-            ("DELETE", ["vms", id]) => Action::RemoveVm { vm: vm(id), force: flag(req, "force")? },
+            ("DELETE", ["vms", id]) => Action::RemoveVm { vm: vm(id), force: flag(req, "force")?, family: flag(req, "family")? },
             ("POST", ["vms", id, "pause"]) => Action::PauseVm(vm(id)),
             ("POST", ["vms", id, "resume"]) => Action::ResumeVm(vm(id)),
             ("POST", ["vms", id, "kill"]) => Action::KillVm(vm(id)),
@@ -240,7 +300,11 @@ mod tests {
             ],
             net_rate: Some(crate::NetRate { bytes_per_sec: 1 << 20, frames_per_sec: 2000 }),
             net_peers: true,
+            memory: Some(256 << 20),
+            cpus: Some(1.5),
+            family_limit: Some(8),
         };
+        assert_eq!(check_limits(&create), Ok(()));
         let pool = PoolInfo { target: vec![PoolTarget { mem: 16 << 20, count: 3 }], ready: vec![] };
         let all = [
             Action::Version,
@@ -256,8 +320,10 @@ mod tests {
             Action::WaitVm("abc".into()),
             Action::Logs { vm: "abc".into(), follow: false },
             Action::Logs { vm: "abc".into(), follow: true },
-            Action::RemoveVm { vm: "abc".into(), force: false },
-            Action::RemoveVm { vm: "abc".into(), force: true },
+            Action::RemoveVm { vm: "abc".into(), force: false, family: false },
+            Action::RemoveVm { vm: "abc".into(), force: true, family: false },
+            Action::RemoveVm { vm: "abc".into(), force: false, family: true },
+            Action::RemoveVm { vm: "abc".into(), force: true, family: true },
             Action::GetPool,
             Action::SetPool(pool),
         ];
@@ -302,7 +368,30 @@ mod tests {
         assert!(!String::from_utf8(Action::CreateVm { vm, attach: false }.to_request().body.unwrap()).unwrap().contains("peers"));
         // An empty stop body is the default grace; a bare flag is true.
         assert_eq!(parse("POST", "/v1/vms/x/stop", "").unwrap(), Action::StopVm { vm: "x".into(), grace_ms: None });
-        assert_eq!(parse("DELETE", "/v1/vms/x?force", "").unwrap(), Action::RemoveVm { vm: "x".into(), force: true });
+        assert_eq!(parse("DELETE", "/v1/vms/x?force", "").unwrap(), Action::RemoveVm { vm: "x".into(), force: true, family: false });
         assert_eq!(parse("GET", "/v1/vms/", "").unwrap(), Action::ListVms);
+    }
+
+    #[test]
+    fn limits_are_checked_with_clear_messages() {
+        let vm = |memory, cpus, family_limit| CreateVm { image: "x".into(), memory, cpus, family_limit, ..Default::default() };
+        assert_eq!(check_limits(&vm(None, None, None)), Ok(()));
+        assert_eq!(check_limits(&vm(Some(1), Some(MIN_CPUS), Some(1))), Ok(()));
+        assert_eq!(check_limits(&vm(None, Some(MAX_CPUS), Some(MAX_FAMILY))), Ok(()));
+        for c in [0.0, -1.0, 0.001, f64::NAN, f64::INFINITY, 1e9] {
+            assert!(matches!(check_limits(&vm(None, Some(c), None)), Err(LimitError::Cpus(_))), "{c}");
+        }
+        assert_eq!(check_limits(&vm(None, Some(0.0), None)).unwrap_err().to_string(), "cpus 0: must be a number of CPUs from 0.01 to 1024");
+        for n in [0, MAX_FAMILY + 1, u32::MAX] {
+            assert_eq!(check_limits(&vm(None, None, Some(n))), Err(LimitError::FamilyLimit(n)));
+        }
+        assert_eq!(check_limits(&vm(None, None, Some(0))).unwrap_err().to_string(), "family_limit 0: must be 1 to 64");
+        assert_eq!(check_limits(&vm(Some(0), None, None)).unwrap_err().to_string(), "memory 0: a family needs memory");
+        // Unknown fields are still refused; the new ones parse.
+        let ok: CreateVm = serde_json::from_str(r#"{"image":"x","memory":1048576,"cpus":0.5,"family_limit":4}"#).unwrap();
+        assert_eq!((ok.memory, ok.cpus, ok.family_limit), (Some(1 << 20), Some(0.5), Some(4)));
+        assert!(serde_json::from_str::<CreateVm>(r#"{"image":"x","cpu":1}"#).is_err());
+        assert!(serde_json::from_str::<CreateVm>(r#"{"image":"x","cpus":"1"}"#).is_err());
+        assert!(serde_json::from_str::<CreateVm>(r#"{"image":"x","family_limit":-1}"#).is_err());
     }
 }

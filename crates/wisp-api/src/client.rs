@@ -139,7 +139,12 @@ impl Client {
 
     /// `DELETE /v1/vms/{id}`.
     pub fn remove(&mut self, id: &str, force: bool) -> Result<()> {
-        self.call(&Action::RemoveVm { vm: id.into(), force })
+        self.call(&Action::RemoveVm { vm: id.into(), force, family: false })
+    }
+
+    /// `DELETE /v1/vms/{id}?family=true[&force=true]`: VM `id`'s whole family.
+    pub fn remove_family(&mut self, id: &str, force: bool) -> Result<()> {
+        self.call(&Action::RemoveVm { vm: id.into(), force, family: true })
     }
 
     /// `GET /v1/vms/{id}/logs[?follow=true]`, delivering output as it comes.

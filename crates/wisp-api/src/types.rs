@@ -40,10 +40,46 @@ pub struct CreateVm {
     /// reaches, and is reached by, every VM on the bridge.
     #[serde(default, skip_serializing_if = "is_false")]
     pub net_peers: bool,
+    /// Memory limit of the VM's family in bytes: guest RAM, monitors and
+    /// the copy-on-write growth of every VM it forks (default: what
+    /// `family_limit` VMs of `mem` bytes each may use).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<u64>,
+    /// CPU quota of the VM's family, in CPUs (e.g. 1.5; default: none, a
+    /// fair share of the host's CPUs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    /// Most VMs in the VM's family (itself, its children, theirs, ...;
+    /// 1..=[`MAX_FAMILY`], default [`MAX_FAMILY`]); a fork beyond it fails
+    /// with `EAGAIN`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub family_limit: Option<u32>,
 }
 
 fn is_false(b: &bool) -> bool {
     !*b
+}
+
+/// Most VMs in one family (the monitor's family region has this many
+/// member slots: `wisp_abi::family::limits::MAX_MEMBERS`).
+pub const MAX_FAMILY: u32 = 64;
+
+/// Smallest CPU quota a family may be given, in CPUs.
+pub const MIN_CPUS: f64 = 0.01;
+
+/// What a VM's family may use, as the daemon applied it (its control group).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct VmLimits {
+    /// Memory limit of the family in bytes (guest RAM, monitors, copy-on-write growth).
+    pub memory: u64,
+    /// CPU quota of the family in CPUs; none: no quota.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    /// Most VMs in the family.
+    pub family_limit: u32,
+    /// Most processes and threads in the family.
+    pub pids: u64,
 }
 
 /// A NIC's rate limit, the same in each direction; 0 = unlimited.
@@ -134,7 +170,7 @@ pub struct ExitInfo {
 }
 
 /// `GET /v1/vms/{id}` and the entries of `GET /v1/vms`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct VmInfo {
     /// Unique id (12 hex digits).
     pub id: String,
@@ -173,6 +209,10 @@ pub struct VmInfo {
     /// command line it still carries).
     #[serde(default)]
     pub family: Option<String>,
+    /// What the VM's family may use (none: the daemon runs without
+    /// control groups, or the VM predates them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<VmLimits>,
 }
 
 /// `GET /v1/pool` and `PUT /v1/pool`.

@@ -20,7 +20,7 @@ pub fn run(a: &RunArgs, t_main: u64) -> Result<(u8, Option<Vm>), String> {
         _ => None,
     };
     let shell = boot::prepare(mem.unwrap_or(DEFAULT_MEM)).map_err(|e| e.to_string())?;
-    let family = boot::direct_family(a.family_limit);
+    let family = boot::direct_family(a.family_limit.unwrap_or(wisp_api::MAX_FAMILY));
     let mut vm = boot::load(shell, Boot { image: &img, args, net, family }).map_err(|e| e.to_string())?;
     // A stopped VM says why before its parent hears of it (a forked child
     // ends with its parent: after that it could say nothing).

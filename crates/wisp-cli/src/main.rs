@@ -45,9 +45,18 @@ pub struct RunArgs {
     #[arg(long)]
     pub stats: bool,
     /// Most VMs in the VM's family (itself, its children, theirs, ...; at
-    /// most 64); a fork beyond it fails with EAGAIN.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub family_limit: u32,
+    /// most 64, the default); a fork beyond it fails with EAGAIN.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=wisp_api::MAX_FAMILY as i64))]
+    pub family_limit: Option<u32>,
+    /// Memory limit of the VM's family (guest RAM, monitors, what its forked
+    /// VMs copy), e.g. 256M; past it the family meets the OOM killer, alone
+    /// (needs wispd) [default: room for every VM the family may hold].
+    #[arg(long, value_parser = units::parse_size)]
+    pub memory: Option<u64>,
+    /// CPU quota of the VM's family in CPUs, e.g. 0.5 or 2 (needs wispd)
+    /// [default: no quota, a fair share].
+    #[arg(long, value_parser = units::parse_cpus)]
+    pub cpus: Option<f64>,
     /// Give the VM a NIC on wispd's bridge with an address from its subnet.
     #[arg(long, conflicts_with = "tap")]
     pub net: bool,
@@ -152,6 +161,10 @@ enum Cmd {
         /// Remove every VM.
         #[arg(long, conflicts_with = "vms")]
         all: bool,
+        /// Remove each VM's whole family (with -f, all its VMs are killed at
+        /// once: none forks meanwhile).
+        #[arg(long, conflicts_with = "all")]
+        family: bool,
         /// VM ids or names.
         #[arg(required_unless_present = "all")]
         vms: Vec<String>,
@@ -193,6 +206,13 @@ fn main() -> ExitCode {
                 Err(format!("cannot reach wispd at {}: {e} (start it with `wispd`)", socket.display()))
             }
             Err(e) if a.net || !a.ports.is_empty() => Err(format!("--net needs wispd (cannot reach {}: {e}); without it use --tap", socket.display())),
+            // The limits are control groups, which wispd makes and removes
+            // with each family; a VM in this process has none.
+            Err(e) if a.memory.is_some() || a.cpus.is_some() => Err(format!(
+                "--memory and --cpus need wispd, which contains each VM family in a control group (cannot reach {}: {e}); \
+                 without it, limit this process itself (e.g. systemd-run --scope -p MemoryMax=256M -p CPUQuota=50% wisp run ...)",
+                socket.display()
+            )),
             Err(_) => direct::run(&a, t_main),
         },
         Cmd::Inspect { target } => match remote::inspect(&socket, &target) {

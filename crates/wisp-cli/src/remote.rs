@@ -53,7 +53,11 @@ pub fn run(mut c: Client, a: &RunArgs) -> Result<u8, String> {
         ports: a.ports.clone(),
         net_rate: a.net_rate.map(|r| wisp_api::NetRate { bytes_per_sec: r.tx.bytes, frames_per_sec: r.tx.ops }),
         net_peers: a.net_peers,
+        memory: a.memory,
+        cpus: a.cpus,
+        family_limit: a.family_limit,
     };
+    wisp_api::action::check_limits(&req).map_err(|e| e.to_string())?;
     if let Some(n) = a.count {
         if !a.detach {
             return Err("--count needs -d (detached)".into());
@@ -231,6 +235,7 @@ pub fn manage(socket: &Path, cmd: Cmd) -> Result<u8, String> {
             Ok(x.code as u8)
         }
         Cmd::Rm { force, all: true, .. } => rm_all(&mut c, force),
+        Cmd::Rm { force, vms, family: true, .. } => each(&vms, |v| c.remove_family(v, force)),
         Cmd::Rm { force, vms, .. } => each(&vms, |v| c.remove(v, force)),
         Cmd::Pool { set } => {
             if !set.is_empty() {

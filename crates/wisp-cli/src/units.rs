@@ -25,6 +25,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|_| format!("'{s}' is out of range"))
 }
 
+/// Parse a number of CPUs, e.g. `0.5`, `2` ([`wisp_api::MIN_CPUS`] and up).
+pub fn parse_cpus(s: &str) -> Result<f64, String> {
+    let c: f64 = s.trim().parse().map_err(|_| format!("'{s}' is not a number of CPUs (e.g. 0.5, 2)"))?;
+    let max = wisp_api::action::MAX_CPUS;
+    if !(wisp_api::MIN_CPUS..=max).contains(&c) {
+        return Err(format!("'{s}': a number of CPUs from {} to {max}", wisp_api::MIN_CPUS));
+    }
+    Ok(c)
+}
+
 /// Parse an IPv4 address, e.g. `10.77.0.1`.
 pub fn parse_ipv4(s: &str) -> Result<[u8; 4], String> {
     s.parse::<std::net::Ipv4Addr>().map(|a| a.octets()).map_err(|_| format!("'{s}' is not an IPv4 address"))
@@ -88,5 +98,14 @@ mod tests {
         assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
         assert!(parse_duration("1y").is_err());
         assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn cpus() {
+        assert_eq!(parse_cpus("0.5"), Ok(0.5));
+        assert_eq!(parse_cpus("2"), Ok(2.0));
+        for bad in ["0", "-1", "0.001", "x", "", "NaN", "inf", "2000"] {
+            assert!(parse_cpus(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -75,6 +75,8 @@ pub mod kvm {
     pub const SET_FPU: u64 = 0x41a0_ae8d;
     pub const SET_CPUID2: u64 = 0x4008_ae90;
     pub const GET_TSC_KHZ: u64 = 0xaea3;
+    /// Bind an eventfd to a port (device doorbells), at load time.
+    pub const IOEVENTFD: u64 = 0x4040_ae79;
 }
 
 /// `ioctl`s on vCPU and VM descriptors a running VM uses.
@@ -90,6 +92,7 @@ const KVM_RUNNING: &[u64] = &[
     kvm::SET_FPU,
     kvm::GET_TSC_KHZ,
     kvm::SET_USER_MEMORY_REGION,
+    kvm::IOEVENTFD,
 ];
 /// `ioctl`s that make a forked child's VM: the only ones allowed on the
 /// `/dev/kvm` descriptor a forking VM keeps.

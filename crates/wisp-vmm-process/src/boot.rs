@@ -32,10 +32,12 @@ pub fn load(shell: Shell, boot: Boot<'_>) -> wisp_vmm::Result<Vm> {
 }
 
 /// A family under the daemon: the guest may fork if the daemon gave it an
-/// uplink (forked VMs become VMs of the toolstack through it); children
-/// outlive their parent, the daemon manages them.
-pub fn daemon_family(uplink: bool) -> FamilyOptions {
-    FamilyOptions { fork: uplink, limit: wisp_abi::family::limits::MAX_MEMBERS as u32, orphans_die: false }
+/// uplink (forked VMs become VMs of the toolstack through it), at most
+/// `limit` VMs (default: the most a family can hold); children outlive
+/// their parent, the daemon manages them.
+pub fn daemon_family(uplink: bool, limit: Option<u32>) -> FamilyOptions {
+    let max = wisp_abi::family::limits::MAX_MEMBERS as u32;
+    FamilyOptions { fork: uplink, limit: limit.unwrap_or(max).clamp(1, max), orphans_die: false }
 }
 
 /// A family without a daemon: it lives in this process tree (forked VMs are

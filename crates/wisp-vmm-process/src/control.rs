@@ -24,6 +24,8 @@ pub(crate) struct StartCmd {
     pub net: Option<NetConfig>,
     /// The family's uplink to the daemon (the guest may fork).
     pub uplink: Option<OwnedFd>,
+    /// Most VMs in the family, if the daemon set it.
+    pub family_limit: Option<u32>,
 }
 
 /// Serve one request while the shell waits in the pool. Returns the start
@@ -31,7 +33,7 @@ pub(crate) struct StartCmd {
 pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(StartCmd, UnixStream)> {
     let (req, fds) = read_request(&conn)?;
     let reply = match req {
-        Request::Start { image_name, args, timeout_ms, attach, net, uplink } => {
+        Request::Start { image_name, args, timeout_ms, attach, net, uplink, family_limit } => {
             let mut fds = fds.into_iter();
             let Some(fd) = fds.next() else {
                 let _ = send_line(&conn, &Reply::err("start needs the image descriptor"), None);
@@ -51,7 +53,7 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(St
             match Image::from_fd(&image_name, fd) {
                 Ok(image) => {
                     let timeout = timeout_ms.map(Duration::from_millis);
-                    let cmd = StartCmd { image, args, timeout, attach, net, uplink };
+                    let cmd = StartCmd { image, args, timeout, attach, net, uplink, family_limit };
                     return Some((cmd, conn));
                 }
                 Err(e) => Reply::err(e.to_string()),

@@ -68,7 +68,7 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
         let Ok(conn) = conn else { continue };
         let Some((mut cmd, conn)) = serve_pooled(&shared, conn) else { continue };
         let t = Instant::now();
-        let family = boot::daemon_family(cmd.uplink.is_some());
+        let family = boot::daemon_family(cmd.uplink.is_some(), cmd.family_limit);
         let boot = Boot { image: &cmd.image, args: &cmd.args, net: cmd.net.take(), family };
         let mut vm = match boot::load(shell, boot) {
             Ok(vm) => vm,

@@ -45,6 +45,9 @@ pub enum Request {
         /// the guest may fork.
         #[serde(default)]
         uplink: bool,
+        /// Most VMs in the family (default: the monitor's maximum).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        family_limit: Option<u32>,
     },
     /// Current state.
     Status,

@@ -12,7 +12,8 @@
 
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 use wisp_abi::layout::*;
-use wisp_abi::{FAULT_PORT, HYPERCALL_PORT_BASE, HYPERCALL_PORT_COUNT};
+use wisp_abi::bootinfo::MAX_DEVICES;
+use wisp_abi::{DOORBELL_PORT_BASE, FAULT_PORT, HYPERCALL_PORT_BASE, HYPERCALL_PORT_COUNT};
 
 use crate::access::UserMap;
 use crate::error::Result;
@@ -31,9 +32,12 @@ const SEL_UDATA: u16 = 0x20 | 3;
 const SEL_TSS: u16 = 0x28;
 const GDT_ENTRIES: u64 = 7;
 
-/// Bytes of I/O-permission bitmap: one bit per port up to the end of the
-/// hypercall window, then the mandatory 0xff terminator byte.
-const IOMAP_BYTES: u64 = (HYPERCALL_PORT_BASE as u64 + HYPERCALL_PORT_COUNT as u64).div_ceil(8);
+/// Doorbell ports, one per possible device.
+const DOORBELLS: std::ops::Range<u16> = DOORBELL_PORT_BASE..DOORBELL_PORT_BASE + MAX_DEVICES as u16;
+
+/// Bytes of I/O-permission bitmap: one bit per port up to the last
+/// doorbell, then the mandatory 0xff terminator byte.
+const IOMAP_BYTES: u64 = (DOORBELLS.end as u64).div_ceil(8);
 const TSS_BASE_SIZE: u64 = 104;
 const TSS_LIMIT: u64 = TSS_BASE_SIZE + IOMAP_BYTES; // includes the terminator byte
 
@@ -68,7 +72,7 @@ pub fn write_system_pages(ram: &GuestRam) -> Result<()> {
     tss[102..104].copy_from_slice(&(TSS_BASE_SIZE as u16).to_le_bytes());
     let bitmap = &mut tss[TSS_BASE_SIZE as usize..];
     bitmap.fill(0xff);
-    for port in HYPERCALL_PORT_BASE..HYPERCALL_PORT_BASE + HYPERCALL_PORT_COUNT {
+    for port in (HYPERCALL_PORT_BASE..HYPERCALL_PORT_BASE + HYPERCALL_PORT_COUNT).chain(DOORBELLS) {
         bitmap[port as usize / 8] &= !(1 << (port % 8));
     }
     ram.write(TSS, &tss)?;

@@ -35,6 +35,9 @@ pub struct Control {
     vcpu: Mutex<Option<ThreadId>>,
     /// The vCPU thread is parked in the idle hypercall (not in the guest).
     parked: AtomicBool,
+    /// Rung with the bell while the vCPU thread is parked, for a park that
+    /// waits on descriptors (`poll`) rather than on the bell's futex.
+    idle_fd: Option<std::os::fd::OwnedFd>,
 }
 
 #[derive(Default)]
@@ -59,7 +62,13 @@ impl Control {
             cv: Condvar::new(),
             vcpu: Mutex::new(None),
             parked: AtomicBool::new(false),
+            idle_fd: rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK).ok(),
         }
+    }
+
+    /// The eventfd a descriptor-waiting park watches (see `idle_fd`).
+    pub(crate) fn idle_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.idle_fd.as_ref().map(std::os::fd::AsFd::as_fd)
     }
 
     pub(crate) fn bell(&self) -> &crate::family::Bell {
@@ -158,6 +167,12 @@ impl Control {
     }
 
     /// True while a pause is requested.
+    /// Whether the vCPU thread sits in the idle hypercall (the guest has
+    /// nothing to do until an event).
+    pub(crate) fn is_parked(&self) -> bool {
+        self.parked.load(Ordering::Acquire)
+    }
+
     pub fn is_paused(&self) -> bool {
         self.paused.lock().unwrap().want
     }
@@ -196,5 +211,8 @@ impl Control {
 
     fn wake_idle(&self) {
         self.bell.get().ring();
+        if let (true, Some(fd)) = (self.parked.load(Ordering::SeqCst), &self.idle_fd) {
+            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+        }
     }
 }

@@ -182,16 +182,22 @@ fn connection(d: Arc<Daemon>, conn: UnixStream, cfg: &Config) {
 }
 
 /// The HTTP status of each action error: the one place it is chosen.
+/// Quotas: 429 when there would be too many (VMs, pooled shells), 507 when
+/// there is not enough (guest memory).
 fn status(e: &ActionError) -> u16 {
+    use crate::pool::PoolError;
     use ActionError::*;
     match e {
+        Pool(PoolError::TooLarge { .. } | PoolError::TooManySizes) | TooManyVms(_) => 429,
+        GuestMemory { .. } => 507,
         BadMemory(_) | InvalidName(_) | Invalid(_) | BadImage(_) | StartRefused(_) | Pool(_) => 400,
+        Limits(_) | TooManyCpus { .. } | MemoryBelowVm { .. } | NoCgroups => 400,
         NotFound(_) | Gone(_) => 404,
         // A host address that is not this host's cannot be listened on: the request was wrong.
         PortInUse { source, .. } if source.kind() == io::ErrorKind::AddrNotAvailable => 400,
         NameInUse(_) | Ambiguous(_) | Exited(_) | Running(_) | Refused(_) | Unreachable { .. } | PortInUse { .. } => 409,
         Timeout(_) => 504,
-        Prepare(_) | Network(_) | Record(_) | Vmm(_) => 500,
+        Prepare(_) | Network(_) | Record(_) | Vmm(_) | Contain(_) => 500,
     }
 }
 
@@ -285,7 +291,30 @@ mod tests {
             (ActionError::Invalid(InvalidCreate::RateWithoutNic), 400, "net_rate needs a NIC: ask for net or ports too"),
             (ActionError::Invalid(InvalidCreate::PeersWithoutNic), 400, "net_peers needs a NIC: ask for net or ports too"),
             (ActionError::StartRefused("bad image".into()), 400, "bad image"),
-            (ActionError::Pool(crate::pool::PoolError::TooLarge(10_001)), 400, "pool of 10001 shells is too large (at most 10000)"),
+            (
+                ActionError::Pool(crate::pool::PoolError::TooLarge { asked: 10_001, max: 64 }),
+                429,
+                "pool of 10001 shells is too large (at most 64 in all: wispd --max-pool-shells)",
+            ),
+            (ActionError::Pool(crate::pool::PoolError::TooManySizes), 429, "too many pool sizes: at most 16"),
+            (ActionError::TooManyVms(2), 429, "too many VMs: at most 2 may run at once (wispd --max-vms)"),
+            (
+                ActionError::GuestMemory { asked: 64 << 20, used: 32 << 20, max: 64 << 20 },
+                507,
+                "not enough guest memory: 64 MiB asked, 32 MiB of 64 MiB in use (wispd --max-guest-memory)",
+            ),
+            (ActionError::Limits(wisp_api::action::LimitError::FamilyLimit(65)), 400, "family_limit 65: must be 1 to 64"),
+            (ActionError::TooManyCpus { asked: 3.5, host: 2 }, 400, "cpus 3.5: this host has 2 CPUs"),
+            (
+                ActionError::MemoryBelowVm { memory: 1000, min: 20 << 20 },
+                400,
+                "memory limit 1000 bytes is below one VM of this size and its monitor (20 MiB)",
+            ),
+            (
+                ActionError::NoCgroups,
+                400,
+                "memory and cpus limits need control groups, and this daemon runs without them (wispd --no-cgroups)",
+            ),
             (ActionError::BadImage(crate::images::ImageError::Relative("a/b".into())), 400, "image path 'a/b' must be absolute"),
             (ActionError::NotFound("x".into()), 404, "no such VM: x"),
             (ActionError::Gone("x".into()), 404, "VM x was removed"),

@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use wisp_vmm_process::images::image_dirs;
-use wisp_vmm_process::units::parse_pool_target;
+use wisp_vmm_process::units::{parse_pool_target, parse_size};
 
 mod access;
 mod api;
+mod cgroup;
 mod daemon;
 mod forward;
 mod fsutil;
@@ -69,6 +70,23 @@ struct Cli {
     /// VM subnet; the bridge takes its first address.
     #[arg(long, value_parser = parse_subnet, default_value = "10.99.0.0/24")]
     subnet: ([u8; 4], u8),
+    /// Most VMs running at once, created and forked (more are answered 429).
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    max_vms: u32,
+    /// Most guest RAM of all running VMs together, e.g. 64G (more is answered
+    /// 507) [default: 4 × this host's RAM: guests touch little of theirs].
+    #[arg(long, value_parser = parse_size)]
+    max_guest_memory: Option<u64>,
+    /// Most shells the pool keeps ready, all sizes together (a larger pool is answered 429).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    max_pool_shells: u32,
+    /// Most bytes of images the image cache keeps (least recently used ones go first).
+    #[arg(long, value_parser = parse_size, default_value = "256M")]
+    image_cache: u64,
+    /// Run without control groups: no memory, pids or CPU limits for VM
+    /// families (requests with `memory` or `cpus` are refused).
+    #[arg(long)]
+    no_cgroups: bool,
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
@@ -86,6 +104,9 @@ enum Cmd {
         mem: u64,
         #[arg(long)]
         uid: u32,
+        /// A control group of its family to join first (repeatable).
+        #[arg(long = "cgroup")]
+        cgroups: Vec<PathBuf>,
     },
     /// The init process of the VMM processes' PID namespace (internal).
     #[command(name = "__pidns", hide = true)]
@@ -124,7 +145,16 @@ fn parse_pool(s: &str) -> Result<(u64, u32), String> {
 fn main() {
     let cli = Cli::parse();
     match cli.cmd {
-        Some(Cmd::Worker { id, dir, mem, uid }) => wisp_vmm_process::main(&id, &dir, mem, uid),
+        Some(Cmd::Worker { id, dir, mem, uid, cgroups }) => {
+            // Before anything of the VM exists: memory is charged to the
+            // group of the process that first touches it.
+            if let Err(e) = cgroup::join(&cgroups) {
+                eprintln!("wisp-vmm {id}: {e}");
+                println!("error: {e}");
+                std::process::exit(1);
+            }
+            wisp_vmm_process::main(&id, &dir, mem, uid)
+        }
         Some(Cmd::Pidns) => pidns::holder_main(),
         None => {}
     }
@@ -146,6 +176,12 @@ fn raise_nofile() {
     if setrlimit(Resource::Nofile, Rlimit { current: Some(want), maximum: Some(want) }).is_err() {
         let _ = setrlimit(Resource::Nofile, Rlimit { current: cur.maximum, maximum: cur.maximum });
     }
+}
+
+/// This host's RAM in bytes.
+fn host_ram() -> u64 {
+    let info = rustix::system::sysinfo();
+    (info.totalram as u64).saturating_mul(u64::from(info.mem_unit))
 }
 
 fn run(cli: Cli) -> Result<(), String> {
@@ -171,15 +207,23 @@ fn run(cli: Cli) -> Result<(), String> {
         read_timeout: cli.api_read_timeout,
         write_timeout: cli.api_write_timeout,
     };
+    let quotas = daemon::Quotas {
+        max_vms: cli.max_vms as usize,
+        max_guest_memory: cli.max_guest_memory.unwrap_or_else(|| host_ram().saturating_mul(4)),
+    };
     let cfg = daemon::Config {
         state_dir: cli.state_dir.clone(),
         image_dirs: image_dirs(cli.images),
         bridge: cli.bridge.clone(),
         subnet: cli.subnet,
+        quotas,
+        max_pool_shells: cli.max_pool_shells,
+        image_cache_bytes: cli.image_cache,
+        cgroups: !cli.no_cgroups,
     };
     let d = daemon::Daemon::new(cfg).map_err(|e| e.to_string())?;
     for (mem, count) in &cli.pool {
-        d.pool.set_target(*mem, *count);
+        d.set_pool_target(*mem, *count).map_err(|e| format!("--pool {}M={count}: {e}", mem >> 20))?;
     }
     let (p, dd) = (d.pool.clone(), d.clone());
     std::thread::Builder::new().name("pool".into()).spawn(move || p.refill_loop(dd)).map_err(|e| e.to_string())?;

@@ -9,8 +9,8 @@ use wisp_api::{PoolInfo, PoolTarget};
 
 use crate::daemon::process::{SpawnError, Worker};
 
-/// Largest number of ready shells kept per memory size.
-pub const MAX_TARGET: u32 = 10_000;
+/// Most memory sizes the pool keeps shells of.
+pub const MAX_SIZES: usize = 16;
 
 /// Why a pool size was refused.
 #[derive(Debug, thiserror::Error)]
@@ -18,9 +18,12 @@ pub enum PoolError {
     /// The memory size cannot be used.
     #[error("{0}")]
     BadMemory(wisp_vmm::Error),
-    /// More shells than [`MAX_TARGET`].
-    #[error("pool of {0} shells is too large (at most {MAX_TARGET})")]
-    TooLarge(u32),
+    /// More shells in all than the daemon keeps.
+    #[error("pool of {asked} shells is too large (at most {max} in all: wispd --max-pool-shells)")]
+    TooLarge { asked: u64, max: u32 },
+    /// More memory sizes than [`MAX_SIZES`].
+    #[error("too many pool sizes: at most {MAX_SIZES}")]
+    TooManySizes,
 }
 
 /// What makes and stops the pool's shells (the daemon).
@@ -32,10 +35,11 @@ pub trait Shells: Send + Sync {
 }
 
 /// Ready shells and how many of each size to keep.
-#[derive(Default)]
 pub struct Pool {
     inner: Mutex<PoolInner>,
     cv: Condvar,
+    /// Most shells kept, all sizes together.
+    max_shells: u32,
 }
 
 #[derive(Default)]
@@ -48,11 +52,25 @@ struct PoolInner {
 }
 
 impl Pool {
-    /// Set how many shells of `mem` bytes to keep ready.
-    pub fn set_target(&self, mem: u64, count: u32) {
+    /// An empty pool that keeps at most `max_shells` shells in all.
+    pub fn new(max_shells: u32) -> Pool {
+        Pool { inner: Mutex::default(), cv: Condvar::new(), max_shells }
+    }
+
+    /// Set how many shells of `mem` bytes to keep ready, if the pool may
+    /// keep that many ([`Pool::new`], [`MAX_SIZES`]).
+    pub fn set_target(&self, mem: u64, count: u32) -> Result<(), PoolError> {
         let mut p = self.inner.lock().unwrap();
+        let others: u64 = p.target.iter().filter(|(m, _)| **m != mem).map(|(_, c)| u64::from(*c)).sum();
+        if others + u64::from(count) > u64::from(self.max_shells) {
+            return Err(PoolError::TooLarge { asked: others + u64::from(count), max: self.max_shells });
+        }
+        if !p.target.contains_key(&mem) && p.target.len() >= MAX_SIZES {
+            return Err(PoolError::TooManySizes);
+        }
         p.target.insert(mem, count);
         self.cv.notify_all();
+        Ok(())
     }
 
     /// Set the sizes of `targets`, in order, each checked first (the ones
@@ -60,10 +78,7 @@ impl Pool {
     pub fn set_targets(&self, targets: &[PoolTarget]) -> Result<(), PoolError> {
         for t in targets {
             let mem = wisp_vmm::check_mem_size(t.mem).map_err(PoolError::BadMemory)?;
-            if t.count > MAX_TARGET {
-                return Err(PoolError::TooLarge(t.count));
-            }
-            self.set_target(mem, t.count);
+            self.set_target(mem, t.count)?;
         }
         Ok(())
     }
@@ -170,14 +185,31 @@ mod tests {
 
     #[test]
     fn targets_are_checked_in_order() {
-        let p = Pool::default();
+        let p = Pool::new(10_000);
         let t = |mem: u64, count| PoolTarget { mem, count };
         p.set_targets(&[t(16 << 20, 2)]).unwrap();
         let e = p.set_targets(&[t(32 << 20, 1), t(32 << 20, 10_001), t(64 << 20, 1)]).unwrap_err();
-        assert_eq!(e.to_string(), "pool of 10001 shells is too large (at most 10000)");
+        assert_eq!(e.to_string(), "pool of 10003 shells is too large (at most 10000 in all: wispd --max-pool-shells)");
         assert!(p.set_targets(&[t(1, 1)]).unwrap_err().to_string().contains("memory too small"));
         // The targets before the bad one stay set, as they always did.
         assert_eq!(p.targets(), vec![(16 << 20, 2), (32 << 20, 1)]);
         assert_eq!(p.info(), PoolInfo { target: vec![t(16 << 20, 2), t(32 << 20, 1)], ready: vec![] });
+    }
+
+    #[test]
+    fn the_pool_is_bounded_in_all_and_in_sizes() {
+        let p = Pool::new(8);
+        let t = |mem: u64, count| PoolTarget { mem, count };
+        p.set_targets(&[t(16 << 20, 4), t(32 << 20, 4)]).unwrap();
+        // A size counts once: setting it again replaces its count.
+        p.set_targets(&[t(16 << 20, 2), t(32 << 20, 6)]).unwrap();
+        assert!(matches!(p.set_targets(&[t(64 << 20, 1)]), Err(PoolError::TooLarge { asked: 9, max: 8 })));
+        assert!(matches!(p.set_target(16 << 20, 10_000), Err(PoolError::TooLarge { .. })));
+        assert_eq!(p.targets(), vec![(16 << 20, 2), (32 << 20, 6)]);
+        // What `PUT /pool` accepted before: 10,000 shells for each of 2,048 sizes.
+        let p = Pool::new(64);
+        let many: Vec<PoolTarget> = (0..2048u64).map(|i| t((4 << 20) + (i << 21), 0)).collect();
+        assert!(matches!(p.set_targets(&many), Err(PoolError::TooManySizes)));
+        assert_eq!(p.targets().len(), MAX_SIZES);
     }
 }

@@ -53,6 +53,19 @@ pub fn idle(timeout_ns: u64) -> u64 {
     a.events
 }
 
+/// Ring device `device`'s doorbell (its entry has the `DOORBELL` flag): a
+/// kick with no argument block, which the monitor can have KVM deliver
+/// without an exit.
+#[inline(always)]
+pub fn doorbell(device: u32) {
+    let port = wisp_abi::DOORBELL_PORT_BASE + device as u16;
+    // SAFETY: `out` to a doorbell port is allowed at CPL 3 by the TSS I/O
+    // bitmap; it touches neither memory nor the stack.
+    unsafe {
+        asm!("out dx, al", in("dx") port, in("al") 0u8, options(nostack, nomem, preserves_flags));
+    }
+}
+
 /// Kick device `device` (its index in the boot-info device table): for a
 /// NIC, its TX ring has frames. Only needed while the NIC header's
 /// `monitor_idle` is 1; the network stack issues at most one per poll.

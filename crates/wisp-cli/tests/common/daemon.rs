@@ -177,8 +177,10 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         if let Ok(mut c) = Client::connect(&self.socket) {
+            // Whole families at once: a family that forks outruns removals
+            // one by one.
             for v in c.list().unwrap_or_default() {
-                let _ = c.remove(&v.id, true);
+                let _ = c.remove_family(&v.id, true);
             }
         }
         // SAFETY: signalling our own child.

@@ -1,6 +1,7 @@
 //! Helpers for the CLI tests: run `wisp` on real KVM with a hang guard.
 #![allow(dead_code)]
 
+pub mod cgroup;
 pub mod daemon;
 pub mod netns;
 

@@ -34,8 +34,20 @@ pub trait Device: Send {
     /// Start serving the guest: its region is at `base` in `ram`; events
     /// for the guest go through `control`.
     fn activate(&mut self, ram: RamView, base: u64, control: Arc<Control>) -> std::io::Result<()>;
-    /// The guest kicked it (the notify hypercall).
+    /// The guest kicked it (the notify hypercall, or its doorbell as an exit).
     fn notify(&self);
+    /// The eventfd a kick signals, once active, for KVM to signal directly
+    /// when the guest rings the device's doorbell (none: kicks go through
+    /// [`Device::notify`]).
+    fn kick_eventfd(&self) -> Option<&vmm_sys_util::eventfd::EventFd> {
+        None
+    }
+    /// A descriptor whose readability means work for the guest is on its
+    /// way (a NIC's tap while its I/O thread watches it too), for the idle
+    /// park to wake on directly; none when watching it would only spin.
+    fn wake_source(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
     /// In a forked child process: let go of what stays with the parent.
     /// Later kicks from the child are ignored.
     fn on_fork_child(&mut self);
@@ -134,17 +146,32 @@ impl Devices {
     /// Write the device table of the boot-info page.
     pub(crate) fn describe(&self, info: &mut BootInfo) {
         for (i, (d, base)) in self.list.iter().enumerate() {
-            info.devices[i] = DeviceDesc { kind: d.kind() as u32, flags: 0, base: *base, size: d.region_size(), params: d.params() };
+            // Every device has a doorbell: served inside KVM when `activate`
+            // could bind its eventfd there, else as an exit (`notify`).
+            let flags = wisp_abi::bootinfo::device_flags::DOORBELL;
+            info.devices[i] = DeviceDesc { kind: d.kind() as u32, flags, base: *base, size: d.region_size(), params: d.params() };
         }
         info.device_count = self.list.len() as u32;
     }
 
-    /// Start every device.
-    pub(crate) fn activate(&mut self, ram: &crate::memory::GuestRam, control: &Arc<Control>) -> Result<()> {
-        for (d, base) in &mut self.list {
+    /// Start every device, and bind each one's kick eventfd to its doorbell
+    /// port inside KVM (`KVM_IOEVENTFD`): a doorbell then wakes the device
+    /// with no exit. Where KVM cannot, the doorbell exits and is served by
+    /// [`Devices::notify`] — slower, the same for the guest.
+    pub(crate) fn activate(&mut self, ram: &crate::memory::GuestRam, control: &Arc<Control>, vm: &kvm_ioctls::VmFd) -> Result<()> {
+        for (i, (d, base)) in self.list.iter_mut().enumerate() {
             d.activate(ram.view(), *base, control.clone()).map_err(|e| Error::Host("start a device", e))?;
+            if let Some(fd) = d.kick_eventfd() {
+                let port = wisp_abi::DOORBELL_PORT_BASE + i as u16;
+                let _ = vm.register_ioevent(fd, &kvm_ioctls::IoEventAddress::Pio(port as u64), kvm_ioctls::NoDatamatch);
+            }
         }
         Ok(())
+    }
+
+    /// The devices' wake sources (see [`Device::wake_source`]).
+    pub(crate) fn wake_sources(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
+        self.list.iter().filter_map(|(d, _)| d.wake_source()).collect()
     }
 
     /// Kick device `index`; false if there is none.

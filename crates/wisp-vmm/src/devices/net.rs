@@ -138,6 +138,13 @@ struct Running {
     /// The tap's descriptor number (owned by the I/O thread's state).
     tap_raw: std::os::fd::RawFd,
     kick: Arc<OwnedFd>,
+    /// The same eventfd as `kick`, for KVM to signal on a doorbell.
+    kick_kvm: Option<vmm_sys_util::eventfd::EventFd>,
+    /// The tap (shared with the I/O thread), and whether a parked vCPU may
+    /// wake on it: false while the I/O thread leaves frames in it (RX ring
+    /// full, RX budget spent), where watching it would only spin.
+    tap: Arc<OwnedFd>,
+    watchable: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<Result<NetStats, String>>>,
 }
@@ -187,18 +194,35 @@ impl Device for Nic {
         // Where the rings stand before the guest first runs: from here on
         // the monitor's indices are its own.
         let ring = NicRing::new(&ram, base, self.mac, self.ip.0, self.offloads, self.rate, Instant::now()).map_err(std::io::Error::other)?;
-        let io = Io { ram, tap, kick: kick.clone(), stop: stop.clone(), control, ring };
+        let tap = Arc::new(tap);
+        let watchable = Arc::new(AtomicBool::new(true));
+        let io = Io { ram, tap: tap.clone(), kick: kick.clone(), stop: stop.clone(), control, ring, watchable: watchable.clone() };
         let thread = std::thread::Builder::new().name("net0".into()).stack_size(256 << 10).spawn(move || {
             crate::sys::thread_started(crate::sys::ThreadRole::Io);
             io.run()
         })?;
-        self.state = NicState::Running(Running { tap_raw, kick, stop, thread: Some(thread) });
+        let kick_kvm = dup_eventfd(&kick);
+        self.state = NicState::Running(Running { tap_raw, kick, kick_kvm, tap, watchable, stop, thread: Some(thread) });
         Ok(())
     }
 
     fn notify(&self) {
         if let NicState::Running(r) = &self.state {
             r.kick();
+        }
+    }
+
+    fn kick_eventfd(&self) -> Option<&vmm_sys_util::eventfd::EventFd> {
+        match &self.state {
+            NicState::Running(r) => r.kick_kvm.as_ref(),
+            _ => None,
+        }
+    }
+
+    fn wake_source(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        match &self.state {
+            NicState::Running(r) if r.watchable.load(Ordering::Acquire) => Some(r.tap.as_fd()),
+            _ => None,
         }
     }
 
@@ -227,6 +251,15 @@ impl Device for Nic {
         self.gateway = (gw != 0).then(|| n::decode_ipv4(gw).0);
         Ok(())
     }
+}
+
+/// A second handle on the eventfd `fd`, as the type KVM's bindings take.
+fn dup_eventfd(fd: &OwnedFd) -> Option<vmm_sys_util::eventfd::EventFd> {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    let dup = rustix::io::fcntl_dupfd_cloexec(fd, 0).ok()?;
+    // SAFETY: `dup` is a fresh descriptor of the eventfd that we own;
+    // `EventFd` takes ownership of it (and closes it when dropped).
+    Some(unsafe { vmm_sys_util::eventfd::EventFd::from_raw_fd(dup.into_raw_fd()) })
 }
 
 impl Running {
@@ -259,7 +292,9 @@ impl Drop for Running {
 
 struct Io {
     ram: RamView,
-    tap: OwnedFd,
+    tap: Arc<OwnedFd>,
+    /// See `Running::watchable`.
+    watchable: Arc<AtomicBool>,
     kick: Arc<OwnedFd>,
     stop: Arc<AtomicBool>,
     control: Arc<Control>,
@@ -269,6 +304,42 @@ struct Io {
 
 /// How many times the I/O thread re-checks the rings before sleeping.
 const SPIN_ROUNDS: u32 = 64;
+
+/// Adaptive polling for the guest's answer (after Linux's and KVM's halt
+/// polling): once frames reached the guest, the I/O thread keeps watching
+/// the TX ring for a while instead of sleeping, so a reply leaves at once —
+/// no doorbell, no wake-up of this thread. The window doubles when a reply
+/// came within it and halves when none did; it is never spent while the
+/// guest is parked (it has nothing to say) and shrinks to nothing when the
+/// thread finds it was preempted (the host has no CPU to spare).
+#[derive(Debug)]
+struct ReplyPoll {
+    window: Duration,
+}
+
+impl ReplyPoll {
+    const MIN: Duration = Duration::from_micros(2);
+    const START: Duration = Duration::from_micros(50);
+    const MAX: Duration = Duration::from_micros(400);
+    /// A gap this long between two looks at the rings: we were descheduled.
+    const PREEMPTED: Duration = Duration::from_micros(30);
+
+    fn new() -> ReplyPoll {
+        ReplyPoll { window: Self::START }
+    }
+
+    fn hit(&mut self) {
+        self.window = (self.window * 2).min(Self::MAX);
+    }
+
+    fn miss(&mut self) {
+        self.window = (self.window / 2).max(Self::MIN);
+    }
+
+    fn preempted(&mut self) {
+        self.window = Self::MIN;
+    }
+}
 
 impl Io {
     fn run(mut self) -> Result<NetStats, String> {
@@ -285,6 +356,10 @@ impl Io {
 
     fn serve(&mut self) -> Result<(), String> {
         let mut idle_rounds = 0u32;
+        let mut reply = ReplyPoll::new();
+        // Until when to watch for the guest's answer, once frames reached it.
+        let mut polling: Option<Instant> = None;
+        let mut last = Instant::now();
         loop {
             if self.stop.load(Ordering::Acquire) {
                 return Ok(());
@@ -296,17 +371,38 @@ impl Io {
                 let _ = tapio::send(tap, ram, f);
             })?;
             let rx = self.ring.fill_rx(&mut self.ram, Instant::now(), |ram, space| tapio::recv(tap, ram, space))?;
+            self.watchable.store(!rx.full && rx.wait.is_none(), Ordering::Release);
             if rx.got > 0 {
                 self.control.post_events(wisp_abi::events::NET);
+            }
+            let now = Instant::now();
+            if now.duration_since(last) > ReplyPoll::PREEMPTED {
+                reply.preempted();
+            }
+            last = now;
+            if tx.taken > 0 && polling.take().is_some() {
+                reply.hit();
+            }
+            if rx.got > 0 {
+                polling = Some(now + reply.window);
             }
             if tx.taken + rx.got > 0 {
                 idle_rounds = 0;
                 continue;
             }
+            if let Some(until) = polling {
+                if now < until && !self.control.is_parked() {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                polling = None;
+                reply.miss();
+            }
             if let Some(wait) = tx.wait {
                 // Frames wait for the TX budget: sleep until it is there
                 // (the guest need not kick meanwhile: monitor_idle stays 0).
                 self.sleep(!rx.full && rx.wait.is_none(), Some(rx.wait.map_or(wait, |r| r.min(wait))));
+                last = Instant::now();
                 continue;
             }
             idle_rounds += 1;
@@ -331,13 +427,14 @@ impl Io {
             }
             self.ring.set_idle(&mut self.ram, false)?;
             idle_rounds = 0;
+            last = Instant::now();
         }
     }
 
     /// Sleep until a kick, the tap readable (if `tap`), or `timeout`.
     fn sleep(&self, tap: bool, timeout: Option<Duration>) {
         let ts = timeout.map(|t| rustix::time::Timespec { tv_sec: t.as_secs() as i64, tv_nsec: t.subsec_nanos() as i64 });
-        let mut fds = [PollFd::new(&*self.kick, PollFlags::IN), PollFd::new(&self.tap, PollFlags::IN)];
+        let mut fds = [PollFd::new(&*self.kick, PollFlags::IN), PollFd::new(&*self.tap, PollFlags::IN)];
         let n = if tap { 2 } else { 1 };
         let _ = poll(&mut fds[..n], ts.as_ref());
         let mut b = [0u8; 8];

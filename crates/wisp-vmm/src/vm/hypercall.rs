@@ -31,6 +31,14 @@ impl Vm {
         if port == FAULT_PORT {
             return Err(self.decode_fault(data.first().copied().unwrap_or(0xff)));
         }
+        if let Some(index) = port.checked_sub(wisp_abi::DOORBELL_PORT_BASE).filter(|i| (*i as usize) < wisp_abi::bootinfo::MAX_DEVICES) {
+            // A doorbell KVM did not serve itself.
+            self.shell.stats.hypercalls += 1;
+            if !self.devices.notify(index as u32) {
+                return Err(StopReason::BadIo { port, detail: "a doorbell of no device" });
+            }
+            return Ok(None);
+        }
         let Some(hc) = Hypercall::from_port(port) else {
             return Err(StopReason::UnknownHypercall { port });
         };
@@ -122,10 +130,36 @@ impl Vm {
             // Members of a family answer each other quickly: watch the bell
             // briefly before sleeping, as blocking family calls do.
             crate::sys::spin_on(&bell.seq, seq, wait);
+            crate::sys::futex_wait(&bell.seq, seq, Some(wait));
+        } else {
+            self.park_on_fds(wait);
         }
-        crate::sys::futex_wait(&bell.seq, seq, Some(wait));
         self.control.set_parked(false);
         self.control.take_events()
+    }
+
+    /// The park of a VM without relatives (only this process rings its
+    /// bell): wait on the bell's eventfd and on what the devices say will
+    /// bring work — a NIC's tap. A frame then wakes this thread and the
+    /// NIC's I/O thread together, and the guest is on its way back while
+    /// the frame is still being put in its ring, instead of one thread
+    /// waking the other in turn.
+    fn park_on_fds(&self, wait: Duration) {
+        use rustix::event::{poll, PollFd, PollFlags};
+        let Some(idle) = self.control.idle_fd() else {
+            let bell = self.control.bell();
+            crate::sys::futex_wait(&bell.seq, bell.seq.load(Ordering::Acquire), Some(wait));
+            return;
+        };
+        let mut fds = vec![PollFd::new(&idle, PollFlags::IN)];
+        let sources = self.devices.wake_sources();
+        fds.extend(sources.iter().map(|f| PollFd::new(f, PollFlags::IN)));
+        let ts = rustix::time::Timespec { tv_sec: wait.as_secs().min(i64::MAX as u64) as i64, tv_nsec: wait.subsec_nanos() as i64 };
+        // Events posted between the check above and here wrote the eventfd:
+        // the poll returns at once.
+        let _ = poll(&mut fds, Some(&ts));
+        let mut b = [0u8; 8];
+        let _ = rustix::io::read(idle, &mut b);
     }
 }
 

@@ -146,7 +146,7 @@ impl Shell {
         self.stats.phase("boot_info", t);
         let family = Family::new_root(FamilyOptions::default()).map_err(|e| Error::Host("family region", e))?;
         let control = Arc::new(Control::new(family.bell_ref()));
-        devices.activate(&self.ram, &control)?;
+        devices.activate(&self.ram, &control, &self.vm)?;
         Ok(Vm { devices, shell: self, features, user, boot, control, family, forked: false, on_end: None, buf: Vec::new() })
     }
 }

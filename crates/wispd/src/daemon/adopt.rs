@@ -7,8 +7,9 @@
 //! Nothing is taken on trust, not even the daemon's own records: a record
 //! must name its file and its VM's directory (a real directory owned by the
 //! VM's user id); its process must be a VMM process of that VM running
-//! under that user id (and started when recorded) — any other process is
-//! left alone, never signalled; its address must be a free VM address of
+//! under that user id (and started when recorded) and, if it was made in
+//! one, in its family's control group — any other process is left alone,
+//! never signalled; its address must be a free VM address of
 //! the subnet and its host ports non-zero and unclaimed, or they are not
 //! restored. What a VM's directory holds is only read as advisory
 //! (`exit.json`).
@@ -21,6 +22,7 @@
 
 use std::collections::HashSet;
 use std::fs;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::Duration;
@@ -61,13 +63,20 @@ impl Daemon {
         for id in self.records.ids() {
             self.adopt_one(&id, &mut seen);
         }
+        // Families none of whose VMs runs: their (empty) groups go.
+        let roots: HashSet<String> = self.vms.lock().by_id.values().map(|e| e.info.family.clone().unwrap_or_else(|| e.info.id.clone())).collect();
+        for root in roots {
+            self.family_ended(&root);
+        }
         let Ok(rd) = fs::read_dir(self.vms_dir()) else { return };
         for ent in rd.flatten() {
             let name = ent.file_name().to_string_lossy().into_owned();
             if valid_id(&name) && !self.records.exists(&name) && ent.file_type().is_ok_and(|t| t.is_dir()) {
                 // Made just before a crash, or left by a VM whose record was
-                // refused when migrated: nothing here is signalled.
+                // refused when migrated: nothing here is signalled, but its
+                // control group (only ever this daemon's VMM processes) goes.
                 let _ = fs::remove_dir_all(ent.path());
+                self.destroy_group(&name);
             } else if !valid_id(&name) {
                 eprintln!("wispd: {}: not a VM directory, left alone", ent.path().display());
             }
@@ -75,9 +84,10 @@ impl Daemon {
     }
 
     /// A pid is taken for VM `id`'s process only if it is one of its VMM
-    /// processes ([`open_ours`]) and no VM adopted before has it; the
-    /// pidfd is opened before the check.
-    fn verified(&self, rec: &Record, cmd_id: &str, seen: &mut Seen) -> Option<std::os::fd::OwnedFd> {
+    /// processes ([`open_ours`]), in its family's control group if it was
+    /// made in one (`cmd_id` is the family root's id), and no VM adopted
+    /// before has it; the pidfd is opened before the checks.
+    fn verified(&self, rec: &Record, cmd_id: &str, seen: &mut Seen) -> Option<OwnedFd> {
         if rec.pid == 0 {
             return None;
         }
@@ -85,17 +95,22 @@ impl Daemon {
             eprintln!("wispd: VM {}: pid {} is another VM's: not its process", rec.id, rec.pid);
             return None;
         }
-        let fd = open_ours(rec.pid, cmd_id, rec.uid, rec.start);
-        match &fd {
-            Some(_) => {
+        let outside = || rec.contained && self.cgroups.as_ref().is_some_and(|c| !c.holds(cmd_id, rec.pid));
+        match open_ours(rec.pid, cmd_id, rec.uid, rec.start) {
+            Some(_) if outside() => {
+                eprintln!("wispd: VM {}: pid {} is not in its family's control group: left alone", rec.id, rec.pid);
+                None
+            }
+            Some(fd) => {
                 seen.pids.insert(rec.pid);
+                Some(fd)
             }
             None if Path::new(&format!("/proc/{}", rec.pid)).exists() => {
                 eprintln!("wispd: VM {}: pid {} is not its VMM process: left alone", rec.id, rec.pid);
+                None
             }
-            None => {}
+            None => None,
         }
-        fd
     }
 
     /// Adopt the VMM process of record `id`.
@@ -120,6 +135,7 @@ impl Daemon {
             if let Some(fd) = self.verified(&rec, id, seen) {
                 kill_fd(&fd);
             }
+            self.destroy_group(id);
             self.records.forget(id);
             let _ = fs::remove_dir_all(&dir);
             return;
@@ -158,7 +174,7 @@ impl Daemon {
             info.state = VmState::Exited;
         }
         let start = rec.start.or_else(|| alive.then(|| proc_start(rec.pid)).flatten());
-        let p = Proc { uid: rec.uid, pid: rec.pid, start };
+        let p = Proc { uid: rec.uid, pid: rec.pid, start, contained: rec.contained };
         if let Err(e) = self.records.register(id, p, Some(info.clone())) {
             eprintln!("wispd: VM {id}: cannot write its record: {e}");
         }
@@ -232,6 +248,8 @@ impl Daemon {
                         // A process of its may still run: its user id is not reused.
                         None => self.uids.mark_used(uid),
                     }
+                    // Its control group, if it has one, holds only its own.
+                    self.destroy_group(&name);
                     let _ = fs::remove_dir_all(&dir);
                     continue;
                 }
@@ -248,7 +266,8 @@ impl Daemon {
             if !ours {
                 eprintln!("wispd: VM {name}: pid {} is not its VMM process: not taken", info.pid);
             }
-            let p = Proc { uid, pid: if ours { info.pid } else { 0 }, start: ours.then(|| proc_start(info.pid)).flatten() };
+            // That layout had no control groups.
+            let p = Proc { uid, pid: if ours { info.pid } else { 0 }, start: ours.then(|| proc_start(info.pid)).flatten(), contained: false };
             match self.records.register(&name, p, Some(info)) {
                 Ok(()) => {
                     let _ = fs::remove_file(dir.join("vm.json"));

@@ -1,7 +1,9 @@
-//! Creating and starting a VM: check the request, reserve the name, take
-//! a prepared VMM process, give it a NIC and host ports, record the VM and
-//! send `start`. Whatever has been acquired when a step fails is given
-//! back by one guard ([`Rollback`]), so every failure is just `?`.
+//! Creating and starting a VM: check the request and its limits, admit it
+//! under the daemon's quotas, reserve the name, take a prepared VMM
+//! process, give its family's control group the limits asked for, give it
+//! a NIC and host ports, record the VM and send `start`. Whatever has been
+//! acquired when a step fails is given back by one guard ([`Rollback`]),
+//! so every failure is just `?`.
 
 use std::io::BufReader;
 use std::net::Ipv4Addr;
@@ -16,6 +18,7 @@ use wisp_vmm_process::proto::{self, Reply, Request};
 use super::console::Console;
 use super::error::ActionError;
 use super::process::Worker;
+use super::quota;
 use super::{now_ms, Daemon};
 use crate::forward::Forward;
 use crate::images;
@@ -33,6 +36,8 @@ fn valid_name(n: &str) -> bool {
 /// force, as `rm -f` would).
 struct Rollback<'a> {
     d: &'a Daemon,
+    /// Guest RAM admitted under the quotas, until the VM is in the table.
+    admitted: Option<u64>,
     name: Option<String>,
     worker: Option<Worker>,
     ip: Option<String>,
@@ -41,12 +46,15 @@ struct Rollback<'a> {
 
 impl<'a> Rollback<'a> {
     fn new(d: &'a Daemon) -> Rollback<'a> {
-        Rollback { d, name: None, worker: None, ip: None, vm: None }
+        Rollback { d, admitted: None, name: None, worker: None, ip: None, vm: None }
     }
 
     /// The VM is in the table now, with its name, process and address:
     /// from here on, undoing means removing it.
     fn tabled(&mut self, id: &str) {
+        if let Some(mem) = self.admitted.take() {
+            self.d.vms.lock().settle(mem);
+        }
         self.name = None;
         self.ip = None;
         self.vm = Some(id.to_string());
@@ -60,6 +68,9 @@ impl<'a> Rollback<'a> {
 
 impl Drop for Rollback<'_> {
     fn drop(&mut self) {
+        if let Some(mem) = self.admitted.take() {
+            self.d.vms.lock().settle(mem);
+        }
         if let Some(id) = self.vm.take() {
             let _ = self.d.remove(&id, true);
             return;
@@ -98,9 +109,15 @@ impl Daemon {
         }
         // The router checked it already; the daemon does not rely on that.
         req.check()?;
+        let limits = quota::request_limits(&req, mem, self.host_cpus)?;
+        if self.cgroups.is_none() && (req.memory.is_some() || req.cpus.is_some()) {
+            return Err(ActionError::NoCgroups);
+        }
         let path = images::resolve(&self.cfg.image_dirs, &req.image)?;
         let image = self.images.get(&path)?;
         let mut undo = Rollback::new(self);
+        self.vms.lock().admit(mem, &self.cfg.quotas)?;
+        undo.admitted = Some(mem);
         // Reserve the name before any work.
         if let Some(n) = &req.name {
             self.vms.lock().reserve_name(n)?;
@@ -111,7 +128,13 @@ impl Daemon {
             None => self.spawn_worker(mem).map_err(ActionError::Prepare)?,
         };
         let worker = undo.worker.insert(worker);
-        let net = if req.wants_nic() {
+        // The shell's group has a family's default limits: set those asked for.
+        if let Some(c) = &self.cgroups {
+            if limits != quota::family_limits(mem, None, None, None) {
+                c.set_limits(&worker.id, &limits).map_err(ActionError::Contain)?;
+            }
+        }
+                let net = if req.wants_nic() {
             let (mut spec, tap) = self.net.alloc(&worker.id, req.net_peers).map_err(ActionError::Network)?;
             spec.rate = req.net_rate.map_or((0, 0), |r| (r.bytes_per_sec, r.frames_per_sec));
             undo.ip = Some(Ipv4Addr::from(spec.ip).to_string());
@@ -142,6 +165,7 @@ impl Daemon {
             boot_us: None,
             parent: None,
             family: None,
+            limits: self.cgroups.as_ref().map(|_| quota::shown(&limits, req.family_limit)),
         };
         let dir = worker.dir.clone();
         self.insert(info.clone(), dir.clone(), worker.child);
@@ -165,6 +189,7 @@ impl Daemon {
             attach,
             net: spec,
             uplink: uplink.is_some(),
+            family_limit: req.family_limit,
         };
         let mut fds = vec![&image.memfd];
         fds.extend(tap.as_ref());

@@ -5,10 +5,25 @@
 
 use std::io;
 
+use wisp_api::action::LimitError;
+
 use super::net::NetError;
 use super::process::SpawnError;
+use crate::cgroup::CgroupError;
 use crate::images::ImageError;
 use crate::pool::PoolError;
+
+/// A size in bytes for people: whole MiB as such.
+pub struct Size(pub u64);
+
+impl std::fmt::Display for Size {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            b if b % (1 << 20) == 0 => write!(f, "{} MiB", b >> 20),
+            b => write!(f, "{b} bytes"),
+        }
+    }
+}
 
 /// Why an action failed.
 #[derive(Debug, thiserror::Error)]
@@ -74,4 +89,25 @@ pub enum ActionError {
     /// Talking to the VMM process failed.
     #[error("VMM process: {0}")]
     Vmm(io::Error),
+    /// The limits asked for cannot be used.
+    #[error(transparent)]
+    Limits(#[from] LimitError),
+    /// More CPUs than the host has.
+    #[error("cpus {asked}: this host has {host} CPUs")]
+    TooManyCpus { asked: f64, host: usize },
+    /// A memory limit too small for the VM itself.
+    #[error("memory limit {} is below one VM of this size and its monitor ({})", Size(*memory), Size(*min))]
+    MemoryBelowVm { memory: u64, min: u64 },
+    /// Limits asked of a daemon that runs without control groups.
+    #[error("memory and cpus limits need control groups, and this daemon runs without them (wispd --no-cgroups)")]
+    NoCgroups,
+    /// As many VMs run as the daemon admits.
+    #[error("too many VMs: at most {0} may run at once (wispd --max-vms)")]
+    TooManyVms(usize),
+    /// The guest memory the daemon admits is taken.
+    #[error("not enough guest memory: {} asked, {} of {} in use (wispd --max-guest-memory)", Size(*asked), Size(*used), Size(*max))]
+    GuestMemory { asked: u64, used: u64, max: u64 },
+    /// The VM's control group could not be given its limits.
+    #[error("cannot apply the VM's limits: {0}")]
+    Contain(CgroupError),
 }

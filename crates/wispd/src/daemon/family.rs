@@ -48,6 +48,10 @@ enum ForkError {
     NoUid,
     #[error("process {0} is not a VMM process of this family")]
     NotOurs(u32),
+    #[error("process {0} is not in the family's control group")]
+    OutsideGroup(u32),
+    #[error("{0}")]
+    Quota(super::error::ActionError),
     #[error(transparent)]
     Dir(#[from] DirError),
     #[error("files: {0}")]
@@ -199,6 +203,8 @@ impl Daemon {
             if t.by_id.values().any(|e| e.info.pid == child_pid && e.info.exit.is_none()) {
                 return Err(ForkError::AlreadyVm(child_pid));
             }
+            // A forked VM counts against the daemon's quotas like any.
+            t.fits(e.info.mem, &self.cfg.quotas).map_err(ForkError::Quota)?;
             // Keep at most FORKED_KEEP ended forked VMs per family: the
             // oldest go, so a guest forking in a loop cannot fill the host.
             let mut ended: Vec<(u64, String)> = t
@@ -221,6 +227,11 @@ impl Daemon {
         // not checked.
         let start = proc_start(child_pid);
         let pidfd = open_ours(child_pid, root, uid, start).ok_or(ForkError::NotOurs(child_pid))?;
+        // Forked from a member, it is in the family's control group.
+        let contained = match &self.cgroups {
+            Some(c) if c.exists(root) => c.holds(root, child_pid).then_some(true).ok_or(ForkError::OutsideGroup(child_pid))?,
+            _ => false,
+        };
         // The directory is the daemon's until its files are made.
         let (id, dir) = new_vm_dir(&self.vms_dir())?;
         let made = (|| {
@@ -244,8 +255,9 @@ impl Daemon {
                 net_peers: false,
                 parent: Some(parent.id.clone()),
                 family: Some(root.to_string()),
+                limits: parent.limits,
             };
-            let p = Proc { uid, pid: child_pid, start };
+            let p = Proc { uid, pid: child_pid, start, contained };
             self.records.register(&id, p, Some(info.clone())).map_err(ForkError::Record)?;
             let (x, c) = files.into_parts();
             Ok((info, [OwnedFd::from(x), OwnedFd::from(c), OwnedFd::from(listener)]))

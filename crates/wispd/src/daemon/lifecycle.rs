@@ -134,7 +134,9 @@ impl Daemon {
         Ok(Console::Saved(Cursor::new(saved)))
     }
 
-    /// Remove a VM (with `force`, kill it first if it runs).
+    /// Remove a VM (with `force`, kill it first if it runs). With the last
+    /// VM of its family goes the family's control group, and every process
+    /// still in it.
     pub(super) fn remove(&self, key: &str, force: bool) -> Result<(), ActionError> {
         let (id, dir, info) = self.dir_of(key)?;
         if info.state != VmState::Exited {
@@ -149,14 +151,59 @@ impl Daemon {
                 self.wait(&id, Some(Duration::from_secs(5)))?;
             }
         }
+        let root = info.family.clone().unwrap_or_else(|| id.clone());
         let mut t = self.vms.lock();
         if let Some(e) = t.remove(&id) {
             for fd in e.pidfd.iter().chain(e.uplink.iter()) {
                 self.unwatch(fd.as_fd());
             }
         }
+        let family_left = t.by_id.values().any(|e| e.info.id == root || e.info.family.as_deref() == Some(root.as_str()));
         drop(t);
+        // The family's last VM: whatever still runs in its control group
+        // (nothing should) is killed, before its user id can be reused.
+        if !family_left {
+            self.destroy_group(&root);
+        }
         self.remove_dir(&dir);
+        Ok(())
+    }
+
+    /// The ids of family `root`'s VMs (the root's too, if it is still there).
+    fn family_ids(&self, root: &str) -> Vec<String> {
+        let t = self.vms.lock();
+        t.by_id.values().filter(|e| e.info.id == root || e.info.family.as_deref() == Some(root)).map(|e| e.info.id.clone()).collect()
+    }
+
+    /// Remove every VM of VM `key`'s family (with `force`, running ones
+    /// too). Removed one by one, a family that forks would make new VMs
+    /// as fast as old ones go: with a control group, every process in it
+    /// is killed at once first (none forks meanwhile), and so is the group.
+    pub(super) fn remove_family(&self, key: &str, force: bool) -> Result<(), ActionError> {
+        let (id, _, info) = self.dir_of(key)?;
+        let root = info.family.clone().unwrap_or(id);
+        if !force {
+            let t = self.vms.lock();
+            let running = t.by_id.values().find(|e| (e.info.id == root || e.info.family.as_deref() == Some(root.as_str())) && e.info.state != VmState::Exited);
+            if let Some(e) = running {
+                return Err(ActionError::Running(e.info.id.clone()));
+            }
+        }
+        self.destroy_group(&root);
+        // A fork registered while the family died is one more (exited) VM:
+        // a few rounds take those too.
+        for _ in 0..4 {
+            let ids = self.family_ids(&root);
+            if ids.is_empty() {
+                break;
+            }
+            for id in ids {
+                match self.remove(&id, true) {
+                    Ok(()) | Err(ActionError::NotFound(_) | ActionError::Gone(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
         Ok(())
     }
 }

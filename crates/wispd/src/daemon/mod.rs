@@ -16,8 +16,10 @@
 //! and stopping VMM processes, their directories), `watch` (exits), `create`
 //! (creating a VM, with its rollback), `lifecycle` (everything after),
 //! `console` (console streams), `family` (forked VMs), `record` (the
-//! daemon's own state), `adopt` (VMs left by a previous daemon), `error`
-//! (the typed errors of actions).
+//! daemon's own state), `adopt` (VMs left by a previous daemon), `quota`
+//! (what the daemon admits, what each family may use; the families'
+//! control groups are `crate::cgroup`), `error` (the typed errors of
+//! actions).
 
 use std::fs;
 use std::io;
@@ -30,8 +32,9 @@ use rustix::event::epoll;
 use wisp_api::action::Action;
 use wisp_api::{ExitInfo, PoolInfo, Version, VmInfo};
 
+use crate::cgroup::{CgroupError, Cgroups};
 use crate::images::ImageCache;
-use crate::pool::{Pool, Shells};
+use crate::pool::{Pool, PoolError, Shells};
 
 mod adopt;
 mod console;
@@ -41,6 +44,7 @@ mod family;
 mod lifecycle;
 mod net;
 pub mod process;
+mod quota;
 mod record;
 mod table;
 mod uids;
@@ -48,6 +52,8 @@ mod watch;
 
 pub use console::Console;
 pub use error::ActionError;
+pub use quota::Quotas;
+pub use record::valid_id;
 use net::VmNet;
 use process::{SpawnError, Worker};
 use record::Records;
@@ -66,6 +72,15 @@ pub struct Config {
     pub bridge: String,
     /// VM subnet: network address and prefix; the bridge takes host 1.
     pub subnet: ([u8; 4], u8),
+    /// What the daemon admits.
+    pub quotas: Quotas,
+    /// Most shells the pool keeps, all sizes together.
+    pub max_pool_shells: u32,
+    /// Most bytes of images the image cache keeps.
+    pub image_cache_bytes: u64,
+    /// Contain each family in a control group (off: no memory, pids or CPU
+    /// limits at all).
+    pub cgroups: bool,
 }
 
 /// What an action gives back.
@@ -99,6 +114,9 @@ pub enum InitError {
     /// The exit watcher's epoll.
     #[error("epoll: {0}")]
     Epoll(rustix::io::Errno),
+    /// Control groups for the families.
+    #[error("resource containment: {0} (wispd --no-cgroups runs without it: no memory, pids or CPU limits)")]
+    Cgroup(#[from] CgroupError),
 }
 
 /// Default grace period of a stop, in ms.
@@ -126,6 +144,10 @@ pub struct Daemon {
     /// The PID namespace VMM processes start in (none if it could not be
     /// made: they then live in the daemon's, and the daemon says so).
     pidns: Option<crate::pidns::PidNs>,
+    /// The families' control groups (none with `--no-cgroups`).
+    cgroups: Option<Cgroups>,
+    /// CPUs this host gives the daemon.
+    host_cpus: usize,
 }
 
 impl Daemon {
@@ -149,16 +171,23 @@ impl Daemon {
             .inspect_err(|e| eprintln!("wispd: no PID namespace for VMM processes ({e}): they share the daemon's"))
             .inspect(|ns| eprintln!("wispd: VMM processes start in the PID namespace of process {}", ns.pid))
             .ok();
+        let cgroups = if cfg.cgroups { Some(Cgroups::init()?) } else { None };
+        match &cgroups {
+            Some(c) => eprintln!("wispd: families' control groups: {}", c.describe()),
+            None => eprintln!("wispd: --no-cgroups: VMs run without memory, pids or CPU limits"),
+        }
         let d = Arc::new(Daemon {
+            pool: Arc::new(Pool::new(cfg.max_pool_shells)),
+            images: ImageCache::new(cfg.image_cache_bytes),
             cfg,
             vms: VmTable::default(),
-            pool: Arc::new(Pool::default()),
-            images: ImageCache::default(),
             epoll,
             uids: Uids::default(),
             net,
             records: Records::new(meta),
             pidns,
+            cgroups,
+            host_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         });
         d.adopt(old_layout);
         Ok(d)
@@ -186,8 +215,12 @@ impl Daemon {
             Action::KillVm(vm) => Outcome::Vm(self.kill(&vm)?),
             Action::WaitVm(vm) => Outcome::Exit(self.wait(&vm, None)?),
             Action::Logs { vm, follow } => Outcome::Logs(self.logs(&vm, follow)?),
-            Action::RemoveVm { vm, force } => {
+            Action::RemoveVm { vm, force, family: false } => {
                 self.remove(&vm, force)?;
+                Outcome::Removed
+            }
+            Action::RemoveVm { vm, force, family: true } => {
+                self.remove_family(&vm, force)?;
                 Outcome::Removed
             }
             Action::GetPool => Outcome::Pool(self.pool.info()),
@@ -202,16 +235,48 @@ impl Daemon {
         self.cfg.state_dir.join("vms")
     }
 
-    /// Spawn a VMM process with a prepared shell of `mem` bytes and wait
+    /// Spawn a VMM process with a prepared shell of `mem` bytes, in a
+    /// control group of its own with a family's default limits, and wait
     /// until it is ready.
     fn spawn_worker(&self, mem: u64) -> Result<Worker, SpawnError> {
-        process::spawn(&self.vms_dir(), &self.records, &self.uids, self.pidns.as_ref(), mem)
+        let limits = quota::family_limits(mem, None, None, None);
+        let cg = self.cgroups.as_ref().map(|c| (c, &limits));
+        process::spawn(&self.vms_dir(), &self.records, &self.uids, self.pidns.as_ref(), mem, cg)
     }
 
-    /// Stop an unused VMM process and remove its directory.
+    /// Stop an unused VMM process and remove its directory and group.
     fn discard_worker(&self, mut w: Worker) {
         process::stop(&mut w);
+        self.destroy_group(&w.id);
         self.remove_dir(&w.dir);
+    }
+
+    /// Kill whatever is left in family `root`'s control group and remove it.
+    fn destroy_group(&self, root: &str) {
+        if let Some(c) = &self.cgroups {
+            if let Err(e) = c.destroy(root) {
+                eprintln!("wispd: family {root}: {e}");
+            }
+        }
+    }
+
+    /// Family `root` has no VM running any more: its control group goes if
+    /// it is empty (without waiting; what is left in it is killed when the
+    /// family's last VM is removed).
+    fn family_ended(&self, root: &str) {
+        if let Some(c) = &self.cgroups {
+            let live = self.vms.lock().by_id.values().any(|e| {
+                (e.info.id == root || e.info.family.as_deref() == Some(root)) && e.info.state != wisp_api::VmState::Exited
+            });
+            if !live {
+                c.remove_if_empty(root);
+            }
+        }
+    }
+
+    /// Set the pool's target for shells of `mem` bytes (within its bounds).
+    pub fn set_pool_target(&self, mem: u64, count: u32) -> Result<(), PoolError> {
+        self.pool.set_target(mem, count)
     }
 
     /// Remove a VM directory and its record, and give its user id back

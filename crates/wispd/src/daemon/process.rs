@@ -26,6 +26,7 @@ use wisp_vmm_process::proto::{self, Request};
 use super::record::{Proc, Records};
 use crate::pidns::PidNs;
 use super::uids::{UidError, Uids, UID_BASE, UID_COUNT};
+use crate::cgroup::{CgroupError, Cgroups, Limits};
 use crate::fsutil::read_capped;
 
 /// A VMM process (pooled or holding a VM).
@@ -72,6 +73,9 @@ pub enum SpawnError {
     /// Its record could not be written.
     #[error("record: {0}")]
     Record(io::Error),
+    /// Its family's control group could not be made.
+    #[error("control group: {0}")]
+    Cgroup(CgroupError),
     /// It started but did not get ready (its own message, if it said one).
     #[error("{0}")]
     NotReady(String),
@@ -111,17 +115,26 @@ pub fn give_dir(dir: &Path, uid: u32) -> Result<(), DirError> {
 }
 
 /// Spawn a VMM process with a prepared shell of `mem` bytes, under a user
-/// id of its own, record it, and wait until it is ready. On any failure
-/// the user id, the directory, the record and the process (if it started)
-/// are given back.
-pub fn spawn(vms_dir: &Path, records: &Records, uids: &Uids, pidns: Option<&PidNs>, mem: u64) -> Result<Worker, SpawnError> {
+/// id of its own and (with `cg`) in a new control group of its own with
+/// those limits (its family's, once it holds a VM), record it, and wait
+/// until it is ready. On any failure the user id, the directory, the
+/// group, the record and the process (if it started) are given back.
+pub fn spawn(vms_dir: &Path, records: &Records, uids: &Uids, pidns: Option<&PidNs>, mem: u64, cg: Option<(&Cgroups, &Limits)>) -> Result<Worker, SpawnError> {
     let uid = uids.alloc()?;
     let made = new_vm_dir(vms_dir).map_err(SpawnError::from).and_then(|(id, dir)| {
-        start(&id, &dir, records, uid, pidns, mem)
+        let groups = match cg {
+            Some((c, limits)) => c.create(&id, limits).map_err(SpawnError::Cgroup),
+            None => Ok(Vec::new()),
+        };
+        groups
+            .and_then(|groups| start(&id, &dir, records, uid, pidns, mem, &groups))
             .map(|child| Worker { id: id.clone(), pid: child.id(), dir: dir.clone(), child: Some(child) })
             .inspect_err(|_| {
                 records.forget(&id);
                 let _ = fs::remove_dir_all(&dir);
+                if let Some((c, _)) = cg {
+                    let _ = c.destroy(&id);
+                }
             })
     });
     if made.is_err() {
@@ -130,14 +143,18 @@ pub fn spawn(vms_dir: &Path, records: &Records, uids: &Uids, pidns: Option<&PidN
     made
 }
 
-/// Start `wispd __worker` for VM `id` in `dir`, record it, wait for its
-/// "ready" and give it its directory.
-fn start(id: &str, dir: &Path, records: &Records, uid: u32, pidns: Option<&PidNs>, mem: u64) -> Result<Child, SpawnError> {
+/// Start `wispd __worker` for VM `id` in `dir` (joining the control
+/// groups `groups` first thing), record it, wait for its "ready" and give
+/// it its directory.
+fn start(id: &str, dir: &Path, records: &Records, uid: u32, pidns: Option<&PidNs>, mem: u64, groups: &[PathBuf]) -> Result<Child, SpawnError> {
     let log = fs::File::create(dir.join("vmm.log")).map_err(SpawnError::Log)?;
     let exe = std::env::current_exe().map_err(SpawnError::Exe)?;
     let mut cmd = Command::new(exe);
     cmd.arg("__worker").arg("--id").arg(id).arg("--dir").arg(dir).arg("--mem").arg(mem.to_string());
     cmd.arg("--uid").arg(uid.to_string());
+    for g in groups {
+        cmd.arg("--cgroup").arg(g);
+    }
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
     // One malloc arena: a VMM process has two threads and little heap.
     cmd.env("MALLOC_ARENA_MAX", "1");
@@ -155,7 +172,7 @@ fn start(id: &str, dir: &Path, records: &Records, uid: u32, pidns: Option<&PidNs
         Err(e)
     };
     // Our child, not reaped yet: its pid and start time are its own.
-    let p = Proc { uid, pid: child.id(), start: proc_start(child.id()) };
+    let p = Proc { uid, pid: child.id(), start: proc_start(child.id()), contained: !groups.is_empty() };
     if let Err(e) = records.register(id, p, None) {
         return fail(&mut child, SpawnError::Record(e));
     }

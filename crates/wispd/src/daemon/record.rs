@@ -40,6 +40,11 @@ pub struct Record {
     /// Its start time (clock ticks after boot, `/proc/<pid>/stat`), if known.
     #[serde(default)]
     pub start: Option<u64>,
+    /// It runs in its family's control group (`wisp-<family root>`):
+    /// re-adoption checks that the pid is there. False in records of a
+    /// daemon without control groups (or from before them).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub contained: bool,
     /// The VM it holds; none for a pooled shell.
     #[serde(default)]
     pub vm: Option<VmInfo>,
@@ -54,6 +59,8 @@ pub struct Proc {
     pub pid: u32,
     /// Start time, if known.
     pub start: Option<u64>,
+    /// In its family's control group.
+    pub contained: bool,
 }
 
 /// Why a record was not read.
@@ -134,7 +141,7 @@ impl Records {
     }
 
     fn write(&self, id: &str, p: Proc, vm: Option<VmInfo>) -> io::Result<()> {
-        let r = Record { id: id.to_string(), uid: p.uid, pid: p.pid, start: p.start, vm };
+        let r = Record { id: id.to_string(), uid: p.uid, pid: p.pid, start: p.start, contained: p.contained, vm };
         write_atomic(&self.path(id), &serde_json::to_vec(&r).map_err(io::Error::other)?)
     }
 
@@ -210,6 +217,7 @@ mod tests {
             net_peers: false,
             parent: None,
             family: None,
+            limits: None,
         }
     }
 
@@ -224,7 +232,7 @@ mod tests {
     #[test]
     fn records_are_parsed_strictly_and_must_name_their_file() {
         let id = "0123456789ab";
-        let r = Record { id: id.into(), uid: 1_000_007, pid: 42, start: Some(9), vm: Some(vm(id)) };
+        let r = Record { id: id.into(), uid: 1_000_007, pid: 42, start: Some(9), contained: true, vm: Some(vm(id)) };
         let bytes = serde_json::to_vec(&r).unwrap();
         assert_eq!(parse(id, &bytes).unwrap(), r);
         assert!(matches!(parse("ba9876543210", &bytes), Err(RecordError::OtherId(o)) if o == id));
@@ -262,11 +270,13 @@ mod tests {
         crate::fsutil::private_dir(&d).unwrap();
         let recs = Records::new(d.clone());
         let id = "00000000abcd";
-        let p = Proc { uid: 1_000_003, pid: 77, start: Some(5) };
+        let p = Proc { uid: 1_000_003, pid: 77, start: Some(5), contained: false };
         recs.register(id, p, None).unwrap();
         assert_eq!(recs.read(id).unwrap().vm, None);
         recs.save(id, || Some(vm(id))).unwrap();
-        assert_eq!(recs.read(id).unwrap(), Record { id: id.into(), uid: p.uid, pid: 77, start: Some(5), vm: Some(vm(id)) });
+        assert_eq!(recs.read(id).unwrap(), Record { id: id.into(), uid: p.uid, pid: 77, start: Some(5), contained: false, vm: Some(vm(id)) });
+        // Records of a daemon without control groups read as uncontained.
+        assert!(!parse("0123456789ab", b"{\"id\":\"0123456789ab\",\"uid\":1000001,\"pid\":7}").unwrap().contained);
         fs::write(d.join("not-a-record.json"), b"{}").unwrap();
         assert_eq!(recs.ids(), vec![id.to_string()]);
         recs.forget(id);

@@ -51,6 +51,9 @@ pub struct Table {
     pub by_id: HashMap<String, Entry>,
     /// Names to ids; a name reserved by a create in progress maps to "".
     names: HashMap<String, String>,
+    /// Creates admitted and in progress: how many, and their guest RAM
+    /// (`quota`).
+    pub(super) pending: (usize, u64),
 }
 
 impl Table {
@@ -177,14 +180,15 @@ impl VmTable {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use wisp_api::VmState;
 
-    fn vm(id: &str, name: Option<&str>) -> Entry {
-        let info = VmInfo {
+    /// A running VM of 16 MiB named `id`.
+    pub(crate) fn info(id: &str) -> VmInfo {
+        VmInfo {
             id: id.into(),
-            name: name.map(str::to_string),
+            name: None,
             image: "hello".into(),
             args: vec![],
             mem: 16 << 20,
@@ -198,7 +202,12 @@ mod tests {
             net_peers: false,
             parent: None,
             family: None,
-        };
+            limits: None,
+        }
+    }
+
+    fn vm(id: &str, name: Option<&str>) -> Entry {
+        let info = VmInfo { name: name.map(str::to_string), ..info(id) };
         Entry::new(info, PathBuf::from("/nonexistent"), None, None)
     }
 

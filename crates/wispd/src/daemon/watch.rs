@@ -98,8 +98,10 @@ impl Daemon {
         }
         e.info.state = VmState::Exited;
         let ip = e.info.ip.clone();
+        let root = e.info.family.clone().unwrap_or_else(|| id.to_string());
         drop(t);
         self.net.free(ip.as_deref());
+        self.family_ended(&root);
         self.vms.notify_exit();
         if let Err(err) = self.save(id) {
             eprintln!("wispd: VM {id}: cannot record its exit: {err}");

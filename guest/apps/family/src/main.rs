@@ -3,7 +3,7 @@
 //! expected, 1 otherwise.
 //!
 //! Modes: cow, tree, many N, pipe KIB, siblings, signals, msgq, shm,
-//! shm-after-detach, crash, bomb, victim, nap N, idle-wait, orphan-eof,
+//! shm-after-detach, crash, bomb, hog MIB, victim, nap N, idle-wait, orphan-eof,
 //! daemonize, pids HOSTPID, hold KEY, cross HOSTPID KEY, and `bench ROUNDS`
 //! (round-trip latencies for `make bench-fork`).
 #![no_std]
@@ -46,6 +46,7 @@ fn main() -> i32 {
         "shm-after-detach" => shm_after_detach(),
         "crash" => crash(),
         "bomb" => bomb(),
+        "hog" => hog(n(2, 8) as usize),
         "victim" => victim(),
         "nap" => nap(n(2, 2) as u32),
         "idle-wait" => idle_wait(),
@@ -568,6 +569,41 @@ fn bomb() -> R {
     ensure!(reap(c)? == 4, "fork after the bomb");
     println!("bomb ok");
     Ok(())
+}
+
+/// A fork bomb that dirties memory: every VM forks until it cannot, and
+/// each child first writes `mib` MiB of memory of its own (the family's
+/// copy-on-write growth) and then forks on; then all of them hold on to
+/// what they wrote. Only the host's limits stop it.
+fn hog(mib: usize) -> R {
+    let mut held: alloc::vec::Vec<alloc::vec::Vec<u8>> = alloc::vec::Vec::new();
+    let mut kids = 0u32;
+    let err = loop {
+        match f::fork() {
+            Ok(0) => {
+                kids = 0;
+                // The parent's share stays the parent's (copy-on-write);
+                // the heap it took is reused, and every page written is a
+                // new page of the family.
+                held.clear();
+                let mut v = alloc::vec::Vec::with_capacity(mib << 20);
+                v.resize(mib << 20, 0u8);
+                // A write to every page: each one becomes the child's own.
+                for i in (0..v.len()).step_by(4096) {
+                    // SAFETY: `i` is within `v`.
+                    unsafe { core::ptr::write_volatile(v.as_mut_ptr().add(i), (i >> 12) as u8 | 1) };
+                }
+                held.push(v);
+                println!("hog: {} wrote {} MiB", f::getpid(), mib);
+            }
+            Ok(_) => kids += 1,
+            Err(x) => break x,
+        }
+    };
+    println!("hog: {} holds on after {} children ({})", f::getpid(), kids, err.name());
+    loop {
+        wisp::time::sleep(core::time::Duration::from_secs(3600));
+    }
 }
 
 fn hold(key: i64) -> R {

@@ -126,6 +126,8 @@ fn checksums_hold(frame: &[u8]) -> bool {
 pub(crate) struct Nic {
     /// Index of the NIC in the device table (for its `notify` kicks).
     index: u32,
+    /// The monitor serves its doorbell (kicks without an exit, where KVM helps).
+    doorbell: bool,
     rx: Rx,
     tx: Tx,
     /// The monitor stopped the NIC (or broke the ring rules): never touch
@@ -228,14 +230,16 @@ impl Tx {
 
 impl Nic {
     /// The NIC described by device-table entry `index` (already `check`ed,
-    /// `base` being its region, `offloads` what it may use).
-    pub(crate) fn new(index: u32, base: u64, offloads: u64) -> Nic {
+    /// `base` being its region, `offloads` what it may use, `doorbell`
+    /// whether the monitor serves its doorbell).
+    pub(crate) fn new(index: u32, base: u64, offloads: u64, doorbell: bool) -> Nic {
         // The indices may not start at zero (the monitor owns their initial
         // values): continue from wherever they are.
         let rx_cons = field(base, hdr::RX_CONS).load(Ordering::Acquire);
         let tx_prod = field(base, hdr::TX_PROD).load(Ordering::Acquire);
         Nic {
             index,
+            doorbell,
             rx: Rx { base, cons: rx_cons, frames: 0, bounce: Vec::new() },
             tx: Tx {
                 ring: TxRing { base, prod: tx_prod, queued: 0 },
@@ -303,7 +307,11 @@ impl Nic {
         // full fence does.
         fence(Ordering::SeqCst);
         if field(self.tx.ring.base, hdr::MONITOR_IDLE).load(Ordering::Acquire) == 1 {
-            crate::hypercall::notify(self.index);
+            if self.doorbell {
+                crate::hypercall::doorbell(self.index);
+            } else {
+                crate::hypercall::notify(self.index);
+            }
         }
     }
 }
