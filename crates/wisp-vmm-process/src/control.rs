@@ -116,7 +116,7 @@ pub(crate) fn spawn_server(
         .name("ctl".into())
         .stack_size(256 << 10)
         .spawn(move || {
-            crate::process::narrow(wisp_jail::seccomp::Role::Control);
+            crate::narrow::narrow(wisp_jail::seccomp::Role::Control);
             if let Some(listener) = listener() {
                 serve_loop(&s, listener);
             }

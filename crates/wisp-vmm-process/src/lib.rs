@@ -27,6 +27,7 @@ mod console;
 mod control;
 pub mod exit;
 mod fork;
+mod narrow;
 pub mod images;
 pub mod nic;
 mod process;

@@ -55,7 +55,7 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
     let files = JailFiles::open(dir).map_err(|e| format!("open files in {}: {e}", dir.display()))?;
     wisp_vmm::Control::prepare_process();
     wisp_jail::enter(uid, mem, wisp_vmm::kick_signal(), dir)?;
-    wisp_vmm::set_thread_hook(narrow_thread);
+    wisp_vmm::set_thread_hook(crate::narrow::narrow_thread);
     let shared = Shared::new(files, WorkerState::Pooled, None);
     // The server thread takes the control socket once the VM runs; until
     // then this thread answers requests itself, and a `start` makes it the
@@ -80,7 +80,7 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
         let boot_us = t.elapsed().as_micros() as u64;
         // From here this is the vCPU thread: it keeps what the VM needs (and
         // the calls that make a forked child only if the VM may fork).
-        narrow(if vm.may_fork() { Role::VcpuFork } else { Role::Vcpu });
+        crate::narrow::narrow(if vm.may_fork() { Role::VcpuFork } else { Role::Vcpu });
         {
             let mut st = shared.state.lock().unwrap();
             st.phase = WorkerState::Running;
@@ -117,24 +117,6 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
         finish(&shared, exit_info(&outcome, Runner::Daemon));
     }
     Ok(())
-}
-
-/// Narrow the calling thread's seccomp filter to `role`. A thread that
-/// cannot is not left running wider than it should: the process ends.
-pub(crate) fn narrow(role: Role) {
-    if let Err(e) = wisp_jail::seccomp::narrow(role) {
-        wisp_vmm::stderr_line(&format!("wisp-vmm: {e}"));
-        std::process::exit(ERROR.into());
-    }
-}
-
-/// The hook of the monitor's own threads (see [`wisp_vmm::set_thread_hook`]).
-fn narrow_thread(role: wisp_vmm::ThreadRole) {
-    narrow(match role {
-        wisp_vmm::ThreadRole::Io => Role::Io,
-        wisp_vmm::ThreadRole::Reaper => Role::Reaper,
-        wisp_vmm::ThreadRole::Watchdog => Role::Watchdog,
-    });
 }
 
 /// The VM has ended: write `console.log` and `exit.json`, tell waiters,

@@ -73,7 +73,7 @@ impl Shared {
 pub(crate) fn spawn_conn(shared: &Arc<Shared>, f: impl FnOnce(&Arc<Shared>) -> io::Result<()> + Send + 'static) {
     let s = shared.clone();
     let spawned = std::thread::Builder::new().stack_size(256 << 10).spawn(move || {
-        crate::process::narrow(wisp_jail::seccomp::Role::Control);
+        crate::narrow::narrow(wisp_jail::seccomp::Role::Control);
         let _ = f(&s);
         s.release_conn();
     });

@@ -20,6 +20,7 @@ mod fsutil;
 mod images;
 mod netlink;
 mod pidns;
+mod procfs;
 mod pool;
 mod signals;
 mod slots;

@@ -30,7 +30,8 @@ use serde::{Deserialize, Serialize};
 
 /// User and group id of the holder: below the VMM processes' range, used by
 /// nothing else, so no VMM process (nor anyone but root) can signal it.
-pub const HOLDER_UID: u32 = crate::daemon::UID_BASE - 1;
+/// (`daemon::uids` checks that its range starts above it.)
+pub const HOLDER_UID: u32 = 999_999;
 
 /// What `<state>/pidns` records.
 #[derive(Serialize, Deserialize)]
@@ -69,7 +70,7 @@ impl PidNs {
         }
         // Not waited for: the holder outlives this daemon.
         std::mem::forget(child);
-        let start = crate::daemon::process::proc_start(pid).ok_or_else(|| io::Error::other("the PID namespace holder ended at once"))?;
+        let start = crate::procfs::proc_start(pid).ok_or_else(|| io::Error::other("the PID namespace holder ended at once"))?;
         let h = Holder { pid, start };
         let ns = reopen(&h).ok_or_else(|| io::Error::other("the PID namespace holder is not as started"))?;
         crate::fsutil::write_atomic(&rec, &serde_json::to_vec(&h).map_err(io::Error::other)?)?;
@@ -115,7 +116,7 @@ fn holder_command(state: &Path) -> Command {
 /// start time, `wispd … __pidns` under [`HOLDER_UID`], pid 1 of its
 /// namespace.
 fn reopen(h: &Holder) -> Option<PidNs> {
-    if crate::daemon::process::proc_start(h.pid)? != h.start {
+    if crate::procfs::proc_start(h.pid)? != h.start {
         return None;
     }
     let status = fs::read_to_string(format!("/proc/{}/status", h.pid)).ok()?;
@@ -126,15 +127,11 @@ fn reopen(h: &Holder) -> Option<PidNs> {
     }
     let ns = openat(CWD, format!("/proc/{}/ns/pid", h.pid), OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?;
     // The start time again: the pid cannot have been reused in between.
-    (crate::daemon::process::proc_start(h.pid)? == h.start).then_some(PidNs { ns, pid: h.pid })
+    (crate::procfs::proc_start(h.pid)? == h.start).then_some(PidNs { ns, pid: h.pid })
 }
 
-/// Process `pid`'s (host) pid in its own PID namespace: the last field of
-/// `NSpid:` in its status.
-pub fn ns_pid(pid: u32) -> Option<u32> {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
-}
+pub use crate::procfs::ns_pid;
+
 
 /// The holder's life: drop to [`HOLDER_UID`] and reap whatever is
 /// re-parented to it (forked VMM processes whose parent ended), forever.

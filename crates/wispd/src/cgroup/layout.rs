@@ -218,7 +218,7 @@ pub fn select(found: &[Found], v2_available: &[String]) -> Result<Layout, Layout
 /// A family's group name: `wisp-` and the family root's id (12 lowercase
 /// hex digits), one plain path component; None for anything else.
 pub fn group_name(id: &str) -> Option<String> {
-    crate::daemon::valid_id(id).then(|| format!("wisp-{id}"))
+    crate::procfs::valid_id(id).then(|| format!("wisp-{id}"))
 }
 
 #[cfg(test)]

@@ -252,7 +252,7 @@ fn words(s: &str) -> Vec<String> {
 /// host processes should the host itself run out of memory.
 pub fn join(dirs: &[PathBuf]) -> Result<(), String> {
     for d in dirs {
-        let ours = d.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("wisp-")).is_some_and(crate::daemon::valid_id);
+        let ours = d.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("wisp-")).is_some_and(crate::procfs::valid_id);
         if !ours {
             return Err(format!("{}: not a family's control group", d.display()));
         }

@@ -53,13 +53,11 @@ mod watch;
 pub use console::Console;
 pub use error::ActionError;
 pub use quota::Quotas;
-pub use record::valid_id;
 use net::VmNet;
 use process::{SpawnError, Worker};
 use record::Records;
 use table::VmTable;
 use uids::{dir_uid, Uids};
-pub use uids::UID_BASE;
 
 /// Daemon configuration.
 #[derive(Clone, Debug)]

@@ -205,21 +205,9 @@ pub fn kill_fd(pidfd: &OwnedFd) {
     let _ = pidfd_send_signal(pidfd, Signal::KILL);
 }
 
-/// The start time of process `pid` (clock ticks after boot), if it lives.
-pub fn proc_start(pid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses: fields after it.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    // Field 22 overall; the state (field 3) is the first after the name.
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
+pub use crate::procfs::proc_start;
 
-/// The real, effective, saved and file-system ids of a `Uid:` or `Gid:`
-/// line of `/proc/<pid>/status`.
-pub(super) fn status_ids(status: &str, key: &str) -> Option<Vec<u32>> {
-    let line = status.lines().find_map(|l| l.strip_prefix(key))?;
-    line.split_whitespace().map(|n| n.parse().ok()).collect()
-}
+use crate::procfs::status_ids;
 
 /// True if `pid` is a live VMM process for VM `id` (a forked VM's process
 /// carries its family root's id): its command line is `wispd __worker --id

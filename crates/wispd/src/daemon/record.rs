@@ -77,10 +77,7 @@ pub enum RecordError {
     OtherId(String),
 }
 
-/// A VM id: 12 lowercase hex digits (what the daemon makes).
-pub fn valid_id(s: &str) -> bool {
-    s.len() == 12 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
+pub use crate::procfs::valid_id;
 
 /// Host ports claimed so far, with the addresses each is claimed on.
 pub type Claimed = HashMap<u16, Vec<IpAddr>>;

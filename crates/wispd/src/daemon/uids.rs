@@ -40,7 +40,7 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::process::status_ids;
+use crate::procfs::status_ids;
 
 /// First user id given to VMM processes.
 pub const UID_BASE: u32 = 1_000_000;
@@ -160,6 +160,11 @@ pub fn dir_uid(dir: &Path) -> Option<u32> {
 mod tests {
     use super::*;
     use std::process::{Child, Command, Stdio};
+
+    #[test]
+    fn the_pid_namespace_holders_id_is_outside_the_range() {
+        assert!(!(UID_BASE..UID_BASE + UID_COUNT).contains(&crate::pidns::HOLDER_UID));
+    }
 
     #[test]
     fn ids_are_unique_until_freed() {
