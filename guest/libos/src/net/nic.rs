@@ -93,8 +93,13 @@ pub(crate) fn check(dev: &DeviceDesc) -> Result<(u64, u64), &'static str> {
     {
         return Err("region overlaps the guest's own memory");
     }
-    // Offloads this library OS knows; others are not used.
-    Ok((base, dev.params[4] & (offload::CSUM | offload::TSO4)))
+    // Offloads this library OS knows; others are not used, nor TSO
+    // without the checksum offload (a super-frame asks for its checksum).
+    let mut offloads = dev.params[4] & (offload::CSUM | offload::TSO4);
+    if offloads & offload::CSUM == 0 {
+        offloads = 0;
+    }
+    Ok((base, offloads))
 }
 
 /// Whether the checksums of `frame` that the host did not vouch for hold:
