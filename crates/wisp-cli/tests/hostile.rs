@@ -25,6 +25,8 @@ const CASES: &[(&str, &str)] = &[
     ("int3", "breakpoint (#BP)"),
     ("port-io", "port I/O outside the hypercall window"),
     ("port-in", "the guest read a port"),
+    ("doorbell-nodev", "bad port I/O on 0x607: a doorbell of no device"),
+    ("port-past-doorbells", "port I/O outside the hypercall window"),
     ("stack-overflow", "stack overflow"),
     ("console-oob", "bad hypercall console_write: buffer"),
     ("console-huge-len", "exceeds the 65536-byte limit"),

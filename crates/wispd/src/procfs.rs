@@ -31,6 +31,32 @@ pub fn valid_id(s: &str) -> bool {
     s.len() == 12 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
+/// For tests: run `argv` under `setpriv` with `ids` (its options), stdin
+/// piped (the program ends when it closes), and return once `/proc` shows
+/// it as `ready` says (given its command line and status), within 5 s.
+#[cfg(test)]
+pub fn spawn_as(ids: &[&str], argv: &[&str], ready: impl Fn(&[u8], &str) -> bool) -> std::process::Child {
+    use std::process::{Command, Stdio};
+    let c = Command::new("setpriv")
+        .args(ids)
+        .args(argv)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("setpriv (util-linux)");
+    let (pid, t) = (c.id(), std::time::Instant::now());
+    loop {
+        let cmd = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        if ready(&cmd, &status) {
+            return c;
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(5), "{argv:?} did not start under {ids:?}");
+        std::thread::yield_now();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

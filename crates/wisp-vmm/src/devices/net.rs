@@ -485,6 +485,26 @@ mod tests {
     }
 
     #[test]
+    fn the_reply_window_grows_on_answers_and_shrinks_without() {
+        let mut p = ReplyPoll::new();
+        assert_eq!(p.window, ReplyPoll::START);
+        for _ in 0..10 {
+            p.hit();
+        }
+        assert_eq!(p.window, ReplyPoll::MAX, "answers that come in time keep it open, up to the cap");
+        p.miss();
+        assert_eq!(p.window, ReplyPoll::MAX / 2);
+        for _ in 0..20 {
+            p.miss();
+        }
+        assert_eq!(p.window, ReplyPoll::MIN, "a guest that never answers costs (almost) nothing");
+        p.hit();
+        p.hit();
+        p.preempted();
+        assert_eq!(p.window, ReplyPoll::MIN, "no CPU to spare: stop polling");
+    }
+
+    #[test]
     fn macs_come_from_the_address() {
         assert_eq!(mac_for_ipv4([10, 99, 0, 2]), [0x52, 0x54, 0, 99, 0, 2]);
         // Unicast and locally administered.

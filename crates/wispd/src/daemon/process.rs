@@ -296,20 +296,9 @@ mod tests {
         // way a VMM process's does (xargs waits on its stdin): ours only for
         // that VM, that user id and that start time.
         let uid = UID_BASE + UID_COUNT - 1;
-        let mut c = Command::new("setpriv")
-            .args(["--reuid", &uid.to_string(), "--regid", &uid.to_string(), "--clear-groups"])
-            .args(["xargs", "__worker", "--id", "0123456789ab"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("setpriv (util-linux)");
+        let (u, argv) = (uid.to_string(), ["xargs", "__worker", "--id", "0123456789ab"]);
+        let mut c = crate::procfs::spawn_as(&["--reuid", &u, "--regid", &u, "--clear-groups"], &argv, |cmd, _| cmd.starts_with(b"xargs\0"));
         let pid = c.id();
-        let t = std::time::Instant::now();
-        while !fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default().starts_with(b"xargs\0") {
-            assert!(t.elapsed() < Duration::from_secs(5), "xargs did not start");
-            std::thread::yield_now();
-        }
         let start = proc_start(pid);
         assert!(is_ours(pid, "0123456789ab", uid, None));
         assert!(is_ours(pid, "0123456789ab", uid, start));

@@ -159,7 +159,7 @@ pub fn dir_uid(dir: &Path) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::process::{Child, Command, Stdio};
+    use std::process::Child;
 
     #[test]
     fn the_pid_namespace_holders_id_is_outside_the_range() {
@@ -181,25 +181,9 @@ mod tests {
     /// `cat` under real, effective and saved user ids (`setpriv` options),
     /// once it runs with them (it ends when its stdin closes).
     fn holder(ids: &[&str], uid: u32) -> Child {
-        let c = Command::new("setpriv")
-            .args(ids)
-            .arg("cat")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("setpriv (util-linux)");
-        let pid = c.id();
-        let t = Instant::now();
-        loop {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-            if cmd.starts_with(b"cat\0") && status_ids(&status, "Uid:").is_some_and(|ids| ids.contains(&uid)) {
-                return c;
-            }
-            assert!(t.elapsed() < Duration::from_secs(5), "cat did not start under user {uid}");
-            std::thread::yield_now();
-        }
+        crate::procfs::spawn_as(ids, &["cat"], |cmd, status| {
+            cmd.starts_with(b"cat\0") && status_ids(status, "Uid:").is_some_and(|ids| ids.contains(&uid))
+        })
     }
 
     fn end(mut c: Child) {

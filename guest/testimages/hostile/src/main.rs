@@ -48,6 +48,10 @@ fn main() -> i32 {
         }
         "int3" => unsafe { asm!("int3") },
         "port-io" => unsafe { asm!("out 0x80, al", in("al") 0u8) },
+        // A doorbell of a device the VM does not have (no device 7), and the
+        // first port past the doorbells.
+        "doorbell-nodev" => unsafe { asm!("out dx, al", in("dx") 0x607u16, in("al") 0u8) },
+        "port-past-doorbells" => unsafe { asm!("out dx, al", in("dx") 0x608u16, in("al") 0u8) },
         "port-in" => unsafe { asm!("in al, dx", in("dx") 0x500u16, out("al") _) },
         "stack-overflow" => {
             recurse(0);
