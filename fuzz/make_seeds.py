@@ -8,7 +8,7 @@ import hashlib, os, struct, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "fuzz", "corpus")
-ABI = 3  # wisp_abi::ABI_VERSION
+ABI = 4  # wisp_abi::ABI_VERSION
 
 def put(target, data):
     d = os.path.join(CORPUS, target)
@@ -109,27 +109,50 @@ put("family_call", call(7, 0, (42, 0o1000, 0, 0)) + call(8, NOWAIT, (256, 0x1000
 put("family_call", call(11, 0, (7, 0o1000, 8192, 0)) + call(12, 0, (256, 0, 0, 0)) + call(13, 0, (0x40000000, 0, 0, 0)) + call(14, 0, (256, 0, 0, 0)))
 put("family_call", call(0) + call(6, NOWAIT, (2**64 - 1, 0, 0, 0)) + call(15) + call(5, 0, (1, 10, 0, 0)))
 
-# 5. NIC rings (fuzz_targets/nic_ring.rs): setup (layout, cut, TX/RX frames/s and KiB/s, start
-# index), then operations. 3: a guest's send (kind: 0 IPv4, 1 ARP, 2 IPv6; +4 another MAC, +8
-# another address), 4: a TX pass, 5: an RX pass with frames, 6: the guest takes RX frames, 7: time.
+# 5. NIC rings (fuzz_targets/nic_ring.rs): setup (layout | offload bits, cut, TX/RX frames/s and
+# KiB/s, start index), then operations. 3: a guest's send (kind: 0 IPv4, 1 ARP, 2 IPv6; +4 another
+# MAC, +8 another address; +16 a TCP super-frame, +32 of one segment, +64 one header field changed),
+# 4: a TX pass, 5: an RX pass with frames and headers, 6: the guest takes RX slots, 7: time.
 def setup(layout=0, cut=0, tx=(0, 0), rx=(0, 0), start=0):
     return struct.pack("<BHBBBBB", layout, cut, tx[0], tx[1], rx[0], rx[1], start)
 def send(kind, length, fill=b"\x11"):
     return struct.pack("<BBH", 3, kind, length - 1) + (fill * 64)[:min(length, 64)]
-def rx_pass(*frames):
+def tso(payload, size_less=0, bad=None, plain=False):
+    kind = 16 | (32 if plain else 0) | (64 if bad else 0)
+    out = struct.pack("<BBH", 3, kind, payload - 1)
+    if not plain:
+        out += struct.pack("<B", size_less)
+    out += b"\x22" * 64
+    if bad:
+        out += struct.pack("<HB", bad[1], bad[0])  # value, field (0 flags .. 5 csum_offset)
+    return out
+def rx_pass(*frames, gso=(0, 0, 0)):
     out = struct.pack("<BB", 5, len(frames))
     for f in frames:
-        out += struct.pack("<H", len(f)) + f[:64]
+        out += struct.pack("<H", len(f)) + f[:64] + struct.pack("<HBB", gso[0], gso[1], gso[2])
     return out
 TX, TAKE, TICK = b"\x04", lambda k: struct.pack("<BB", 6, k), lambda ms: struct.pack("<BH", 7, ms)
 POKE = lambda field, v: struct.pack("<BBI", 0, field, v)          # 0 RX_PROD 1 RX_CONS 2 TX_PROD 3 TX_CONS
-DESC = lambda slot, raw, flags=0, big=None: struct.pack("<BBH", 1, slot, raw) + (struct.pack("<I", big) if raw & 0x8000 else b"") + struct.pack("<I", flags)
+def DESC(slot, raw, big=None, vnet=(0, 0, 0, 0, 0, 0)):
+    out = struct.pack("<BBH", 1, slot, raw)
+    if raw & 0x8000:
+        out += struct.pack("<I", big)
+    return out + struct.pack("<BBHHHHH", *vnet, 0)
 eth = b"\xff" * 6 + b"\x02\x00\x00\x00\x00\x01" + b"\x08\x00" + b"\x45" + b"\x00" * 40
 put("nic_ring", setup() + send(0, 60) + send(1, 42) + send(0, 1514) + TX + rx_pass(eth, eth * 2) + TAKE(2) + TX)
 put("nic_ring", setup(tx=(20, 0), rx=(20, 4)) + send(0, 100) * 5 + TX + TICK(50) + TX + rx_pass(eth, eth, eth) + TICK(100) + rx_pass(eth))
-put("nic_ring", setup() + send(4, 60) + send(8, 60) + send(2, 80) + send(1 | 8, 42) + send(3, 30) + send(0, 2048) + TX)
+put("nic_ring", setup() + send(4, 60) + send(8, 60) + send(2, 80) + send(1 | 8, 42) + send(3, 30) + send(0, 1514) + TX)
 put("nic_ring", setup() + POKE(2, 1000) + TX)
 put("nic_ring", setup() + DESC(0, 0x8000, big=0xffffffff) + POKE(2, 1) + TX)
 put("nic_ring", setup(start=1) + send(0, 60) * 3 + TX + rx_pass(eth, eth, eth) + TAKE(3) + rx_pass(eth))
 put("nic_ring", setup(layout=2, cut=0x8000) + send(0, 60) + TX + rx_pass(*[eth] * 40) + TAKE(40) + rx_pass(eth))
 put("nic_ring", setup(layout=1) + send(0, 64) + TX + POKE(1, 7) + rx_pass(eth))
+# Offloads: super-frames (through the ring's end with start=20), one-segment and plain checksum
+# requests, each header field changed, offloads off, chains past tx_prod, RX super-frames, budgets.
+put("nic_ring", setup(start=20) + tso(14480) + tso(65495) + tso(1000) + tso(1400, plain=True) + TX)
+for field, value in [(0, 0x81), (1, 5), (2, 53), (3, 9000), (4, 35), (5, 6)]:
+    put("nic_ring", setup() + tso(14480) + tso(14480, bad=(field, value)) + TX)
+put("nic_ring", setup(layout=4) + tso(14480) + TX)
+put("nic_ring", setup(layout=4 | 8) + tso(1000, plain=True) + tso(14480) + TX)
+put("nic_ring", setup() + DESC(0, 20000, vnet=(1, 1, 54, 1448, 34, 16)) + POKE(2, 3) + TX)
+put("nic_ring", setup(tx=(20, 100), rx=(20, 100)) + tso(60000) * 3 + TX + TICK(2000) + TX + rx_pass(eth * 100, eth, gso=(1448, 1, 1)) + TICK(500) + rx_pass(eth))

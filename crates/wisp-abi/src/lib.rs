@@ -48,7 +48,11 @@ pub use manifest::{features, ImageNote, IMAGE_NOTE_SIZE};
 /// - v3: the pids of fork and family IPC are family-local (the root 1),
 ///   no longer the host pids of monitor processes; KILL of a pid outside
 ///   the family is `ESRCH` (v2 answered `EPERM` for another family's VM).
-pub const ABI_VERSION: u32 = 3;
+/// - v4: NIC rings carry a virtio-net header in each descriptor (16 bytes),
+///   frames of up to 64 KiB chain consecutive slots (indices count slots),
+///   512 slots a ring, the geometry packed in `params[3]` and the tap's
+///   offloads in `params[4]` (see [`net`]).
+pub const ABI_VERSION: u32 = 4;
 
 /// First I/O port of the hypercall window.
 pub const HYPERCALL_PORT_BASE: u16 = 0x500;

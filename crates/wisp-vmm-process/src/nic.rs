@@ -11,8 +11,10 @@ use crate::proto::NetSpec;
 /// A NIC on tap device `tap` (opened here), with address `ip`/prefix,
 /// gateway `gw` and MAC `mac` (default: [`mac_for_ipv4`]).
 pub fn tap_nic(tap: &str, ip: ([u8; 4], u8), mac: Option<[u8; 6]>, gw: Option<[u8; 4]>, rate: NetRate) -> Result<NetConfig, String> {
+    let t = wisp_vmm::tap::open_tap(tap).map_err(|e| format!("tap {tap}: {e}"))?;
     Ok(NetConfig {
-        tap: wisp_vmm::tap::open_tap(tap).map_err(|e| format!("tap {tap}: {e}"))?,
+        tap: t.fd,
+        offloads: t.offloads,
         mac: mac.unwrap_or(mac_for_ipv4(ip.0)),
         ip,
         gateway: gw,
@@ -24,6 +26,13 @@ impl NetSpec {
     /// The NIC the daemon described, on the tap it passed.
     pub fn into_config(self, tap: OwnedFd) -> NetConfig {
         let r = wisp_vmm::Rate { bytes: self.rate.0, ops: self.rate.1 };
-        NetConfig { tap, mac: self.mac, ip: (self.ip, self.prefix), gateway: Some(self.gateway), rate: NetRate { tx: r, rx: r } }
+        NetConfig {
+            tap,
+            offloads: self.offloads,
+            mac: self.mac,
+            ip: (self.ip, self.prefix),
+            gateway: Some(self.gateway),
+            rate: NetRate { tx: r, rx: r },
+        }
     }
 }

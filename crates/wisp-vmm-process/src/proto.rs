@@ -83,6 +83,10 @@ pub struct NetSpec {
     /// Rate limit of each direction (bytes/s, frames/s; 0 = unlimited).
     #[serde(default)]
     pub rate: (u64, u64),
+    /// The offloads the daemon enabled on the tap it passes
+    /// (`wisp_abi::net::offload` bits; none if absent).
+    #[serde(default)]
+    pub offloads: u64,
 }
 
 /// State of the VM in a VMM process.

@@ -9,7 +9,7 @@
 
 use std::os::fd::BorrowedFd;
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::error::{Error, Result};
@@ -140,6 +140,18 @@ impl RamView {
         let mut b = [0u8; 8];
         self.read(addr, &mut b)?;
         Ok(u64::from_le_bytes(b))
+    }
+
+    /// Host address of the `len` bytes of guest RAM at `addr` (checked like
+    /// every access), for an iovec the kernel reads or writes: a device's
+    /// tap I/O moves frames between the tap and its rings without a copy.
+    /// No Rust reference into guest RAM is made from it.
+    pub fn host_ptr(&self, addr: u64, len: usize) -> Result<*mut u8> {
+        if !self.contains(addr, len as u64) {
+            return Err(Error::OutOfRange { addr, len: len as u64 });
+        }
+        let s = self.mem.get_slice(GuestAddress(addr), len).map_err(|_| Error::OutOfRange { addr, len: len as u64 })?;
+        Ok(s.ptr_guard_mut().as_ptr())
     }
 
     /// Atomically load a u32 (acquire) shared with the guest.

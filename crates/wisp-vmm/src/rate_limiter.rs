@@ -30,12 +30,18 @@ impl Rate {
 /// One budget: `tokens` of `cap`, refilled at `rate` per second. What a
 /// refill earns beyond whole tokens is kept (`part`, in token-nanoseconds)
 /// for the next one, so a limiter asked often (every few ms, as the NIC's
-/// I/O thread does) refills at its rate and not slower.
+/// I/O thread does) refills at its rate and not slower. An operation
+/// costing more than the bucket holds (a super-frame of many segments)
+/// passes once the bucket holds as much as it can, and leaves a `debt`
+/// that the refills pay before anything else passes: over time the rate
+/// holds whatever the operations' sizes.
 #[derive(Clone, Copy, Debug)]
 struct Bucket {
     rate: u64,
     cap: u64,
     tokens: u64,
+    /// Spent beyond the tokens there were (then `tokens` is 0).
+    debt: u64,
     /// The part of a token earned so far, × 10⁹ (below 10⁹).
     part: u128,
 }
@@ -45,25 +51,35 @@ const NANOS: u128 = 1_000_000_000;
 impl Bucket {
     fn new(rate: u64, at_least: u64) -> Bucket {
         let cap = (rate as u128 * BURST.as_nanos() / NANOS).max(at_least as u128) as u64;
-        Bucket { rate, cap, tokens: cap, part: 0 }
+        Bucket { rate, cap, tokens: cap, debt: 0, part: 0 }
     }
 
     fn refill(&mut self, elapsed: Duration) {
         let earned = (self.rate as u128).saturating_mul(elapsed.as_nanos()).saturating_add(self.part);
-        let add = (earned / NANOS).min(u64::MAX as u128) as u64;
+        let mut add = (earned / NANOS).min(u64::MAX as u128) as u64;
+        let paid = add.min(self.debt);
+        self.debt -= paid;
+        add -= paid;
         self.tokens = self.tokens.saturating_add(add).min(self.cap);
         // A full bucket earns nothing more.
-        self.part = if self.tokens == self.cap { 0 } else { earned % NANOS };
+        self.part = if self.tokens == self.cap && self.debt == 0 { 0 } else { earned % NANOS };
     }
 
     /// How long until `n` tokens are there (zero if they are).
     fn wait_for(&self, n: u64) -> Duration {
-        let need = n.min(self.cap).saturating_sub(self.tokens);
+        let need = n.min(self.cap).saturating_add(self.debt).saturating_sub(self.tokens);
         if need == 0 {
             return Duration::ZERO;
         }
         let left = (need as u128 * NANOS).saturating_sub(self.part);
         Duration::from_nanos(left.div_ceil(self.rate as u128).min(u64::MAX as u128) as u64)
+    }
+
+    /// Spend `n` tokens (a debt for what is not there).
+    fn spend(&mut self, n: u64) {
+        let from_tokens = n.min(self.tokens);
+        self.tokens -= from_tokens;
+        self.debt = self.debt.saturating_add(n - from_tokens);
     }
 }
 
@@ -108,17 +124,37 @@ impl RateLimiter {
     /// [`RateLimiter::consume`] at time `now` (the I/O thread's clock, or
     /// a test's or fuzzer's).
     pub fn consume_at(&mut self, len: u64, now: Instant) -> bool {
+        self.consume_ops_at(len, 1, now)
+    }
+
+    /// Spend the budget of `ops` operations of `len` bytes together (a
+    /// super-frame of `ops` segments) if it is there: as much as each
+    /// bucket can hold, the rest paid later (see `Bucket`).
+    pub fn consume_ops_at(&mut self, len: u64, ops: u64, now: Instant) -> bool {
         self.refill(now);
-        if !self.ready_in_for(len).is_zero() {
+        if !self.ready_in_for(len, ops).is_zero() {
             return false;
         }
         if let Some(b) = &mut self.bytes {
-            b.tokens -= len.min(b.tokens);
+            b.spend(len);
         }
         if let Some(b) = &mut self.ops {
-            b.tokens -= 1;
+            b.spend(ops);
         }
         true
+    }
+
+    /// Spend the budget of `ops` operations of `len` bytes whether it is
+    /// there or not (an operation already done, e.g. a frame read from a
+    /// tap): what is missing is a debt the refills pay first.
+    pub fn charge_at(&mut self, len: u64, ops: u64, now: Instant) {
+        self.refill(now);
+        if let Some(b) = &mut self.bytes {
+            b.spend(len);
+        }
+        if let Some(b) = &mut self.ops {
+            b.spend(ops);
+        }
     }
 
     /// How long until an operation of `len` bytes would be allowed.
@@ -128,13 +164,19 @@ impl RateLimiter {
 
     /// [`RateLimiter::ready_in`] at time `now`.
     pub fn ready_in_at(&mut self, len: u64, now: Instant) -> Duration {
-        self.refill(now);
-        self.ready_in_for(len)
+        self.ready_in_ops_at(len, 1, now)
     }
 
-    fn ready_in_for(&self, len: u64) -> Duration {
+    /// How long until `ops` operations of `len` bytes together would be
+    /// allowed, at time `now`.
+    pub fn ready_in_ops_at(&mut self, len: u64, ops: u64, now: Instant) -> Duration {
+        self.refill(now);
+        self.ready_in_for(len, ops)
+    }
+
+    fn ready_in_for(&self, len: u64, ops: u64) -> Duration {
         let b = self.bytes.map_or(Duration::ZERO, |b| b.wait_for(len));
-        let o = self.ops.map_or(Duration::ZERO, |b| b.wait_for(1));
+        let o = self.ops.map_or(Duration::ZERO, |b| b.wait_for(ops));
         b.max(o)
     }
 }
@@ -204,6 +246,33 @@ mod tests {
         let mut r = RateLimiter::new_at(Rate { bytes: u64::MAX, ops: u64::MAX }, 1514, t);
         assert!(r.consume_at(u64::MAX, t - Duration::from_secs(1)));
         assert!(r.consume_at(1, t + Duration::from_secs(u32::MAX as u64 * 1000)));
+    }
+
+    #[test]
+    fn super_frames_pay_for_every_segment() {
+        // 20 frames/s (a burst of 2): a super-frame of 45 segments passes
+        // when the bucket is full, then nothing until its debt is paid.
+        let t = Instant::now();
+        let mut r = RateLimiter::new_at(Rate { bytes: 0, ops: 20 }, 1514, t);
+        assert!(r.consume_ops_at(65_000, 45, t));
+        assert!(!r.consume_at(64, t + Duration::from_millis(2000)), "43 segments of debt take 2.15 s");
+        assert_eq!(r.ready_in_at(64, t + Duration::from_millis(2000)), Duration::from_millis(200));
+        assert!(r.consume_at(64, t + Duration::from_millis(2200)));
+        // Over 10 s of super-frames asked every ms, segments hold the rate.
+        let mut r = RateLimiter::new_at(Rate { bytes: 0, ops: 20 }, 1514, t);
+        let segs: u64 = (0..=10_000).filter(|ms| r.consume_ops_at(65_000, 45, t + Duration::from_millis(*ms))).count() as u64 * 45;
+        assert!(segs <= 2 + 20 * 10 + 45, "{segs} segments in 10 s");
+        // Bytes alike: 64 KiB frames through 1 MB/s.
+        let mut r = RateLimiter::new_at(Rate { bytes: 1_000_000, ops: 0 }, 65_549, t);
+        let sent: u64 = (0..=10_000).filter(|ms| r.consume_at(65_549, t + Duration::from_millis(*ms))).count() as u64 * 65_549;
+        assert!(sent <= 10_000_000 + 2 * 65_549, "{sent} bytes in 10 s");
+        assert!(sent >= 9_000_000, "{sent} bytes in 10 s");
+        // Charged after the fact (a frame already read): a debt all the same.
+        let mut r = RateLimiter::new_at(Rate { bytes: 1000, ops: 10 }, 1514, t);
+        r.charge_at(65_549, 45, t);
+        assert!(!r.consume_at(1, t + Duration::from_secs(4)), "45 frames at 10/s");
+        assert!(!r.consume_at(1, t + Duration::from_secs(60)), "65,549 bytes at 1000/s");
+        assert!(r.consume_at(1, t + Duration::from_secs(65)));
     }
 
     #[test]

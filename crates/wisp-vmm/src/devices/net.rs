@@ -6,8 +6,9 @@
 //! guest it needs a kick (`monitor_idle`) — when there is nothing to do.
 //!
 //! The ring processing itself is [`ring`] (public, so that tests and the
-//! `nic_ring` fuzz target run it over a region in memory); this file is the
-//! device and its thread.
+//! `nic_ring` fuzz target run it over a region in memory), the tap I/O
+//! [`tapio`] (frames of up to 64 KiB with a virtio-net header, without
+//! copying payloads); this file is the device and its thread.
 //!
 //! The rings live in guest memory, so every index and length is untrusted:
 //! a guest that breaks the ring rules gets its NIC stopped (`stopped` set,
@@ -30,7 +31,7 @@ use std::thread::JoinHandle;
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags};
 use std::time::{Duration, Instant};
 
-use wisp_abi::net::{REGION_SIZE, SLOTS, SLOT_SIZE};
+use wisp_abi::net::{decode_geometry, encode_geometry, REGION_SIZE, SLOTS, SLOT_SIZE};
 use wisp_abi::DeviceKind;
 
 use super::{Device, DeviceState};
@@ -40,14 +41,18 @@ use crate::memory::RamView;
 use crate::rate_limiter::Rate;
 
 pub mod ring;
+pub mod tapio;
 
 use ring::NicRing;
 
 /// Configuration of a NIC, given at load time.
 #[derive(Debug)]
 pub struct NetConfig {
-    /// The tap device the NIC is connected to.
+    /// The tap device the NIC is connected to (opened with a virtio-net
+    /// header, [`crate::tap`]).
     pub tap: OwnedFd,
+    /// The offloads enabled on the tap (`wisp_abi::net::offload` bits).
+    pub offloads: u64,
     /// Guest MAC address.
     pub mac: [u8; 6],
     /// Guest IPv4 address and prefix length.
@@ -71,10 +76,14 @@ pub struct NetRate {
 /// Counters of a NIC.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NetStats {
-    /// Frames sent to the tap.
+    /// Frames sent to the tap (a super-frame counts once).
     pub tx_frames: u64,
-    /// Frames delivered to the guest.
+    /// Segments they stand for on the wire.
+    pub tx_segments: u64,
+    /// Frames delivered to the guest (a super-frame counts once).
     pub rx_frames: u64,
+    /// Segments they stand for.
+    pub rx_segments: u64,
     /// Frames dropped because the RX ring was full.
     pub rx_dropped: u64,
     /// Frames the guest sent under another identity (dropped).
@@ -111,6 +120,7 @@ pub struct Nic {
     mac: [u8; 6],
     ip: ([u8; 4], u8),
     gateway: Option<[u8; 4]>,
+    offloads: u64,
     rate: NetRate,
     state: NicState,
 }
@@ -142,7 +152,7 @@ struct Running {
 impl Nic {
     /// A NIC on `cfg.tap`.
     pub fn new(cfg: NetConfig) -> Nic {
-        Nic { mac: cfg.mac, ip: cfg.ip, gateway: cfg.gateway, rate: cfg.rate, state: NicState::Ready(cfg.tap) }
+        Nic { mac: cfg.mac, ip: cfg.ip, gateway: cfg.gateway, offloads: cfg.offloads, rate: cfg.rate, state: NicState::Ready(cfg.tap) }
     }
 
     /// Stop the I/O thread; returns its counters, or why it stopped the NIC.
@@ -169,8 +179,8 @@ impl Device for Nic {
             n::encode_mac(self.mac),
             n::encode_ipv4(self.ip.0, self.ip.1),
             self.gateway.map_or(0, |g| n::encode_ipv4(g, 0)),
-            SLOTS as u64,
-            SLOT_SIZE as u64,
+            encode_geometry(SLOTS, SLOT_SIZE),
+            self.offloads,
         ]
     }
 
@@ -183,7 +193,7 @@ impl Device for Nic {
         let tap_raw = std::os::fd::AsRawFd::as_raw_fd(&tap);
         // Where the rings stand before the guest first runs: from here on
         // the monitor's indices are its own.
-        let ring = NicRing::new(&ram, base, self.mac, self.ip.0, self.rate, Instant::now()).map_err(std::io::Error::other)?;
+        let ring = NicRing::new(&ram, base, self.mac, self.ip.0, self.offloads, self.rate, Instant::now()).map_err(std::io::Error::other)?;
         let tap = Arc::new(tap);
         let watchable = Arc::new(AtomicBool::new(true));
         let io = Io { ram, tap: tap.clone(), kick: kick.clone(), stop: stop.clone(), control, ring, watchable: watchable.clone() };
@@ -226,10 +236,16 @@ impl Device for Nic {
 
     fn restore_state(&mut self, state: &DeviceState) -> VmmResult<()> {
         use wisp_abi::net as n;
-        let [mac, ip, gw, slots, slot_size] = state.params;
-        if slots != SLOTS as u64 || slot_size != SLOT_SIZE as u64 {
+        let [mac, ip, gw, geometry, offloads] = state.params;
+        let (slots, slot_size) = decode_geometry(geometry);
+        if (slots, slot_size) != (SLOTS, SLOT_SIZE) {
             return Err(Error::Devices(format!("saved NIC has {slots} slots of {slot_size} bytes; this monitor's have {SLOTS} of {SLOT_SIZE}")));
         }
+        // The guest read its offloads at boot: this tap must have them all.
+        if offloads & !self.offloads != 0 {
+            return Err(Error::Devices(format!("saved NIC used offloads {offloads:#x}; this tap has {:#x}", self.offloads)));
+        }
+        self.offloads = offloads;
         self.mac = n::decode_mac(mac);
         self.ip = n::decode_ipv4(ip);
         self.gateway = (gw != 0).then(|| n::decode_ipv4(gw).0);
@@ -328,7 +344,9 @@ impl ReplyPoll {
 impl Io {
     fn run(mut self) -> Result<NetStats, String> {
         let r = self.serve();
-        if r.is_err() {
+        if let Err(why) = &r {
+            // offload: say why (the VM goes on; its console is the guest's).
+            eprintln!("wisp: NIC stopped: {why}");
             // Tell the guest its NIC is gone; wake it so it notices.
             let _ = self.ring.mark_stopped(&mut self.ram);
             self.control.post_events(wisp_abi::events::NET);
@@ -337,7 +355,6 @@ impl Io {
     }
 
     fn serve(&mut self) -> Result<(), String> {
-        let mut frame = vec![0u8; SLOT_SIZE as usize];
         let mut idle_rounds = 0u32;
         let mut reply = ReplyPoll::new();
         // Until when to watch for the guest's answer, once frames reached it.
@@ -347,12 +364,13 @@ impl Io {
             if self.stop.load(Ordering::Acquire) {
                 return Ok(());
             }
-            let tap = &self.tap;
-            // A full tap queue drops the frame, as a NIC would.
-            let tx = self.ring.drain_tx(&mut self.ram, Instant::now(), &mut frame, |f| {
-                let _ = rustix::io::write(&**tap, f);
+            let tap = self.tap.as_fd();
+            // offload: frames with a virtio-net header, payloads not copied
+            // (tapio.rs). A full tap queue drops the frame, as a NIC would.
+            let tx = self.ring.drain_tx(&mut self.ram, Instant::now(), |ram, f| {
+                let _ = tapio::send(tap, ram, f);
             })?;
-            let rx = self.ring.fill_rx(&mut self.ram, Instant::now(), &mut frame, |buf| rustix::io::read(&**tap, buf).ok())?;
+            let rx = self.ring.fill_rx(&mut self.ram, Instant::now(), |ram, space| tapio::recv(tap, ram, space))?;
             self.watchable.store(!rx.full && rx.wait.is_none(), Ordering::Release);
             if rx.got > 0 {
                 self.control.post_events(wisp_abi::events::NET);

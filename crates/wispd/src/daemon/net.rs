@@ -87,7 +87,9 @@ impl VmNet {
         let host = (2..=hosts).find(|h| !st.used.contains(h)).ok_or(NetError::SubnetFull)?;
         let ip = (base + host).to_be_bytes();
         let tap_name = format!("wt{}", &id[..id.len().min(12)]);
-        let tap = wisp_vmm::tap::open_tap(&tap_name).map_err(NetError::Tap)?;
+        // With a virtio-net header and offloads (checksum, TSO): set here,
+        // on the tap the VMM process gets, which may not make the ioctls.
+        let wisp_vmm::tap::Tap { fd: tap, offloads } = wisp_vmm::tap::open_tap(&tap_name).map_err(NetError::Tap)?;
         let index = if_index(&tap_name).ok_or_else(|| NetError::TapMissing(tap_name.clone()))?;
         let bridge = st.bridge;
         let nl = st.nl.as_mut().expect("opened above");
@@ -97,7 +99,7 @@ impl VmNet {
         nl.set_port_isolated(index, !peers).map_err(|source| NetError::Isolate { tap: tap_name.clone(), source })?;
         nl.set_link(index, None).map_err(|source| NetError::Up { tap: tap_name.clone(), source })?;
         st.used.insert(host);
-        Ok((NetSpec { ip, prefix, gateway: (base + 1).to_be_bytes(), mac: wisp_vmm::mac_for_ipv4(ip), rate: (0, 0) }, tap))
+        Ok((NetSpec { ip, prefix, gateway: (base + 1).to_be_bytes(), mac: wisp_vmm::mac_for_ipv4(ip), rate: (0, 0), offloads }, tap))
     }
 
     /// The host part of address `ip`, if it is one a VM can have: in the

@@ -15,6 +15,11 @@
 //! traffic flowing spins briefly on the RX ring, since parking and waking
 //! cost more than the next frame usually takes to arrive.
 //!
+//! Where the monitor's tap has them, frames carry up to 64 KiB: smoltcp's
+//! TCP segments leave coalesced into super-frames the host segments, the
+//! host's arrive coalesced, and checksums the host computes or checked are
+//! not computed or checked again (`nic.rs`, `tcp_gso`).
+//!
 //! The stack answers ARP and ICMP echo (ping) by itself.
 //!
 //! ```ignore
@@ -281,15 +286,15 @@ impl Stack {
             crate::println!("wisp: net: NIC {} ignored: unusable address configuration {:?}", index, cfg);
             return None;
         }
-        let base = match nic::check(dev) {
-            Ok(base) => base,
+        let (base, offloads) = match nic::check(dev) {
+            Ok(b) => b,
             Err(why) => {
                 crate::println!("wisp: net: NIC {} ignored: {}", index, why);
                 return None;
             }
         };
         let doorbell = dev.flags & wisp_abi::bootinfo::device_flags::DOORBELL != 0;
-        let mut nic = Nic::new(index, base, doorbell);
+        let mut nic = Nic::new(index, base, offloads, doorbell);
         let now = crate::time::monotonic_ns();
         let mut config = Config::new(HardwareAddress::Ethernet(EthernetAddress(cfg.mac)));
         // Initial TCP sequence numbers and ports should differ per boot.

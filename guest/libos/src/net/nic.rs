@@ -1,19 +1,42 @@
 //! The NIC driver: smoltcp's [`phy::Device`] over the two shared rings of
-//! a `DeviceKind::Net` device (see `wisp_abi::net` for the ABI).
+//! a `DeviceKind::Net` device (see `wisp_abi::net` for the ABI), with the
+//! host's offloads where the monitor's tap has them (`params[4]`):
+//!
+//! - TX: smoltcp builds each frame in a buffer of ours; TCP segments of a
+//!   poll that continue one another are coalesced per flow into
+//!   super-frames of up to 64 KiB (`tcp_gso`), copied into the ring when
+//!   done, which the host cuts back into them (gso TCPV4), and TCP
+//!   checksums are left to the host (smoltcp is told not to compute them;
+//!   the checksum field gets the pseudo-header sum and the descriptor
+//!   NEEDS_CSUM). Other frames go alone.
+//! - RX: the host's super-frames (up to [`MAX_CHAIN`] slots) go to smoltcp
+//!   whole — its ingress path takes a TCP segment longer than the MTU — and
+//!   straight from the ring unless the chain wraps around its end. smoltcp
+//!   checks no checksum; frames the host vouched for (NEEDS_CSUM: its own,
+//!   DATA_VALID: checked) are taken as they are, the others are checked
+//!   here (IPv4 header, TCP, UDP, ICMP) and dropped if wrong.
 //!
 //! The guest owns `rx_cons` and `tx_prod`, the monitor `rx_prod` and
-//! `tx_cons`. We read the monitor's index with acquire ordering (so the slot
-//! it published is visible) and publish ours with release ordering (so the
-//! slot we filled or finished with is). A TX token is only handed out while
-//! the TX ring has a free slot, so `tx_prod` never runs more than `SLOTS`
-//! ahead of `tx_cons`; every TX frame is 1..=`SLOT_SIZE` bytes.
+//! `tx_cons` (slot counts). We read the monitor's index with acquire
+//! ordering (so the slots it published are visible) and publish ours with
+//! release ordering (so the slots we filled or finished with are). A TX
+//! token is only handed out while the TX ring has room for the largest
+//! super-frame and one frame more, so `tx_prod` never runs more than
+//! `SLOTS` ahead of `tx_cons`; every TX frame is 1..=`MAX_GSO_FRAME` bytes.
 
+use alloc::boxed::Box;
 use alloc::vec;
+use alloc::vec::Vec;
 use core::sync::atomic::{fence, AtomicU32, Ordering};
 
-use smoltcp::phy::{self, DeviceCapabilities, Medium};
+use smoltcp::phy::{self, Checksum, ChecksumCapabilities, DeviceCapabilities, Medium};
 use smoltcp::time::Instant;
-use wisp_abi::net::{hdr, MAX_FRAME, REGION_SIZE, RX_BUF_OFF, RX_DESC_OFF, SLOTS, SLOT_SIZE, TX_BUF_OFF, TX_DESC_OFF};
+use smoltcp::wire::{EthernetFrame, EthernetProtocol, Icmpv4Packet, IpProtocol, Ipv4Packet, TcpPacket, UdpPacket};
+use tcp_gso::{Coalescer, OPEN_MAX};
+use wisp_abi::net::{
+    decode_geometry, hdr, offload, slots_for, vnet_flags, SlotDesc, VnetHdr, DESC_SIZE, MAX_CHAIN, MAX_FRAME, REGION_SIZE,
+    RX_BUF_OFF, RX_DESC_OFF, SLOTS, SLOT_SIZE, TX_BUF_OFF, TX_DESC_OFF,
+};
 use wisp_abi::DeviceDesc;
 
 /// The header field at offset `off` of the NIC region at `base`.
@@ -28,23 +51,32 @@ fn field(base: u64, off: u64) -> &'static AtomicU32 {
     unsafe { &*((base + off) as *const AtomicU32) }
 }
 
-/// Guest-physical (= virtual) address of a slot's descriptor `len` field.
-fn desc_addr(base: u64, desc_off: u64, slot: u32) -> u64 {
-    base + desc_off + slot as u64 * 8
+/// Guest-physical (= virtual) address of a slot's descriptor.
+fn desc_addr(base: u64, desc_off: u64, index: u32) -> u64 {
+    base + desc_off + (index % SLOTS) as u64 * DESC_SIZE
 }
 
-/// Guest-physical (= virtual) address of a slot's frame buffer.
-fn buf_addr(base: u64, buf_off: u64, slot: u32) -> u64 {
-    base + buf_off + slot as u64 * SLOT_SIZE as u64
+/// The two pieces (address, length) of `len` bytes from byte `offset` of
+/// the chain that starts at ring index `index` of the buffers at
+/// `buf_off` (a chain wraps after slot SLOTS − 1).
+fn pieces(base: u64, buf_off: u64, index: u32, offset: usize, len: usize) -> [(u64, usize); 2] {
+    let slot = index % SLOTS;
+    let bufs = base + buf_off;
+    let to_end = (SLOTS - slot) as usize * SLOT_SIZE as usize;
+    if offset >= to_end {
+        return [(bufs + (offset - to_end) as u64, len), (bufs, 0)];
+    }
+    let first = len.min(to_end - offset);
+    [(bufs + slot as u64 * SLOT_SIZE as u64 + offset as u64, first), (bufs, len - first)]
 }
 
 /// Check a device-table entry against the ABI this library OS was built
-/// with; `Ok(base)` if the rings can be used.
-pub(crate) fn check(dev: &DeviceDesc) -> Result<u64, &'static str> {
+/// with; `Ok((base, offloads))` if the rings can be used.
+pub(crate) fn check(dev: &DeviceDesc) -> Result<(u64, u64), &'static str> {
     let info = crate::env::boot_info();
     let base = dev.base;
     let end = base.checked_add(REGION_SIZE).ok_or("region wraps around")?;
-    if dev.params[3] != SLOTS as u64 || dev.params[4] != SLOT_SIZE as u64 {
+    if decode_geometry(dev.params[3]) != (SLOTS, SLOT_SIZE) {
         return Err("ring geometry differs from this library OS's ABI");
     }
     if dev.size < REGION_SIZE {
@@ -61,7 +93,38 @@ pub(crate) fn check(dev: &DeviceDesc) -> Result<u64, &'static str> {
     {
         return Err("region overlaps the guest's own memory");
     }
-    Ok(base)
+    // Offloads this library OS knows; others are not used, nor TSO
+    // without the checksum offload (a super-frame asks for its checksum).
+    let mut offloads = dev.params[4] & (offload::CSUM | offload::TSO4);
+    if offloads & offload::CSUM == 0 {
+        offloads = 0;
+    }
+    Ok((base, offloads))
+}
+
+/// Whether the checksums of `frame` that the host did not vouch for hold:
+/// the IPv4 header's and the TCP, UDP or ICMP one (what smoltcp, told not
+/// to check, would have). Frames that are no such datagram are left to
+/// smoltcp.
+fn checksums_hold(frame: &[u8]) -> bool {
+    let Ok(eth) = EthernetFrame::new_checked(frame) else { return true };
+    if eth.ethertype() != EthernetProtocol::Ipv4 {
+        return true;
+    }
+    let Ok(ip) = Ipv4Packet::new_checked(eth.payload()) else { return true };
+    if !ip.verify_checksum() {
+        return false;
+    }
+    if ip.more_frags() || ip.frag_offset() != 0 {
+        return true;
+    }
+    let (src, dst) = (ip.src_addr().into(), ip.dst_addr().into());
+    match ip.next_header() {
+        IpProtocol::Tcp => TcpPacket::new_checked(ip.payload()).map_or(true, |p| p.verify_checksum(&src, &dst)),
+        IpProtocol::Udp => UdpPacket::new_checked(ip.payload()).map_or(true, |p| p.verify_checksum(&src, &dst)),
+        IpProtocol::Icmp => Icmpv4Packet::new_checked(ip.payload()).map_or(true, |p| p.verify_checksum()),
+        _ => true,
+    }
 }
 
 /// The NIC's rings.
@@ -83,39 +146,98 @@ struct Rx {
     cons: u32,
     /// Frames taken since the last `take_activity`.
     frames: u32,
+    /// Where a chain that wraps around the ring's end is put together.
+    bounce: Vec<u8>,
 }
 
 struct Tx {
-    base: u64,
-    /// Our copy of `tx_prod` (we are its only writer).
-    prod: u32,
-    /// Frames queued since the last `flush`.
-    queued: u32,
-    /// Frames queued since the last `take_activity`.
+    ring: TxRing,
+    /// Frames built since the last `take_activity`.
     frames: u32,
     /// A TX token was refused because the ring was full.
     full: bool,
+    /// The tap's offloads we use.
+    offloads: u64,
+    /// Segments of this poll, coalesced.
+    gso: Coalescer,
+    /// Where smoltcp builds a frame.
+    scratch: Box<[u8]>,
+}
+
+/// The TX ring as the guest fills it.
+struct TxRing {
+    base: u64,
+    /// Our copy of `tx_prod` (we are its only writer).
+    prod: u32,
+    /// Frames published since the last `flush`.
+    queued: u32,
 }
 
 impl Rx {
-    /// Frames waiting in the RX ring.
+    /// Slots waiting in the RX ring.
     fn available(&self) -> u32 {
         field(self.base, hdr::RX_PROD).load(Ordering::Acquire).wrapping_sub(self.cons)
     }
 }
 
-impl Tx {
-    /// Whether the TX ring has a free slot.
+/// Free TX slots a token needs: every open super-frame may go out at its
+/// largest before the new frame (`Coalescer::push`).
+const TX_ROOM: u32 = OPEN_MAX as u32 * MAX_CHAIN + 1;
+
+impl TxRing {
+    /// Whether the TX ring has room for what one frame may make go out.
     fn has_room(&self) -> bool {
         let cons = field(self.base, hdr::TX_CONS).load(Ordering::Acquire);
-        self.prod.wrapping_sub(cons) < SLOTS
+        SLOTS - self.prod.wrapping_sub(cons).min(SLOTS) >= TX_ROOM
+    }
+
+    /// Copy `frame` into the chain at `prod` and publish it with header
+    /// `vnet`.
+    fn publish(&mut self, frame: &[u8], vnet: VnetHdr) {
+        let mut from = 0;
+        for (addr, len) in pieces(self.base, TX_BUF_OFF, self.prod, 0, frame.len()) {
+            // SAFETY: the chain at `prod` is not published: the monitor
+            // finished with these slots (`has_room` saw TX_ROOM slots
+            // free with an acquire load of `tx_cons` before the token that
+            // led here, and at most that many are published per token) and
+            // reads them again only after we publish them below. `pieces`
+            // keeps every byte inside the TX buffers of the validated
+            // region (a frame is at most MAX_CHAIN < SLOTS slots).
+            unsafe { core::ptr::copy_nonoverlapping(frame[from..].as_ptr(), addr as *mut u8, len) };
+            from += len;
+        }
+        let d = desc_addr(self.base, TX_DESC_OFF, self.prod);
+        let desc = SlotDesc { len: frame.len() as u32, vnet, reserved: 0 };
+        // SAFETY: this slot's descriptor, owned by us as above; it is
+        // 16-byte aligned inside the validated region.
+        unsafe { core::ptr::write_volatile(d as *mut SlotDesc, desc) };
+        self.prod = self.prod.wrapping_add(slots_for(frame.len() as u32));
+        field(self.base, hdr::TX_PROD).store(self.prod, Ordering::Release);
+        self.queued += 1;
+    }
+}
+
+impl Tx {
+    /// Put the `len`-byte frame smoltcp built in `scratch` on the ring:
+    /// coalesced with the TSO offload, else alone (its TCP checksum left to
+    /// the host with the checksum offload).
+    fn push(&mut self, len: usize) {
+        let frame = &mut self.scratch[..len];
+        let ring = &mut self.ring;
+        if self.offloads & offload::TSO4 != 0 {
+            self.gso.push(frame, |f, v| ring.publish(f, v));
+        } else {
+            let vnet = if self.offloads & offload::CSUM != 0 { tcp_gso::single(frame) } else { VnetHdr::default() };
+            ring.publish(frame, vnet);
+        }
     }
 }
 
 impl Nic {
     /// The NIC described by device-table entry `index` (already `check`ed,
-    /// `base` being its region).
-    pub(crate) fn new(index: u32, base: u64, doorbell: bool) -> Nic {
+    /// `base` being its region, `offloads` what it may use, `doorbell`
+    /// whether the monitor serves its doorbell).
+    pub(crate) fn new(index: u32, base: u64, offloads: u64, doorbell: bool) -> Nic {
         // The indices may not start at zero (the monitor owns their initial
         // values): continue from wherever they are.
         let rx_cons = field(base, hdr::RX_CONS).load(Ordering::Acquire);
@@ -123,8 +245,15 @@ impl Nic {
         Nic {
             index,
             doorbell,
-            rx: Rx { base, cons: rx_cons, frames: 0 },
-            tx: Tx { base, prod: tx_prod, queued: 0, frames: 0, full: false },
+            rx: Rx { base, cons: rx_cons, frames: 0, bounce: Vec::new() },
+            tx: Tx {
+                ring: TxRing { base, prod: tx_prod, queued: 0 },
+                frames: 0,
+                full: false,
+                offloads,
+                gso: Coalescer::default(),
+                scratch: vec![0u8; MAX_FRAME as usize].into_boxed_slice(),
+            },
             dead: false,
         }
     }
@@ -146,7 +275,7 @@ impl Nic {
             return false;
         }
         let rx = self.rx.available() != 0;
-        (rx || self.tx.full) && self.tx.has_room()
+        (rx || self.tx.full) && self.tx.ring.has_room()
     }
 
     /// Start a poll: forget that the TX ring was full.
@@ -164,10 +293,16 @@ impl Nic {
         (core::mem::take(&mut self.rx.frames), core::mem::take(&mut self.tx.frames))
     }
 
-    /// After a poll: if frames were queued and the monitor's I/O thread
-    /// sleeps, kick it — once per batch, never per frame.
+    /// After a poll: publish the open super-frame; if frames were queued
+    /// and the monitor's I/O thread sleeps, kick it — once per batch,
+    /// never per frame.
     pub(crate) fn flush(&mut self) {
-        if core::mem::take(&mut self.tx.queued) == 0 || self.dead {
+        if self.dead {
+            return;
+        }
+        let ring = &mut self.tx.ring;
+        self.tx.gso.flush(|f, v| ring.publish(f, v));
+        if core::mem::take(&mut self.tx.ring.queued) == 0 {
             return;
         }
         // Our `tx_prod` store must be visible before we read `monitor_idle`
@@ -176,7 +311,7 @@ impl Nic {
         // Release/acquire does not order a store before a later load; a
         // full fence does.
         fence(Ordering::SeqCst);
-        if field(self.tx.base, hdr::MONITOR_IDLE).load(Ordering::Acquire) == 1 {
+        if field(self.tx.ring.base, hdr::MONITOR_IDLE).load(Ordering::Acquire) == 1 {
             if self.doorbell {
                 crate::hypercall::doorbell(self.index);
             } else {
@@ -196,7 +331,7 @@ impl phy::Device for Nic {
         }
         // Processing a frame may need a reply (ARP, ICMP echo, TCP ACK/RST):
         // leave RX frames waiting until there is a TX slot for it.
-        if !self.tx.has_room() {
+        if !self.tx.ring.has_room() {
             self.tx.full = true;
             return None;
         }
@@ -207,7 +342,7 @@ impl phy::Device for Nic {
         if self.dead {
             return None;
         }
-        if !self.tx.has_room() {
+        if !self.tx.ring.has_room() {
             self.tx.full = true;
             return None;
         }
@@ -219,11 +354,19 @@ impl phy::Device for Nic {
         caps.medium = Medium::Ethernet;
         caps.max_transmission_unit = MAX_FRAME as usize;
         caps.max_burst_size = None;
+        // Computed on TX (TCP's by the host where it can), never checked
+        // on RX: `checksums_hold` does what the host did not vouch for.
+        let mut sums = ChecksumCapabilities::default();
+        sums.ipv4 = Checksum::Tx;
+        sums.udp = Checksum::Tx;
+        sums.icmpv4 = Checksum::Tx;
+        sums.tcp = if self.tx.offloads & offload::CSUM != 0 { Checksum::None } else { Checksum::Tx };
+        caps.checksum = sums;
         caps
     }
 }
 
-/// One received frame: the slot at `rx_cons`.
+/// One received frame: the chain at `rx_cons`.
 pub(crate) struct RxToken<'a> {
     rx: &'a mut Rx,
 }
@@ -231,30 +374,48 @@ pub(crate) struct RxToken<'a> {
 impl phy::RxToken for RxToken<'_> {
     fn consume<R, F: FnOnce(&[u8]) -> R>(self, f: F) -> R {
         let rx = self.rx;
-        let slot = rx.cons % SLOTS;
-        let mut frame = [0u8; SLOT_SIZE as usize];
+        let d = desc_addr(rx.base, RX_DESC_OFF, rx.cons);
         // SAFETY: `receive` saw `rx_prod` (acquire) past `rx_cons`, so the
-        // monitor has finished writing this slot's descriptor and buffer and
-        // will not touch them again until we advance `rx_cons`. Both lie
-        // inside the region `check` validated (slot < SLOTS); the descriptor
-        // field is 4-byte aligned. Volatile/raw copies: no reference into
-        // the shared memory is created.
-        let len = unsafe { core::ptr::read_volatile(desc_addr(rx.base, RX_DESC_OFF, slot) as *const u32) };
+        // monitor has finished writing this chain's descriptor and buffers
+        // and will not touch them again until we advance `rx_cons`. The
+        // descriptor lies inside the region `check` validated, 16-byte
+        // aligned; a volatile copy, no reference into shared memory.
+        let desc = unsafe { core::ptr::read_volatile(d as *const SlotDesc) };
+        let avail = rx.available();
+        let mut len = desc.len as usize;
+        let slots = slots_for(desc.len);
         // A length the ABI does not allow is a monitor bug: drop the frame.
-        let len = if len <= SLOT_SIZE { len as usize } else { 0 };
-        // SAFETY: as above; `frame` holds SLOT_SIZE ≥ len bytes.
-        unsafe {
-            core::ptr::copy_nonoverlapping(buf_addr(rx.base, RX_BUF_OFF, slot) as *const u8, frame.as_mut_ptr(), len)
+        if len == 0 || slots > MAX_CHAIN || slots > avail {
+            len = 0;
+        }
+        let [(a0, l0), (a1, l1)] = pieces(rx.base, RX_BUF_OFF, rx.cons, 0, len);
+        let frame: &[u8] = if l1 == 0 {
+            // SAFETY: as above, the chain's `len` bytes are contiguous
+            // (no wrap) inside the RX buffers; the monitor leaves them
+            // alone until we publish `rx_cons` below, after `f` is done.
+            unsafe { core::slice::from_raw_parts(a0 as *const u8, l0) }
+        } else {
+            rx.bounce.resize(len, 0);
+            // SAFETY: as above; the two pieces lie inside the RX buffers
+            // and `bounce` holds `l0 + l1` bytes.
+            unsafe {
+                core::ptr::copy_nonoverlapping(a0 as *const u8, rx.bounce.as_mut_ptr(), l0);
+                core::ptr::copy_nonoverlapping(a1 as *const u8, rx.bounce.as_mut_ptr().add(l0), l1);
+            }
+            &rx.bounce[..len]
         };
-        // The slot is copied out: hand it back before processing the frame.
-        rx.cons = rx.cons.wrapping_add(1);
+        let vouched = desc.vnet.flags & (vnet_flags::NEEDS_CSUM | vnet_flags::DATA_VALID) != 0;
+        let r = f(if vouched || checksums_hold(frame) { frame } else { &[] });
+        // Done with the chain: hand it back.
+        rx.cons = rx.cons.wrapping_add(slots.max(1).min(avail));
         field(rx.base, hdr::RX_CONS).store(rx.cons, Ordering::Release);
         rx.frames += 1;
-        f(&frame[..len])
+        r
     }
 }
 
-/// Room for one frame: the slot at `tx_prod`.
+/// Room for one frame: smoltcp builds it in our buffer, then it goes to
+/// the ring (`Tx::push`).
 pub(crate) struct TxToken<'a> {
     tx: &'a mut Tx,
 }
@@ -262,30 +423,14 @@ pub(crate) struct TxToken<'a> {
 impl phy::TxToken for TxToken<'_> {
     fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
         let tx = self.tx;
-        if len == 0 || len > SLOT_SIZE as usize {
+        if len == 0 || len > MAX_FRAME as usize {
             // Cannot go on the ring (smoltcp never asks for this with our
             // MTU): build it and drop it, as a NIC drops an oversized frame.
             let mut scratch = vec![0u8; len];
             return f(&mut scratch);
         }
-        let slot = tx.prod % SLOTS;
-        let buf = buf_addr(tx.base, TX_BUF_OFF, slot) as *mut u8;
-        // SAFETY: the token exists only if `tx_prod - tx_cons < SLOTS`
-        // (checked with an acquire load of `tx_cons`), so the monitor has
-        // finished with this slot and reads it again only after we publish
-        // it below. The buffer lies inside the validated region and is
-        // SLOT_SIZE ≥ len bytes; nothing else references it meanwhile.
-        let r = f(unsafe { core::slice::from_raw_parts_mut(buf, len) });
-        // SAFETY: this slot's descriptor, owned by us as above; the `len`
-        // field is 4-byte aligned, `flags` follows it.
-        unsafe {
-            let d = desc_addr(tx.base, TX_DESC_OFF, slot);
-            core::ptr::write_volatile(d as *mut u32, len as u32);
-            core::ptr::write_volatile((d + 4) as *mut u32, 0);
-        }
-        tx.prod = tx.prod.wrapping_add(1);
-        field(tx.base, hdr::TX_PROD).store(tx.prod, Ordering::Release);
-        tx.queued += 1;
+        let r = f(&mut tx.scratch[..len]);
+        tx.push(len);
         tx.frames += 1;
         r
     }

@@ -13,6 +13,8 @@ use core::time::Duration;
 use alloc::vec::Vec;
 use wisp::abi::{args, Hypercall};
 
+mod net_offload;
+
 wisp::main!(main, wisp::Manifest::new().features(wisp::features::ALL).nic(false));
 
 fn main() -> i32 {
@@ -116,6 +118,8 @@ fn main() -> i32 {
         "timers" => return timers(),
         "net-corrupt" => return net_corrupt(),
         "net-spoof" => return net_spoof(),
+        "net-offload" => return net_offload::bad_frame(wisp::env::arg(2).unwrap_or("")),
+        "net-rx-stall" => return net_offload::rx_stall(wisp::env::arg(2).and_then(|s| s.parse().ok()).unwrap_or(5)),
         "clock" => {
             let (mono, wall) = wisp::hypercall::clock();
             let mine = wisp::time::wall_ns();
@@ -176,7 +180,7 @@ fn timers() -> i32 {
 /// none of the others.
 fn net_spoof() -> i32 {
     use core::sync::atomic::{AtomicU32, Ordering};
-    use wisp::abi::net::{decode_ipv4, decode_mac, hdr, SLOTS, SLOT_SIZE, TX_BUF_OFF, TX_DESC_OFF};
+    use wisp::abi::net::{decode_ipv4, decode_mac, hdr, SlotDesc, DESC_SIZE, SLOTS, SLOT_SIZE, TX_BUF_OFF, TX_DESC_OFF};
     let info = wisp::env::boot_info();
     let Some((idx, dev)) =
         info.devices[..info.device_count as usize].iter().enumerate().find(|(_, d)| d.kind == wisp::abi::DeviceKind::Net as u32)
@@ -196,7 +200,8 @@ fn net_spoof() -> i32 {
         // publishes it by bumping TX_PROD below; the frame fits a slot.
         unsafe {
             core::ptr::copy_nonoverlapping(frame.as_ptr(), (dev.base + TX_BUF_OFF + slot * SLOT_SIZE as u64) as *mut u8, frame.len());
-            core::ptr::write_volatile((dev.base + TX_DESC_OFF + slot * 8) as *mut u32, frame.len() as u32);
+            let d = SlotDesc { len: frame.len() as u32, ..Default::default() };
+            core::ptr::write_volatile((dev.base + TX_DESC_OFF + slot * DESC_SIZE) as *mut SlotDesc, d);
         }
         field(hdr::TX_PROD).store(prod.wrapping_add(1), Ordering::Release);
         wisp::hypercall::notify(idx as u32);
