@@ -135,12 +135,7 @@ impl RateLimiter {
         if !self.ready_in_for(len, ops).is_zero() {
             return false;
         }
-        if let Some(b) = &mut self.bytes {
-            b.spend(len);
-        }
-        if let Some(b) = &mut self.ops {
-            b.spend(ops);
-        }
+        self.spend(len, ops);
         true
     }
 
@@ -149,6 +144,12 @@ impl RateLimiter {
     /// tap): what is missing is a debt the refills pay first.
     pub fn charge_at(&mut self, len: u64, ops: u64, now: Instant) {
         self.refill(now);
+        self.spend(len, ops);
+    }
+
+    /// Take `len` bytes and `ops` operations from the buckets (a bucket
+    /// that runs short carries a debt).
+    fn spend(&mut self, len: u64, ops: u64) {
         if let Some(b) = &mut self.bytes {
             b.spend(len);
         }
