@@ -365,17 +365,21 @@ impl Io {
                 return Ok(());
             }
             let tap = self.tap.as_fd();
+            // One clock reading a round: budgets, reply polling, preemption.
+            let now = Instant::now();
             // offload: frames with a virtio-net header, payloads not copied
             // (tapio.rs). A full tap queue drops the frame, as a NIC would.
-            let tx = self.ring.drain_tx(&mut self.ram, Instant::now(), |ram, f| {
+            let tx = self.ring.drain_tx(&mut self.ram, now, |ram, f| {
                 let _ = tapio::send(tap, ram, f);
             })?;
-            let rx = self.ring.fill_rx(&mut self.ram, Instant::now(), |ram, space| tapio::recv(tap, ram, space))?;
-            self.watchable.store(!rx.full && rx.wait.is_none(), Ordering::Release);
+            let rx = self.ring.fill_rx(&mut self.ram, now, |ram, space| tapio::recv(tap, ram, space))?;
+            // Frames the tap may hold for us: not while they stay there for
+            // want of RX room or budget.
+            let tap_ready = !rx.full && rx.wait.is_none();
+            self.watchable.store(tap_ready, Ordering::Release);
             if rx.got > 0 {
                 self.control.post_events(wisp_abi::events::NET);
             }
-            let now = Instant::now();
             if now.duration_since(last) > ReplyPoll::PREEMPTED {
                 reply.preempted();
             }
@@ -401,7 +405,7 @@ impl Io {
             if let Some(wait) = tx.wait {
                 // Frames wait for the TX budget: sleep until it is there
                 // (the guest need not kick meanwhile: monitor_idle stays 0).
-                self.sleep(!rx.full && rx.wait.is_none(), Some(rx.wait.map_or(wait, |r| r.min(wait))));
+                self.sleep(tap_ready, Some(rx.wait.map_or(wait, |r| r.min(wait))));
                 last = Instant::now();
                 continue;
             }
@@ -423,7 +427,7 @@ impl Io {
                 // soon instead of spinning on it; with the RX budget spent,
                 // when it is there again.
                 let timeout = if rx.full { Some(Duration::from_millis(1)) } else { rx.wait };
-                self.sleep(!rx.full && rx.wait.is_none(), timeout);
+                self.sleep(tap_ready, timeout);
             }
             self.ring.set_idle(&mut self.ram, false)?;
             idle_rounds = 0;
