@@ -126,13 +126,19 @@ impl Vm {
         if pending != 0 || !self.control.set_parked(true) {
             return pending;
         }
-        if self.family.has_relatives() {
-            // Members of a family answer each other quickly: watch the bell
-            // briefly before sleeping, as blocking family calls do.
-            crate::sys::spin_on(&bell.seq, seq, wait);
-            crate::sys::futex_wait(&bell.seq, seq, Some(wait));
-        } else {
-            self.park_on_fds(wait);
+        match self.control.idle_fd() {
+            Some(idle) if !self.family.has_relatives() => self.park_on_fds(idle, wait),
+            _ => {
+                if self.family.has_relatives() {
+                    // Members of a family answer each other quickly: watch
+                    // the bell briefly before sleeping, as blocking family
+                    // calls do.
+                    crate::sys::spin_on(&bell.seq, seq, wait);
+                }
+                // The sequence read before the events were checked: a ring
+                // since then ends the wait at once.
+                crate::sys::futex_wait(&bell.seq, seq, Some(wait));
+            }
         }
         self.control.set_parked(false);
         self.control.take_events()
@@ -144,13 +150,8 @@ impl Vm {
     /// NIC's I/O thread together, and the guest is on its way back while
     /// the frame is still being put in its ring, instead of one thread
     /// waking the other in turn.
-    fn park_on_fds(&self, wait: Duration) {
+    fn park_on_fds(&self, idle: std::os::fd::BorrowedFd<'_>, wait: Duration) {
         use rustix::event::{poll, PollFd, PollFlags};
-        let Some(idle) = self.control.idle_fd() else {
-            let bell = self.control.bell();
-            crate::sys::futex_wait(&bell.seq, bell.seq.load(Ordering::Acquire), Some(wait));
-            return;
-        };
         let mut fds = vec![PollFd::new(&idle, PollFlags::IN)];
         let sources = self.devices.wake_sources();
         fds.extend(sources.iter().map(|f| PollFd::new(f, PollFlags::IN)));
