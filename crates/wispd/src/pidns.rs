@@ -5,7 +5,7 @@
 //! (other VMM processes, under other user ids, so not even those), never
 //! the daemon or any other host process; a pid it reports (in a fork note)
 //! is a number of that namespace, which the daemon translates
-//! ([`ns_pid`]) and never trusts.
+//! (`crate::procfs::ns_pid`) and never trusts.
 //!
 //! Why one namespace for all VMs and not one per VM: a namespace ends (and
 //! every process in it is killed) when its init process ends. A VM's own
@@ -120,7 +120,7 @@ fn reopen(h: &Holder) -> Option<PidNs> {
         return None;
     }
     let status = fs::read_to_string(format!("/proc/{}/status", h.pid)).ok()?;
-    let ids = |key: &str| status.lines().find_map(|l| l.strip_prefix(key)).map(|v| v.split_whitespace().all(|u| u == HOLDER_UID.to_string()));
+    let ids = |key: &str| status_ids(&status, key).map(|ids| ids.iter().all(|&u| u == HOLDER_UID));
     let cmdline = fs::read(format!("/proc/{}/cmdline", h.pid)).ok()?;
     if ids("Uid:") != Some(true) || ids("Gid:") != Some(true) || !cmdline.split(|&b| b == 0).any(|a| a == b"__pidns") || ns_pid(h.pid) != Some(1) {
         return None;
@@ -130,7 +130,7 @@ fn reopen(h: &Holder) -> Option<PidNs> {
     (crate::procfs::proc_start(h.pid)? == h.start).then_some(PidNs { ns, pid: h.pid })
 }
 
-pub use crate::procfs::ns_pid;
+use crate::procfs::{ns_pid, status_ids};
 
 
 /// The holder's life: drop to [`HOLDER_UID`] and reap whatever is

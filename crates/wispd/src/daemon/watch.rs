@@ -45,7 +45,7 @@ impl Daemon {
         }
         let gone = pidfd.is_none() && info.exit.is_none();
         let id = info.id.clone();
-        let ns_pid = pidfd.as_ref().and_then(|_| crate::pidns::ns_pid(info.pid));
+        let ns_pid = pidfd.as_ref().and_then(|_| crate::procfs::ns_pid(info.pid));
         let mut e = Entry::new(info, dir, child, pidfd);
         e.ns_pid = ns_pid;
         self.vms.lock().insert(e);
