@@ -142,6 +142,8 @@ pub mod hdr {
     pub const MONITOR_IDLE: u64 = 16;
     /// Monitor: non-zero once the NIC has been stopped (the guest broke the rules).
     pub const STOPPED: u64 = 20;
+    /// Monitor: 1 while its I/O thread waits for room in the RX ring.
+    pub const RX_WAIT: u64 = 24;
 }
 
 /// Bytes of a descriptor.
@@ -176,6 +178,12 @@ pub struct NetHeader {
     pub monitor_idle: u32,
     /// Non-zero once the monitor stopped this NIC.
     pub stopped: u32,
+    /// 1 while the monitor's I/O thread waits for room in the RX ring
+    /// (it stopped reading the tap): a guest that frees RX slots while it
+    /// is 1 kicks the NIC, as for TX. Optional: a guest that does not is
+    /// served by the monitor's own re-check (every millisecond) — an
+    /// addition older guests may ignore, so no ABI bump.
+    pub rx_wait: u32,
 }
 
 /// A virtio-net header (`struct virtio_net_hdr`, little-endian): how a
@@ -257,7 +265,7 @@ mod tests {
         assert_eq!(REGION_SIZE % 0x1000, 0);
         assert!(SLOTS.is_power_of_two());
         assert!(MAX_FRAME <= SLOT_SIZE);
-        assert_eq!(core::mem::size_of::<NetHeader>() as u64, hdr::STOPPED + 4);
+        assert_eq!(core::mem::size_of::<NetHeader>() as u64, hdr::RX_WAIT + 4);
         assert_eq!(core::mem::size_of::<VnetHdr>(), VNET_HDR_SIZE);
         assert_eq!(core::mem::size_of::<SlotDesc>() as u64, DESC_SIZE);
         // A region of about 2 MiB; a ring holds this many largest frames.

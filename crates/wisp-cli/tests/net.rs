@@ -128,6 +128,44 @@ print("ok")
     stop(vm);
 }
 
+/// A burst of datagrams smaller than the NIC's queues (the tap's 500, the
+/// RX ring's 512 slots) reaches the app whole: the network stack takes
+/// frames from the ring in batches the socket's queue can hold, instead of
+/// handing a whole ring to a queue of a few dozen and dropping the rest
+/// (the cause of iperf3's 84 % loss at 64-byte datagrams).
+#[test]
+fn a_burst_of_small_datagrams_is_not_dropped() {
+    let ns = NetNs::new("burst");
+    ns.add_tap("wtap0", "10.77.9.1/24");
+    let mut vm = ns.boot("wtap0", "10.77.9.2/24", "echo", &[]);
+    let _out = wait_line(&mut vm, "echo: listening on 10.77.9.2:7");
+    let client = r#"
+import socket, time
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.setsockopt(socket.SOL_SOCKET, 33, 8 << 20)   # SO_RCVBUFFORCE: keep every echo
+u.settimeout(5)
+u.sendto(b"warm-up", ("10.77.9.2", 7))         # ARP both ways
+assert u.recvfrom(2048)[0] == b"warm-up"
+N = 400
+for i in range(N):
+    u.sendto(b"%06d" % i + bytes(58), ("10.77.9.2", 7))
+got = set()
+deadline = time.monotonic() + 10
+while len(got) < N and time.monotonic() < deadline:
+    try:
+        d, _ = u.recvfrom(2048)
+    except socket.timeout:
+        break
+    got.add(int(d[:6]))
+print(len(got))
+"#;
+    let out = ns.cmd(&["python3", "-c", client]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text} {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(text.trim(), "400", "datagrams echoed of a burst of 400");
+    stop(vm);
+}
+
 /// One run of the real iperf3 client (Debian's package) against the VM:
 /// its JSON report (`-J`), and the bytes that crossed the tap meanwhile,
 /// counted by the host's kernel (an account independent of both ends).

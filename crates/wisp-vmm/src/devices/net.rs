@@ -421,13 +421,23 @@ impl Io {
             // index (store→load ordering; the guest has the matching fence),
             // or a kick could be lost.
             std::sync::atomic::fence(Ordering::SeqCst);
+            // With a full RX ring, the guest kicks us when it frees slots
+            // (`rx_wait`; same store, fence, re-check as for TX).
+            if rx.full {
+                self.ring.set_rx_wait(&mut self.ram, true)?;
+                std::sync::atomic::fence(Ordering::SeqCst);
+            }
+            let room = rx.full && self.ring.rx_room(&self.ram)?;
             let pending = self.ring.tx_pending(&self.ram)?;
-            if pending == 0 {
-                // With a full RX ring the tap stays readable: check back
-                // soon instead of spinning on it; with the RX budget spent,
-                // when it is there again.
+            if pending == 0 && !room {
+                // With a full RX ring the tap stays readable: do not watch
+                // it; a guest that does not kick is checked on every
+                // millisecond. With the RX budget spent: when it is there.
                 let timeout = if rx.full { Some(Duration::from_millis(1)) } else { rx.wait };
                 self.sleep(tap_ready, timeout);
+            }
+            if rx.full {
+                self.ring.set_rx_wait(&mut self.ram, false)?;
             }
             self.ring.set_idle(&mut self.ram, false)?;
             idle_rounds = 0;

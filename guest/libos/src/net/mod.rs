@@ -49,7 +49,7 @@ use alloc::vec::Vec;
 use core::fmt;
 
 pub use core::net::Ipv4Addr;
-use smoltcp::iface::{Config, Interface, PollResult, SocketHandle, SocketSet};
+use smoltcp::iface::{Config, Interface, PollIngressSingleResult, PollResult, SocketHandle, SocketSet};
 use smoltcp::socket::Socket;
 use smoltcp::time::Instant as SmolInstant;
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr};
@@ -186,6 +186,14 @@ fn nanos(t: SmolInstant) -> u64 {
 /// Most `Interface::poll` rounds per executor poll (each sends at most one
 /// segment per socket).
 const MAX_ROUNDS: usize = 64;
+/// Most frames one poll takes from the RX ring. smoltcp hands each to its
+/// socket's queue at once, and the tasks that empty those queues run only
+/// after the poll: a burst of a whole ring (512 frames) into a UDP socket
+/// holding `udp::QUEUE_PACKETS` would drop the rest. The frames left wait
+/// in the ring (and then the tap), as in a NIC's queue, and the executor
+/// polls again after the woken tasks ran.
+const INGRESS_BATCH: usize = 64;
+const _: () = assert!(udp::RECV_PACKETS >= 2 * INGRESS_BATCH);
 /// With the TX ring full, poll again this soon (the monitor drains it
 /// without telling us).
 const TX_FULL_RETRY_NS: u64 = 20_000;
@@ -331,11 +339,23 @@ impl Stack {
         }
         self.nic.begin_poll();
         let mut now = crate::time::monotonic_ns();
+        self.iface.poll_maintenance(smol(now));
+        // Frames taken from the RX ring in this poll (at most INGRESS_BATCH).
+        let mut taken = 0;
         for _ in 0..MAX_ROUNDS {
-            let r = self.iface.poll(smol(now), &mut self.nic, &mut self.sockets);
+            let mut changed = false;
+            while taken < INGRESS_BATCH {
+                match self.iface.poll_ingress_single(smol(now), &mut self.nic, &mut self.sockets) {
+                    PollIngressSingleResult::None => break,
+                    PollIngressSingleResult::PacketProcessed => {}
+                    PollIngressSingleResult::SocketStateChanged => changed = true,
+                }
+                taken += 1;
+            }
+            let r = self.iface.poll_egress(smol(now), &mut self.nic, &mut self.sockets);
             // Refill the listeners' backlogs before more SYNs are taken.
             self.service_listeners();
-            if r == PollResult::None {
+            if r == PollResult::None && !changed {
                 break;
             }
             now = crate::time::monotonic_ns();
@@ -346,6 +366,11 @@ impl Stack {
         let mut next = self.iface.poll_at(smol(now), &self.sockets).map(nanos);
         for r in &self.closing {
             next = Some(next.map_or(r.deadline, |n| n.min(r.deadline)));
+        }
+        if taken >= INGRESS_BATCH && self.nic.rx_waiting() {
+            // More frames wait: poll again once the tasks this batch woke
+            // have emptied their sockets.
+            next = Some(now);
         }
         if self.nic.tx_was_full() {
             // Frames (or replies to received ones) wait for TX room, and no

@@ -41,7 +41,7 @@ use wisp_abi::DeviceDesc;
 
 /// The header field at offset `off` of the NIC region at `base`.
 fn field(base: u64, off: u64) -> &'static AtomicU32 {
-    debug_assert!(off <= hdr::STOPPED && off.is_multiple_of(4));
+    debug_assert!(off <= hdr::RX_WAIT && off.is_multiple_of(4));
     // SAFETY: `base` was checked by `Nic::new`: a page-aligned region of at
     // least REGION_SIZE bytes, disjoint from the image, stack and heap, that
     // the monitor keeps mapped read/write for the guest's whole life. `off`
@@ -146,6 +146,8 @@ struct Rx {
     cons: u32,
     /// Frames taken since the last `take_activity`.
     frames: u32,
+    /// Slots were handed back since the last `flush`.
+    freed: bool,
     /// Where a chain that wraps around the ring's end is put together.
     bounce: Vec<u8>,
 }
@@ -245,7 +247,7 @@ impl Nic {
         Nic {
             index,
             doorbell,
-            rx: Rx { base, cons: rx_cons, frames: 0, bounce: Vec::new() },
+            rx: Rx { base, cons: rx_cons, frames: 0, freed: false, bounce: Vec::new() },
             tx: Tx {
                 ring: TxRing { base, prod: tx_prod, queued: 0 },
                 frames: 0,
@@ -278,6 +280,11 @@ impl Nic {
         (rx || self.tx.full) && self.tx.ring.has_room()
     }
 
+    /// Whether RX frames wait in the ring.
+    pub(crate) fn rx_waiting(&self) -> bool {
+        !self.dead && self.rx.available() != 0
+    }
+
     /// Start a poll: forget that the TX ring was full.
     pub(crate) fn begin_poll(&mut self) {
         self.tx.full = false;
@@ -293,25 +300,30 @@ impl Nic {
         (core::mem::take(&mut self.rx.frames), core::mem::take(&mut self.tx.frames))
     }
 
-    /// After a poll: publish the open super-frame; if frames were queued
-    /// and the monitor's I/O thread sleeps, kick it — once per batch,
-    /// never per frame.
+    /// After a poll: publish the open super-frame; kick the monitor's I/O
+    /// thread if frames were queued while it sleeps, or RX slots were
+    /// freed while it waits for them — once per batch, never per frame.
     pub(crate) fn flush(&mut self) {
         if self.dead {
             return;
         }
         let ring = &mut self.tx.ring;
         self.tx.gso.flush(|f, v| ring.publish(f, v));
-        if core::mem::take(&mut self.tx.ring.queued) == 0 {
+        let queued = core::mem::take(&mut self.tx.ring.queued) != 0;
+        let freed = core::mem::take(&mut self.rx.freed);
+        if !queued && !freed {
             return;
         }
-        // Our `tx_prod` store must be visible before we read `monitor_idle`
-        // (the monitor does the mirror image: store `monitor_idle = 1`, then
-        // re-read `tx_prod`), or each side could miss the other's write.
-        // Release/acquire does not order a store before a later load; a
-        // full fence does.
+        // Our `tx_prod` / `rx_cons` stores must be visible before we read
+        // `monitor_idle` / `rx_wait` (the monitor does the mirror image:
+        // store the flag, then re-read our index), or each side could miss
+        // the other's write. Release/acquire does not order a store before
+        // a later load; a full fence does.
         fence(Ordering::SeqCst);
-        if field(self.tx.ring.base, hdr::MONITOR_IDLE).load(Ordering::Acquire) == 1 {
+        let base = self.tx.ring.base;
+        let kick = (queued && field(base, hdr::MONITOR_IDLE).load(Ordering::Acquire) == 1)
+            || (freed && field(base, hdr::RX_WAIT).load(Ordering::Acquire) == 1);
+        if kick {
             if self.doorbell {
                 crate::hypercall::doorbell(self.index);
             } else {
@@ -410,6 +422,7 @@ impl phy::RxToken for RxToken<'_> {
         rx.cons = rx.cons.wrapping_add(slots.max(1).min(avail));
         field(rx.base, hdr::RX_CONS).store(rx.cons, Ordering::Release);
         rx.frames += 1;
+        rx.freed = true;
         r
     }
 }

@@ -13,10 +13,17 @@ use super::{wait, with, with_started, Error, Result};
 
 /// Largest datagram payload that fits in one frame (no IP fragmentation).
 pub const MAX_DATAGRAM: usize = MTU as usize - 20 - 8;
-/// Datagrams each direction's buffer holds.
-const QUEUE_PACKETS: usize = 32;
-/// Payload bytes each direction's buffer holds.
-const QUEUE_BYTES: usize = 32 << 10;
+/// Datagrams the receive queue holds: more than the network stack takes
+/// from the RX ring in one poll (`INGRESS_BATCH`), so that a burst for one
+/// socket is not dropped before its task runs; four such bursts for
+/// sockets that share the VM.
+pub(crate) const RECV_PACKETS: usize = 256;
+/// Payload bytes the receive queue holds (Linux's default receive buffer
+/// is 208 KiB, charged with per-packet overhead).
+const RECV_BYTES: usize = 128 << 10;
+/// Datagrams and payload bytes the send queue holds.
+const SEND_PACKETS: usize = 32;
+const SEND_BYTES: usize = 32 << 10;
 
 /// A UDP socket bound to a local port.
 pub struct UdpSocket {
@@ -33,8 +40,8 @@ impl UdpSocket {
                 p if st.udp_port_used(p) => return Err(Error::AddrInUse),
                 p => p,
             };
-            let buffer = || PacketBuffer::new(vec![PacketMetadata::EMPTY; QUEUE_PACKETS], vec![0u8; QUEUE_BYTES]);
-            let mut s = udp::Socket::new(buffer(), buffer());
+            let buffer = |packets, bytes| PacketBuffer::new(vec![PacketMetadata::EMPTY; packets], vec![0u8; bytes]);
+            let mut s = udp::Socket::new(buffer(RECV_PACKETS, RECV_BYTES), buffer(SEND_PACKETS, SEND_BYTES));
             s.bind(port).map_err(|_| Error::InvalidInput)?;
             Ok(UdpSocket { handle: st.sockets.add(s), port })
         })?

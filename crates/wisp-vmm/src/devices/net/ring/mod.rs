@@ -294,6 +294,19 @@ impl NicRing {
         mem.store_u32(self.base + hdr::MONITOR_IDLE, idle as u32)
     }
 
+    /// Say whether the monitor waits for RX room (and needs a kick when
+    /// the guest frees some).
+    pub fn set_rx_wait(&self, mem: &mut impl RingMemory, waiting: bool) -> Result<(), String> {
+        mem.store_u32(self.base + hdr::RX_WAIT, waiting as u32)
+    }
+
+    /// Whether the RX ring has room for a frame of [`MAX_CHAIN`] slots
+    /// (the room `fill_rx` needs to read the tap).
+    pub fn rx_room(&self, mem: &impl RingMemory) -> Result<bool, String> {
+        let cons = mem.load_u32(self.base + hdr::RX_CONS)?;
+        Ok(SLOTS - self.rx_prod.wrapping_sub(cons).min(SLOTS) >= MAX_CHAIN)
+    }
+
     /// Tell the guest its NIC is stopped.
     pub fn mark_stopped(&self, mem: &mut impl RingMemory) -> Result<(), String> {
         mem.store_u32(self.base + hdr::STOPPED, 1)
