@@ -158,6 +158,10 @@ pub fn idle_count() -> u64 {
 }
 
 fn drive(done: impl Fn() -> bool) {
+    // Spin before parking until SPIN_NS after the I/O source last moved
+    // data — not only right after a poll that did: such a poll wakes
+    // tasks, and the poll after them usually finds nothing new yet.
+    let mut spin_until = 0u64;
     'outer: loop {
         // Run the tasks that are ready now; tasks they wake run in the next
         // round, after I/O has been polled.
@@ -194,6 +198,9 @@ fn drive(done: impl Fn() -> bool) {
         // Move I/O (sending what the tasks queued, taking what arrived).
         let io = IO.with(|io| *io);
         let polled = io.map(|src| (src.poll)()).unwrap_or_default();
+        if polled.busy {
+            spin_until = Instant::now().as_nanos().saturating_add(SPIN_NS);
+        }
         if EXEC.with(|e| !e.ready.is_empty()) {
             continue;
         }
@@ -222,10 +229,10 @@ fn drive(done: impl Fn() -> bool) {
         if deadline <= now {
             continue; // the I/O source wants another poll right away
         }
-        if let (Some(src), true) = (io, polled.busy) {
+        if let (Some(src), true) = (io, now < spin_until) {
             // Traffic is flowing: the next frame is likely to arrive sooner
             // than a park and wake-up would take.
-            let spin_end = now.saturating_add(SPIN_NS).min(deadline);
+            let spin_end = spin_until.min(deadline);
             while now < spin_end {
                 if (src.pending)() {
                     continue 'outer;

@@ -23,7 +23,7 @@ use crate::sync::{race, Either};
 const TEST_END_SLACK: Duration = Duration::from_secs(30);
 
 /// Drive one test over its control connection.
-pub async fn control(port: u16, test: &Rc<Test>, conn: TcpStream) {
+pub async fn control(port: u16, buffer: usize, test: &Rc<Test>, conn: TcpStream) {
     conn.set_nodelay(true);
     if conn.write_all(&[PARAM_EXCHANGE]).await.is_err() {
         return;
@@ -49,7 +49,7 @@ pub async fn control(port: u16, test: &Rc<Test>, conn: TcpStream) {
         }
     };
     let (_, free) = wisp::heap::usage();
-    let need = p.memory();
+    let need = p.memory(buffer);
     if need > free {
         wisp::println!(
             "iperf: refusing {} streams: {} KiB of memory needed, {} KiB free",
@@ -60,7 +60,7 @@ pub async fn control(port: u16, test: &Rc<Test>, conn: TcpStream) {
         server_error(&conn, IENUMSTREAMS).await;
         return;
     }
-    wisp::println!("iperf: test: {}", p.describe());
+    wisp::println!("iperf: test: {}", p.describe(buffer));
     let _ = test.params.set(p);
 
     let udp = match p.proto {

@@ -40,7 +40,7 @@ use alloc::rc::Rc;
 use core::cell::{Cell, RefCell};
 
 use control::control;
-use iperf_params::{Proto, SOCKET_BUFFER};
+use iperf_params::{socket_buffer, Proto};
 use protocol::{deny, read_exact, COOKIE_SIZE, MESSAGE_TIMEOUT};
 use session::Test;
 use streams::tcp_stream;
@@ -58,14 +58,15 @@ fn main() -> i32 {
         Ok(x) => x,
         Err(code) => return code,
     };
-    let opts =
-        TcpOptions { backlog: BACKLOG, rx_buffer: SOCKET_BUFFER, tx_buffer: SOCKET_BUFFER, ..TcpOptions::default() };
+    let (used, free) = wisp::heap::usage();
+    let buffer = socket_buffer(used + free);
+    let opts = TcpOptions { backlog: BACKLOG, rx_buffer: buffer, tx_buffer: buffer, ..TcpOptions::default() };
     let listener = match TcpListener::bind_app("iperf", port, opts) {
         Ok(l) => l,
         Err(code) => return code,
     };
-    wisp::println!("iperf: listening on {}:{}", cfg.ip, port);
-    let server = Rc::new(Server { port, current: RefCell::new(None), next_seq: Cell::new(0) });
+    wisp::println!("iperf: listening on {}:{} (TCP buffers {} KiB)", cfg.ip, port, buffer >> 10);
+    let server = Rc::new(Server { port, buffer, current: RefCell::new(None), next_seq: Cell::new(0) });
     listener.serve_app("iperf", move |conn| {
         let seq = server.next_seq.get();
         server.next_seq.set(seq + 1);
@@ -75,6 +76,8 @@ fn main() -> i32 {
 
 struct Server {
     port: u16,
+    /// TCP socket buffers, each way.
+    buffer: usize,
     /// The test under way (one at a time).
     current: RefCell<Option<Rc<Test>>>,
     /// Accept order of TCP connections (orders a test's streams).
@@ -97,7 +100,7 @@ async fn handle(server: Rc<Server>, conn: TcpStream, seq: u64) {
             if let Some((ip, port)) = conn.peer_addr() {
                 wisp::println!("iperf: accepted connection from {}:{}", ip, port);
             }
-            control(server.port, &test, conn).await;
+            control(server.port, server.buffer, &test, conn).await;
             test.stop.set();
             *server.current.borrow_mut() = None;
         }

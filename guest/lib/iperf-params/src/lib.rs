@@ -31,8 +31,23 @@ const UNTIMED_LIMIT: Duration = Duration::from_secs(86_400);
 /// Largest UDP payload that fits one frame (the stack does not reassemble
 /// IP fragments).
 pub const MAX_DATAGRAM: usize = wisp_abi::net::MTU as usize - 20 - 8;
-/// TCP socket buffers (the largest window we advertise).
-pub const SOCKET_BUFFER: usize = 128 << 10;
+/// Smallest and largest TCP socket buffer (see [`socket_buffer`]).
+pub const MIN_SOCKET_BUFFER: usize = 128 << 10;
+pub const MAX_SOCKET_BUFFER: usize = 1 << 20;
+
+/// TCP socket buffers (the largest window we advertise) for a VM whose
+/// heap holds `heap` bytes. Linux grows a connection's buffers as its
+/// bandwidth-delay product asks (up to 6 MiB); smoltcp's are fixed when
+/// the socket is made, so the server sizes them once from the RAM it was
+/// given: a 32nd of the heap, a power of two between 128 KiB and 1 MiB —
+/// 256 KiB in the default 16 MiB VM, 1 MiB from 64 MiB on. A 128 KiB
+/// window holds host-to-VM TCP to ~10 Gbit/s here, 512 KiB to ~18
+/// (`docs/networking.md`).
+pub fn socket_buffer(heap: usize) -> usize {
+    let share = (heap / 32).max(1);
+    let pow2 = 1usize << (usize::BITS - 1 - share.leading_zeros());
+    pow2.clamp(MIN_SOCKET_BUFFER, MAX_SOCKET_BUFFER)
+}
 /// Largest block a TCP sending stream writes at once.
 pub const SEND_BLOCK: usize = 128 << 10;
 /// A TCP receiving stream's read buffer.
@@ -165,11 +180,12 @@ impl Params {
         }
     }
 
-    /// Heap the test needs: each TCP stream holds its socket's buffers and
-    /// one block, and the server keeps some in reserve.
-    pub fn memory(&self) -> usize {
+    /// Heap the test needs with TCP socket buffers of `buffer` bytes: each
+    /// TCP stream holds its socket's buffers and one block, and the server
+    /// keeps some in reserve.
+    pub fn memory(&self, buffer: usize) -> usize {
         let per_stream = match self.proto {
-            Proto::Tcp => 2 * SOCKET_BUFFER + self.len.clamp(RECV_BUFFER, SEND_BLOCK),
+            Proto::Tcp => 2 * buffer + self.len.clamp(RECV_BUFFER, SEND_BLOCK),
             Proto::Udp => 256,
         };
         self.streams() * per_stream + HEAP_RESERVE
@@ -184,7 +200,8 @@ impl Params {
         }
     }
 
-    pub fn describe(&self) -> String {
+    /// The test in words, with the server's socket buffers (`buffer`).
+    pub fn describe(&self, buffer: usize) -> String {
         let dir = match self.mode {
             Mode::Receive => "receiving",
             Mode::Send => "sending (reverse)",
@@ -204,7 +221,7 @@ impl Params {
             s += &format!(
                 ", window {} requested (buffers are {} KiB)",
                 self.window,
-                SOCKET_BUFFER >> 10
+                buffer >> 10
             );
         }
         s

@@ -109,7 +109,7 @@ fn out_of_range_numbers_are_clamped_or_refused() {
     // Huge byte and block counts saturate.
     let p = params(r#"{"blockcount":1e999,"len":1e999}"#).unwrap();
     assert_eq!(p.send_limit(), Some(u64::MAX));
-    assert!(p.memory() < 1 << 40);
+    assert!(p.memory(MAX_SOCKET_BUFFER) < 1 << 40);
     // Durations past iperf3's own limits: refused (they overflowed the
     // test's time limit and panicked the app).
     assert_eq!(params(&msg(r#""time":86401"#)).err(), Some(IEDURATION));
@@ -166,9 +166,19 @@ fn no_accepted_parameters_overflow_the_time_limit() {
                     p.time_limit(Duration::from_secs(30))
                         <= Duration::from_secs(MAX_TIME + MAX_OMIT + 30)
                 );
-                assert!(p.memory() >= p.streams());
-                let _ = p.describe();
+                assert!(p.memory(MIN_SOCKET_BUFFER) >= p.streams());
+                let _ = p.describe(MIN_SOCKET_BUFFER);
             }
         }
     }
+}
+
+#[test]
+fn socket_buffers_follow_the_heap() {
+    assert_eq!(socket_buffer(0), MIN_SOCKET_BUFFER);
+    assert_eq!(socket_buffer(4 << 20), MIN_SOCKET_BUFFER);
+    assert_eq!(socket_buffer(12 << 20), 256 << 10, "the default 16 MiB VM");
+    assert_eq!(socket_buffer(16 << 20), 512 << 10);
+    assert_eq!(socket_buffer(58 << 20), MAX_SOCKET_BUFFER, "a 64 MiB VM");
+    assert_eq!(socket_buffer(usize::MAX), MAX_SOCKET_BUFFER);
 }
