@@ -45,7 +45,6 @@ WINDOWS = [16 * KB, 64 * KB, 256 * KB]
 UDP_SIZES = [64, 512, 1024, 1472]
 UDP_SIZES_SLOW = [1472]
 UDP_RATE = "200M"
-IPERF_VM_MEM = "64M"
 P4_SIZE = 64 * KB         # iperf3 -P 4 -l 64K
 P4_STREAMS = 4
 RR_SIZES = [1, 1 * KB]    # request/response message sizes
@@ -390,15 +389,12 @@ def env_wisp(net, args):
             raise Skip("no %s image in build/images (make all)" % img)
     env = dict(os.environ, WISP_SOCKET="/nonexistent/wisp-bench.sock", WISP_IMAGE_DIR=images)
     wisp = os.path.abspath(args.wisp)
-    # The iperf VM gets 64 MiB: its TCP buffers are a share of its heap
-    # (1 MiB each from 64 MiB on; 256 KiB in the default 16 MiB), where a
-    # container's kernel grows them up to 6 MiB from the host's RAM.
-    p1 = net.spawn([wisp, "run", "--timeout", "600s", "--mem", IPERF_VM_MEM, "--tap", "wtap0", "--ip", "10.88.0.2/24", "iperf"], "wisp-iperf", env=env)
+    p1 = net.spawn([wisp, "run", "--timeout", "600s", "--tap", "wtap0", "--ip", "10.88.0.2/24", "iperf"], "wisp-iperf", env=env)
     p2 = net.spawn([wisp, "run", "--timeout", "600s", "--tap", "wtap1", "--ip", "10.88.1.2/24", "echo"], "wisp-echo", env=env)
     wait_for(p1, "listening", 30)
     wait_for(p2, "listening", 30)
     return "10.88.0.2", "10.88.1.2", {"iperf": [p1], "echo": [p2]}, {
-        "iperf": "wisp run --mem %s --tap wtap0 --ip 10.88.0.2/24 iperf" % IPERF_VM_MEM, "echo": "wisp run --tap wtap1 --ip 10.88.1.2/24 echo"}
+        "iperf": "wisp run --tap wtap0 --ip 10.88.0.2/24 iperf", "echo": "wisp run --tap wtap1 --ip 10.88.1.2/24 echo"}
 
 
 def _plain_servers(net, ns, host, name):

@@ -6,9 +6,10 @@
 //! guest it needs a kick (`monitor_idle`) — when there is nothing to do.
 //!
 //! The ring processing itself is [`ring`] (public, so that tests and the
-//! `nic_ring` fuzz target run it over a region in memory), the tap I/O
-//! [`tapio`] (frames of up to 64 KiB with a virtio-net header, without
-//! copying payloads); this file is the device and its thread.
+//! `nic_ring` fuzz target run it over a region in memory), the host side
+//! behind [`backend::Backend`] — [`tapio::Tap`] (frames of up to 64 KiB
+//! with a virtio-net header, without copying payloads); this file is the
+//! device and its thread.
 //!
 //! The rings live in guest memory, so every index and length is untrusted:
 //! a guest that breaks the ring rules gets its NIC stopped (`stopped` set,
@@ -40,9 +41,11 @@ use crate::error::{Error, Result as VmmResult};
 use crate::memory::RamView;
 use crate::rate_limiter::Rate;
 
+pub mod backend;
 pub mod ring;
 pub mod tapio;
 
+use backend::Backend;
 use ring::NicRing;
 
 /// Configuration of a NIC, given at load time.
@@ -140,10 +143,10 @@ struct Running {
     kick: Arc<OwnedFd>,
     /// The same eventfd as `kick`, for KVM to signal on a doorbell.
     kick_kvm: Option<vmm_sys_util::eventfd::EventFd>,
-    /// The tap (shared with the I/O thread), and whether a parked vCPU may
-    /// wake on it: false while the I/O thread leaves frames in it (RX ring
-    /// full, RX budget spent), where watching it would only spin.
-    tap: Arc<OwnedFd>,
+    /// The backend (shared with the I/O thread), and whether a parked vCPU
+    /// may wake on it: false while the I/O thread leaves frames in it (RX
+    /// ring full, RX budget spent), where watching it would only spin.
+    backend: Arc<dyn Backend>,
     watchable: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<Result<NetStats, String>>>,
@@ -194,15 +197,15 @@ impl Device for Nic {
         // Where the rings stand before the guest first runs: from here on
         // the monitor's indices are its own.
         let ring = NicRing::new(&ram, base, self.mac, self.ip.0, self.offloads, self.rate, Instant::now()).map_err(std::io::Error::other)?;
-        let tap = Arc::new(tap);
+        let backend: Arc<dyn Backend> = Arc::new(tapio::Tap::new(tap));
         let watchable = Arc::new(AtomicBool::new(true));
-        let io = Io { ram, tap: tap.clone(), kick: kick.clone(), stop: stop.clone(), control, ring, watchable: watchable.clone() };
+        let io = Io { ram, backend: backend.clone(), kick: kick.clone(), stop: stop.clone(), control, ring, watchable: watchable.clone() };
         let thread = std::thread::Builder::new().name("net0".into()).stack_size(256 << 10).spawn(move || {
             crate::sys::thread_started(crate::sys::ThreadRole::Io);
             io.run()
         })?;
         let kick_kvm = dup_eventfd(&kick);
-        self.state = NicState::Running(Running { tap_raw, kick, kick_kvm, tap, watchable, stop, thread: Some(thread) });
+        self.state = NicState::Running(Running { tap_raw, kick, kick_kvm, backend, watchable, stop, thread: Some(thread) });
         Ok(())
     }
 
@@ -221,7 +224,7 @@ impl Device for Nic {
 
     fn wake_source(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         match &self.state {
-            NicState::Running(r) if r.watchable.load(Ordering::Acquire) => Some(r.tap.as_fd()),
+            NicState::Running(r) if r.watchable.load(Ordering::Acquire) => Some(r.backend.ready_fd()),
             _ => None,
         }
     }
@@ -292,7 +295,7 @@ impl Drop for Running {
 
 struct Io {
     ram: RamView,
-    tap: Arc<OwnedFd>,
+    backend: Arc<dyn Backend>,
     /// See `Running::watchable`.
     watchable: Arc<AtomicBool>,
     kick: Arc<OwnedFd>,
@@ -364,15 +367,15 @@ impl Io {
             if self.stop.load(Ordering::Acquire) {
                 return Ok(());
             }
-            let tap = self.tap.as_fd();
+            let backend = &*self.backend;
             // One clock reading a round: budgets, reply polling, preemption.
             let now = Instant::now();
             // offload: frames with a virtio-net header, payloads not copied
             // (tapio.rs). A full tap queue drops the frame, as a NIC would.
             let tx = self.ring.drain_tx(&mut self.ram, now, |ram, f| {
-                let _ = tapio::send(tap, ram, f);
+                let _ = backend.send(ram, f);
             })?;
-            let rx = self.ring.fill_rx(&mut self.ram, now, |ram, space| tapio::recv(tap, ram, space))?;
+            let rx = self.ring.fill_rx(&mut self.ram, now, |ram, space| backend.recv(ram, space))?;
             // Frames the tap may hold for us: not while they stay there for
             // want of RX room or budget.
             let tap_ready = !rx.full && rx.wait.is_none();
@@ -448,7 +451,8 @@ impl Io {
     /// Sleep until a kick, the tap readable (if `tap`), or `timeout`.
     fn sleep(&self, tap: bool, timeout: Option<Duration>) {
         let ts = timeout.map(|t| rustix::time::Timespec { tv_sec: t.as_secs() as i64, tv_nsec: t.subsec_nanos() as i64 });
-        let mut fds = [PollFd::new(&*self.kick, PollFlags::IN), PollFd::new(&*self.tap, PollFlags::IN)];
+        let ready = self.backend.ready_fd();
+        let mut fds = [PollFd::new(&*self.kick, PollFlags::IN), PollFd::new(&ready, PollFlags::IN)];
         let n = if tap { 2 } else { 1 };
         let _ = poll(&mut fds[..n], ts.as_ref());
         let mut b = [0u8; 8];

@@ -33,15 +33,18 @@ const UNTIMED_LIMIT: Duration = Duration::from_secs(86_400);
 pub const MAX_DATAGRAM: usize = wisp_abi::net::MTU as usize - 20 - 8;
 /// Smallest and largest TCP socket buffer (see [`socket_buffer`]).
 pub const MIN_SOCKET_BUFFER: usize = 128 << 10;
-pub const MAX_SOCKET_BUFFER: usize = 1 << 20;
+pub const MAX_SOCKET_BUFFER: usize = 256 << 10;
 
 /// TCP socket buffers (the largest window we advertise) for a VM whose
 /// heap holds `heap` bytes. Linux grows a connection's buffers as its
 /// bandwidth-delay product asks (up to 6 MiB); smoltcp's are fixed when
 /// the socket is made, so the server sizes them once from the RAM it was
-/// given: a 32nd of the heap, a power of two between 128 KiB and 1 MiB —
-/// 256 KiB in the default 16 MiB VM, 1 MiB from 64 MiB on. A 128 KiB
-/// window holds host-to-VM TCP to ~10 Gbit/s here, 512 KiB to ~18
+/// given: a 32nd of the heap, a power of two between 128 KiB and 256 KiB
+/// (reached by the default 16 MiB VM). A 128 KiB window held host-to-VM
+/// TCP at 128 KiB messages to ~10 Gbit/s here, 256 KiB to ~15 and 512 KiB
+/// to ~20; but the larger the window, the smaller the host's frames when
+/// its writes are small (1 KiB messages: 16 KB a frame at 128 KiB, 6 KB at
+/// 512 KiB), and the guest's cost is per frame: 2.9, 2.5 and 2.2 Gbit/s
 /// (`docs/networking.md`).
 pub fn socket_buffer(heap: usize) -> usize {
     let share = (heap / 32).max(1);

@@ -1,5 +1,6 @@
-//! Frames between a tap (opened with `IFF_VNET_HDR`, see [`crate::tap`])
-//! and the rings in guest RAM, without copying payloads: one `writev` per
+//! The tap backend ([`super::backend::Backend`]): frames between a tap
+//! (opened with `IFF_VNET_HDR`, see [`crate::tap`]) and the rings in guest
+//! RAM, without copying payloads: one `writev` per
 //! TX frame (the monitor's virtio-net header, its copy of the frame's
 //! headers, then the rest of the frame straight from the guest's slots)
 //! and one `readv` per RX frame (the host's header into the monitor's
@@ -11,11 +12,12 @@
 //! writes it. What the monitor decides on (identity, header) was checked
 //! on its private copy before (`ring::check`).
 
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use wisp_abi::net::{VnetHdr, VNET_HDR_SIZE};
 use zerocopy::{FromBytes, IntoBytes};
 
+use super::backend::Backend;
 use super::ring::{Ranges, RxSpace, TxFrame};
 use crate::memory::RamView;
 
@@ -33,9 +35,35 @@ fn guest_iovecs(ram: &RamView, ranges: &Ranges, out: &mut [libc::iovec; 5], mut 
     Ok(at)
 }
 
+/// A tap opened with a virtio-net header, as a NIC's backend.
+pub struct Tap {
+    fd: OwnedFd,
+}
+
+impl Tap {
+    /// The backend on tap descriptor `fd` (see [`crate::tap::open_tap`]).
+    pub fn new(fd: OwnedFd) -> Tap {
+        Tap { fd }
+    }
+}
+
+impl Backend for Tap {
+    fn send(&self, ram: &RamView, f: &TxFrame) -> Result<usize, String> {
+        send(self.fd.as_fd(), ram, f)
+    }
+
+    fn recv(&self, ram: &RamView, space: &RxSpace) -> Option<(VnetHdr, usize)> {
+        recv(self.fd.as_fd(), ram, space)
+    }
+
+    fn ready_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 /// Send `f` to the tap. A full tap queue drops the frame, as a NIC would
 /// (the result says so; the caller carries on).
-pub fn send(tap: BorrowedFd<'_>, ram: &RamView, f: &TxFrame) -> Result<usize, String> {
+fn send(tap: BorrowedFd<'_>, ram: &RamView, f: &TxFrame) -> Result<usize, String> {
     let vnet = f.vnet;
     let mut iov = [iovec(std::ptr::null_mut(), 0); 5];
     iov[0] = iovec(vnet.as_bytes().as_ptr().cast_mut(), VNET_HDR_SIZE);
@@ -56,7 +84,7 @@ pub fn send(tap: BorrowedFd<'_>, ram: &RamView, f: &TxFrame) -> Result<usize, St
 /// Read one frame from the tap into `space`: its header (the host's) and
 /// length, a length over the room if it was longer (then it is cut), or
 /// `None` if there is none.
-pub fn recv(tap: BorrowedFd<'_>, ram: &RamView, space: &RxSpace) -> Option<(VnetHdr, usize)> {
+fn recv(tap: BorrowedFd<'_>, ram: &RamView, space: &RxSpace) -> Option<(VnetHdr, usize)> {
     let mut vnet = [0u8; VNET_HDR_SIZE];
     let mut extra = [0u8; 1];
     let mut iov = [iovec(std::ptr::null_mut(), 0); 5];
