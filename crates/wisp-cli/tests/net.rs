@@ -139,6 +139,10 @@ fn a_burst_of_small_datagrams_is_not_dropped() {
     ns.add_tap("wtap0", "10.77.9.1/24");
     let mut vm = ns.boot("wtap0", "10.77.9.2/24", "echo", &[]);
     let _out = wait_line(&mut vm, "echo: listening on 10.77.9.2:7");
+    // The host's queue towards the VM was raised from the tap's default 500.
+    let link = ns.cmd(&["ip", "-o", "link", "show", "wtap0"]).output().unwrap();
+    let link = String::from_utf8_lossy(&link.stdout);
+    assert!(link.contains(&format!("qlen {}", wisp_vmm::tap::TX_QUEUE_LEN)), "{link}");
     let client = r#"
 import socket, time
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
