@@ -128,8 +128,8 @@ print("ok")
     stop(vm);
 }
 
-/// A burst of datagrams smaller than the NIC's queues (the tap's 500, the
-/// RX ring's 512 slots) reaches the app whole: the network stack takes
+/// A burst of datagrams smaller than the NIC's queues (the tap's, the RX
+/// ring's 512 slots) reaches the app whole: the network stack takes
 /// frames from the ring in batches the socket's queue can hold, instead of
 /// handing a whole ring to a queue of a few dozen and dropping the rest
 /// (the cause of iperf3's 84 % loss at 64-byte datagrams).

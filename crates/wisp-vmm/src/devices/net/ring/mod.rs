@@ -303,8 +303,18 @@ impl NicRing {
     /// Whether the RX ring has room for a frame of [`MAX_CHAIN`] slots
     /// (the room `fill_rx` needs to read the tap).
     pub fn rx_room(&self, mem: &impl RingMemory) -> Result<bool, String> {
+        Ok(self.rx_free(mem)? >= MAX_CHAIN)
+    }
+
+    /// Free RX slots; an error if the guest's consumer index ran ahead of
+    /// the monitor's producer index.
+    fn rx_free(&self, mem: &impl RingMemory) -> Result<u32, String> {
         let cons = mem.load_u32(self.base + hdr::RX_CONS)?;
-        Ok(SLOTS - self.rx_prod.wrapping_sub(cons).min(SLOTS) >= MAX_CHAIN)
+        let used = self.rx_prod.wrapping_sub(cons);
+        if used > SLOTS {
+            return Err(format!("RX consumer index {cons} is ahead of the producer ({})", self.rx_prod));
+        }
+        Ok(SLOTS - used)
     }
 
     /// Tell the guest its NIC is stopped.
@@ -383,12 +393,7 @@ impl NicRing {
     pub fn fill_rx<M: RingMemory>(&mut self, mem: &mut M, now: Instant, mut recv: impl FnMut(&mut M, &RxSpace) -> Option<(VnetHdr, usize)>) -> Result<Rx, String> {
         let mut rx = Rx::default();
         loop {
-            let cons = mem.load_u32(self.base + hdr::RX_CONS)?;
-            let used = self.rx_prod.wrapping_sub(cons);
-            if used > SLOTS {
-                return Err(format!("RX consumer index {cons} is ahead of the producer ({})", self.rx_prod));
-            }
-            if SLOTS - used < MAX_CHAIN {
+            if self.rx_free(mem)? < MAX_CHAIN {
                 rx.full = true;
                 return Ok(rx);
             }
