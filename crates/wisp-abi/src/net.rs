@@ -144,6 +144,9 @@ pub mod hdr {
     pub const STOPPED: u64 = 20;
     /// Monitor: 1 while its I/O thread waits for room in the RX ring.
     pub const RX_WAIT: u64 = 24;
+    /// Monitor: 1 if a TX kick by exit (the notify hypercall) is served at
+    /// once on the vCPU thread — prefer it to the doorbell then.
+    pub const KICK_EXIT: u64 = 28;
 }
 
 /// Bytes of a descriptor.
@@ -184,6 +187,14 @@ pub struct NetHeader {
     /// served by the monitor's own re-check (every millisecond) — an
     /// addition older guests may ignore, so no ABI bump.
     pub rx_wait: u32,
+    /// 1 if the monitor serves a kick by exit (the notify hypercall, or a
+    /// doorbell that exits) on the vCPU thread at once: the frames leave
+    /// before the guest runs on, with no other thread woken, which beats a
+    /// doorbell that wakes a sleeping I/O thread (on a host whose idle CPUs
+    /// wake slowly, by far). A guest then kicks a sleeping monitor
+    /// (`monitor_idle` 1) after queuing TX with `notify`. Optional, like
+    /// `rx_wait`: older guests ring the doorbell, which still works.
+    pub kick_exit: u32,
 }
 
 /// A virtio-net header (`struct virtio_net_hdr`, little-endian): how a
@@ -265,7 +276,7 @@ mod tests {
         assert_eq!(REGION_SIZE % 0x1000, 0);
         assert!(SLOTS.is_power_of_two());
         assert!(MAX_FRAME <= SLOT_SIZE);
-        assert_eq!(core::mem::size_of::<NetHeader>() as u64, hdr::RX_WAIT + 4);
+        assert_eq!(core::mem::size_of::<NetHeader>() as u64, hdr::KICK_EXIT + 4);
         assert_eq!(core::mem::size_of::<VnetHdr>(), VNET_HDR_SIZE);
         assert_eq!(core::mem::size_of::<SlotDesc>() as u64, DESC_SIZE);
         // A region of about 2 MiB; a ring holds this many largest frames.

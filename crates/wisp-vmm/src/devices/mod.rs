@@ -42,12 +42,19 @@ pub trait Device: Send {
     fn kick_eventfd(&self) -> Option<&vmm_sys_util::eventfd::EventFd> {
         None
     }
-    /// A descriptor whose readability means work for the guest is on its
-    /// way (a NIC's tap while its I/O thread watches it too), for the idle
-    /// park to wake on directly; none when watching it would only spin.
-    fn wake_source(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+    /// The vCPU thread is about to park (idle, no relatives): a descriptor
+    /// whose readability means work for the guest (a NIC's tap), for the
+    /// park to wake on directly — the device's own thread may stop watching
+    /// it until [`Device::park_ended`]; none when watching it would only
+    /// spin.
+    fn park_begins(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
+    /// The park that [`Device::park_begins`] announced ended, `woken` by
+    /// its bell or a descriptor (else by its deadline): serve the device on
+    /// this thread if that brings the guest its work sooner than the
+    /// device's own thread would.
+    fn park_ended(&self, _woken: bool) {}
     /// In a forked child process: let go of what stays with the parent.
     /// Later kicks from the child are ignored.
     fn on_fork_child(&mut self);
@@ -169,9 +176,17 @@ impl Devices {
         Ok(())
     }
 
-    /// The devices' wake sources (see [`Device::wake_source`]).
-    pub(crate) fn wake_sources(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
-        self.list.iter().filter_map(|(d, _)| d.wake_source()).collect()
+    /// A park begins: the devices' wake sources (see
+    /// [`Device::park_begins`]).
+    pub(crate) fn park_begins(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
+        self.list.iter().filter_map(|(d, _)| d.park_begins()).collect()
+    }
+
+    /// The park ended (see [`Device::park_ended`]).
+    pub(crate) fn park_ended(&self, woken: bool) {
+        for (d, _) in &self.list {
+            d.park_ended(woken);
+        }
     }
 
     /// Kick device `index`; false if there is none.

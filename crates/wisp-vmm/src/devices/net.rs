@@ -26,7 +26,7 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags};
@@ -148,8 +148,46 @@ struct Running {
     /// ring full, RX budget spent), where watching it would only spin.
     backend: Arc<dyn Backend>,
     watchable: Arc<AtomicBool>,
+    /// A parked vCPU watches the backend (and serves what it brings): the
+    /// I/O thread need not, and does not wake for it (on this host, waking
+    /// a thread on an idle CPU costs tens of microseconds).
+    vcpu_watches: Arc<AtomicBool>,
+    /// The rings, shared with the I/O thread: the vCPU thread serves them
+    /// itself when it can (see [`Running::serve_here`]).
+    rings: Arc<Mutex<Rings>>,
+    control: Arc<Control>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<Result<NetStats, String>>>,
+}
+
+/// The rings' processing and the memory they live in; whoever holds the
+/// lock (the I/O thread for a round, or the vCPU thread) moves frames.
+struct Rings {
+    ram: RamView,
+    /// Indices, identity, budgets (`ring/`).
+    ring: NicRing,
+    /// Why the guest lost its NIC, when the vCPU thread found out: the I/O
+    /// thread ends with it.
+    failed: Option<String>,
+}
+
+/// What one pass over the rings did.
+struct Pass {
+    tx: ring::Tx,
+    rx: ring::Rx,
+}
+
+impl Rings {
+    /// Send what the guest queued, then fill the RX ring from the backend.
+    fn pass(&mut self, backend: &dyn Backend, now: Instant) -> Result<Pass, String> {
+        // offload: frames with a virtio-net header, payloads not copied
+        // (tapio.rs). A full tap queue drops the frame, as a NIC would.
+        let tx = self.ring.drain_tx(&mut self.ram, now, |ram, f| {
+            let _ = backend.send(ram, f);
+        })?;
+        let rx = self.ring.fill_rx(&mut self.ram, now, |ram, space| backend.recv(ram, space))?;
+        Ok(Pass { tx, rx })
+    }
 }
 
 impl Nic {
@@ -197,21 +235,48 @@ impl Device for Nic {
         // Where the rings stand before the guest first runs: from here on
         // the monitor's indices are its own.
         let ring = NicRing::new(&ram, base, self.mac, self.ip.0, self.offloads, self.rate, Instant::now()).map_err(std::io::Error::other)?;
+        // Kicks by exit are served on the vCPU thread (`Running::serve_here`).
+        let mut ram = ram;
+        ring.set_kick_exit(&mut ram, true).map_err(std::io::Error::other)?;
         let backend: Arc<dyn Backend> = Arc::new(tapio::Tap::new(tap));
         let watchable = Arc::new(AtomicBool::new(true));
-        let io = Io { ram, backend: backend.clone(), kick: kick.clone(), stop: stop.clone(), control, ring, watchable: watchable.clone() };
+        let vcpu_watches = Arc::new(AtomicBool::new(false));
+        let rings = Arc::new(Mutex::new(Rings { ram, ring, failed: None }));
+        let io = Io {
+            rings: rings.clone(),
+            backend: backend.clone(),
+            kick: kick.clone(),
+            stop: stop.clone(),
+            control: control.clone(),
+            watchable: watchable.clone(),
+            vcpu_watches: vcpu_watches.clone(),
+        };
         let thread = std::thread::Builder::new().name("net0".into()).stack_size(256 << 10).spawn(move || {
             crate::sys::thread_started(crate::sys::ThreadRole::Io);
             io.run()
         })?;
         let kick_kvm = dup_eventfd(&kick);
-        self.state = NicState::Running(Running { tap_raw, kick, kick_kvm, backend, watchable, stop, thread: Some(thread) });
+        self.state = NicState::Running(Running { tap_raw, kick, kick_kvm, backend, watchable, vcpu_watches, rings, control, stop, thread: Some(thread) });
         Ok(())
     }
 
     fn notify(&self) {
         if let NicState::Running(r) = &self.state {
-            r.kick();
+            // An exit kick: this thread sends what the guest queued (the
+            // I/O thread sleeps, or it would not have been kicked), unless
+            // the I/O thread is at the rings right now.
+            if !r.serve_here(false) {
+                r.kick();
+            }
+        }
+    }
+
+    fn park_ended(&self, woken: bool) {
+        if let NicState::Running(r) = &self.state {
+            r.vcpu_watches.store(false, Ordering::Release);
+            if woken {
+                r.serve_here(true);
+            }
         }
     }
 
@@ -222,9 +287,12 @@ impl Device for Nic {
         }
     }
 
-    fn wake_source(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+    fn park_begins(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         match &self.state {
-            NicState::Running(r) if r.watchable.load(Ordering::Acquire) => Some(r.backend.ready_fd()),
+            NicState::Running(r) if r.watchable.load(Ordering::Acquire) => {
+                r.vcpu_watches.store(true, Ordering::Release);
+                Some(r.backend.ready_fd())
+            }
             _ => None,
         }
     }
@@ -270,6 +338,57 @@ impl Running {
         let _ = rustix::io::write(self.kick.as_fd(), &1u64.to_ne_bytes());
     }
 
+    /// One pass over the rings on the vCPU thread (after an idle park, or
+    /// on an exit kick), so that a frame for an idle guest, or its answer,
+    /// does not wait for the I/O thread to wake up: an idle VM answers
+    /// with one thread woken, not three. `woken`: the park just ended, and
+    /// the I/O thread (woken by the same frame) may hold the rings for a
+    /// moment — wait for it briefly rather than enter the guest before the
+    /// frame is in its ring. Returns false if the I/O thread had them (it
+    /// moves the frames then) or the NIC is stopped.
+    fn serve_here(&self, woken: bool) -> bool {
+        let Some(mut g) = self.lock_rings(woken) else { return false };
+        if g.failed.is_some() || self.stop.load(Ordering::Acquire) {
+            return false;
+        }
+        match g.pass(&*self.backend, Instant::now()) {
+            Ok(p) => {
+                if p.rx.got > 0 {
+                    self.control.post_events(wisp_abi::events::NET);
+                }
+                // Budgets and a full RX ring are the I/O thread's to wait
+                // out (it sleeps with a timeout then); and a stream is its
+                // to carry, on its own CPU, with this thread in the guest.
+                let stream = p.tx.taken + p.rx.got >= HANDOVER_FRAMES;
+                if stream || p.tx.wait.is_some() || p.rx.wait.is_some() || p.rx.full {
+                    drop(g);
+                    self.kick();
+                }
+                true
+            }
+            Err(why) => {
+                g.failed = Some(why);
+                drop(g);
+                self.kick();
+                false
+            }
+        }
+    }
+
+    /// The rings' lock: at once, or (`patient`) after up to a few
+    /// microseconds of the I/O thread's round.
+    fn lock_rings(&self, patient: bool) -> Option<MutexGuard<'_, Rings>> {
+        let deadline = Instant::now() + LOCK_PATIENCE;
+        loop {
+            match self.rings.try_lock() {
+                Ok(g) => return Some(g),
+                Err(TryLockError::Poisoned(_)) => return None,
+                Err(TryLockError::WouldBlock) if patient && Instant::now() < deadline => std::hint::spin_loop(),
+                Err(TryLockError::WouldBlock) => return None,
+            }
+        }
+    }
+
     /// In a forked child, where the I/O thread does not exist: close the
     /// tap (the NIC stays the parent's) and forget the rest.
     fn abandon_after_fork(self) {
@@ -293,16 +412,24 @@ impl Drop for Running {
     }
 }
 
+/// Frames in one pass on the vCPU thread that make it a stream: the I/O
+/// thread is woken to take over.
+const HANDOVER_FRAMES: u32 = 8;
+
+/// How long a woken vCPU waits for the I/O thread's round over the rings.
+const LOCK_PATIENCE: Duration = Duration::from_micros(20);
+
 struct Io {
-    ram: RamView,
+    /// See `Running::rings`.
+    rings: Arc<Mutex<Rings>>,
     backend: Arc<dyn Backend>,
     /// See `Running::watchable`.
     watchable: Arc<AtomicBool>,
+    /// See `Running::vcpu_watches`.
+    vcpu_watches: Arc<AtomicBool>,
     kick: Arc<OwnedFd>,
     stop: Arc<AtomicBool>,
     control: Arc<Control>,
-    /// The rings' processing (`ring.rs`): indices, identity, budgets.
-    ring: NicRing,
 }
 
 /// How many times the I/O thread re-checks the rings before sleeping.
@@ -345,19 +472,29 @@ impl ReplyPoll {
 }
 
 impl Io {
-    fn run(mut self) -> Result<NetStats, String> {
+    fn run(self) -> Result<NetStats, String> {
         let r = self.serve();
+        let Ok(mut g) = self.rings.lock() else { return Err("the NIC's rings were abandoned".into()) };
         if let Err(why) = &r {
             // offload: say why (the VM goes on; its console is the guest's).
             eprintln!("wisp: NIC stopped: {why}");
             // Tell the guest its NIC is gone; wake it so it notices.
-            let _ = self.ring.mark_stopped(&mut self.ram);
+            let g = &mut *g;
+            let _ = g.ring.mark_stopped(&mut g.ram);
             self.control.post_events(wisp_abi::events::NET);
         }
-        r.map(|_| self.ring.stats())
+        r.map(|_| g.ring.stats())
     }
 
-    fn serve(&mut self) -> Result<(), String> {
+    fn lock(&self) -> Result<MutexGuard<'_, Rings>, String> {
+        let g = self.rings.lock().map_err(|_| "the NIC's rings were abandoned".to_string())?;
+        match &g.failed {
+            Some(why) => Err(why.clone()),
+            None => Ok(g),
+        }
+    }
+
+    fn serve(&self) -> Result<(), String> {
         let mut idle_rounds = 0u32;
         let mut reply = ReplyPoll::new();
         // Until when to watch for the guest's answer, once frames reached it.
@@ -367,15 +504,11 @@ impl Io {
             if self.stop.load(Ordering::Acquire) {
                 return Ok(());
             }
-            let backend = &*self.backend;
             // One clock reading a round: budgets, reply polling, preemption.
             let now = Instant::now();
-            // offload: frames with a virtio-net header, payloads not copied
-            // (tapio.rs). A full tap queue drops the frame, as a NIC would.
-            let tx = self.ring.drain_tx(&mut self.ram, now, |ram, f| {
-                let _ = backend.send(ram, f);
-            })?;
-            let rx = self.ring.fill_rx(&mut self.ram, now, |ram, space| backend.recv(ram, space))?;
+            // The rings are held for the round's pass only: between rounds
+            // a vCPU thread may serve them itself.
+            let Pass { tx, rx } = self.lock()?.pass(&*self.backend, now)?;
             // Frames the tap may hold for us: not while they stay there for
             // want of RX room or budget.
             let tap_ready = !rx.full && rx.wait.is_none();
@@ -413,13 +546,18 @@ impl Io {
                 continue;
             }
             idle_rounds += 1;
-            if idle_rounds < SPIN_ROUNDS && rx.wait.is_none() {
+            // Spin only while the guest runs and may queue a frame any
+            // moment: a parked vCPU sends nothing until it has run, and the
+            // frames just posted may be waiting for this very CPU to run it.
+            if idle_rounds < SPIN_ROUNDS && rx.wait.is_none() && !self.control.is_parked() {
                 std::hint::spin_loop();
                 continue;
             }
             // Going to sleep: announce it, then look once more so a frame
             // queued in between is not left waiting for a kick.
-            self.ring.set_idle(&mut self.ram, true)?;
+            let mut g = self.lock()?;
+            let Rings { ram, ring, .. } = &mut *g;
+            ring.set_idle(ram, true)?;
             // The store above must be visible before we read the guest's
             // index (store→load ordering; the guest has the matching fence),
             // or a kick could be lost.
@@ -427,22 +565,29 @@ impl Io {
             // With a full RX ring, the guest kicks us when it frees slots
             // (`rx_wait`; same store, fence, re-check as for TX).
             if rx.full {
-                self.ring.set_rx_wait(&mut self.ram, true)?;
+                ring.set_rx_wait(ram, true)?;
                 std::sync::atomic::fence(Ordering::SeqCst);
             }
-            let room = rx.full && self.ring.rx_room(&self.ram)?;
-            let pending = self.ring.tx_pending(&self.ram)?;
+            let room = rx.full && ring.rx_room(ram)?;
+            let pending = ring.tx_pending(ram)?;
+            drop(g);
             if pending == 0 && !room {
                 // With a full RX ring the tap stays readable: do not watch
                 // it; a guest that does not kick is checked on every
                 // millisecond. With the RX budget spent: when it is there.
                 let timeout = if rx.full { Some(Duration::from_millis(1)) } else { rx.wait };
-                self.sleep(tap_ready, timeout);
+                // A parked vCPU watching the tap serves it itself. If it
+                // then runs the guest, frames wait until the guest kicks
+                // or parks again — the points where it would look anyway.
+                self.sleep(tap_ready && !self.vcpu_watches.load(Ordering::Acquire), timeout);
             }
+            let mut g = self.lock()?;
+            let Rings { ram, ring, .. } = &mut *g;
             if rx.full {
-                self.ring.set_rx_wait(&mut self.ram, false)?;
+                ring.set_rx_wait(ram, false)?;
             }
-            self.ring.set_idle(&mut self.ram, false)?;
+            ring.set_idle(ram, false)?;
+            drop(g);
             idle_rounds = 0;
             last = Instant::now();
         }

@@ -153,12 +153,17 @@ impl Vm {
     fn park_on_fds(&self, idle: std::os::fd::BorrowedFd<'_>, wait: Duration) {
         use rustix::event::{poll, PollFd, PollFlags};
         let mut fds = vec![PollFd::new(&idle, PollFlags::IN)];
-        let sources = self.devices.wake_sources();
+        let sources = self.devices.park_begins();
         fds.extend(sources.iter().map(|f| PollFd::new(f, PollFlags::IN)));
         let ts = rustix::time::Timespec { tv_sec: wait.as_secs().min(i64::MAX as u64) as i64, tv_nsec: wait.subsec_nanos() as i64 };
         // Events posted between the check above and here wrote the eventfd:
         // the poll returns at once.
-        let _ = poll(&mut fds, Some(&ts));
+        let woken = poll(&mut fds, Some(&ts)).unwrap_or(0) > 0;
+        drop(fds);
+        drop(sources);
+        // Before the bell is read: events the devices post here ring it,
+        // and a ring left unread would end the next park at once.
+        self.devices.park_ended(woken);
         let mut b = [0u8; 8];
         let _ = rustix::io::read(idle, &mut b);
     }

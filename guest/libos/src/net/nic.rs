@@ -41,7 +41,7 @@ use wisp_abi::DeviceDesc;
 
 /// The header field at offset `off` of the NIC region at `base`.
 fn field(base: u64, off: u64) -> &'static AtomicU32 {
-    debug_assert!(off <= hdr::RX_WAIT && off.is_multiple_of(4));
+    debug_assert!(off <= hdr::KICK_EXIT && off.is_multiple_of(4));
     // SAFETY: `base` was checked by `Nic::new`: a page-aligned region of at
     // least REGION_SIZE bytes, disjoint from the image, stack and heap, that
     // the monitor keeps mapped read/write for the guest's whole life. `off`
@@ -321,10 +321,14 @@ impl Nic {
         // a later load; a full fence does.
         fence(Ordering::SeqCst);
         let base = self.tx.ring.base;
-        let kick = (queued && field(base, hdr::MONITOR_IDLE).load(Ordering::Acquire) == 1)
-            || (freed && field(base, hdr::RX_WAIT).load(Ordering::Acquire) == 1);
+        let tx_kick = queued && field(base, hdr::MONITOR_IDLE).load(Ordering::Acquire) == 1;
+        let kick = tx_kick || (freed && field(base, hdr::RX_WAIT).load(Ordering::Acquire) == 1);
         if kick {
-            if self.doorbell {
+            // Frames for a sleeping monitor that serves exits at once: an
+            // exit sends them before we run on, where the doorbell would
+            // only wake its thread (`kick_exit` in `wisp_abi::net`).
+            let exit = tx_kick && field(base, hdr::KICK_EXIT).load(Ordering::Acquire) == 1;
+            if self.doorbell && !exit {
                 crate::hypercall::doorbell(self.index);
             } else {
                 crate::hypercall::notify(self.index);

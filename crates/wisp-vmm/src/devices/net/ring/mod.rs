@@ -300,6 +300,12 @@ impl NicRing {
         mem.store_u32(self.base + hdr::RX_WAIT, waiting as u32)
     }
 
+    /// Tell the guest whether a TX kick by exit is served at once on its
+    /// vCPU thread (`kick_exit`).
+    pub fn set_kick_exit(&self, mem: &mut impl RingMemory, served: bool) -> Result<(), String> {
+        mem.store_u32(self.base + hdr::KICK_EXIT, served as u32)
+    }
+
     /// Whether the RX ring has room for a frame of [`MAX_CHAIN`] slots
     /// (the room `fill_rx` needs to read the tap).
     pub fn rx_room(&self, mem: &impl RingMemory) -> Result<bool, String> {
