@@ -69,7 +69,7 @@ impl GuestRam {
     /// `gpa`, `len` and `offset` must be page aligned.
     pub fn map_file_cow(&self, gpa: u64, len: u64, fd: BorrowedFd<'_>, offset: u64) -> Result<()> {
         let page = wisp_abi::layout::PAGE_SIZE;
-        if gpa % page != 0 || len % page != 0 || offset % page != 0 || !self.contains(gpa, len) {
+        if !gpa.is_multiple_of(page) || !len.is_multiple_of(page) || !offset.is_multiple_of(page) || !self.contains(gpa, len) {
             return Err(Error::OutOfRange { addr: gpa, len });
         }
         // SAFETY: the target range lies inside the RAM mapping this struct
@@ -156,7 +156,7 @@ impl RamView {
 
     /// Atomically load a u32 (acquire) shared with the guest.
     pub fn load_u32(&self, addr: u64) -> Result<u32> {
-        if addr % 4 != 0 || !self.contains(addr, 4) {
+        if !addr.is_multiple_of(4) || !self.contains(addr, 4) {
             return Err(Error::OutOfRange { addr, len: 4 });
         }
         self.mem
@@ -166,7 +166,7 @@ impl RamView {
 
     /// Atomically store a u32 (release) shared with the guest.
     pub fn store_u32(&self, addr: u64, v: u32) -> Result<()> {
-        if addr % 4 != 0 || !self.contains(addr, 4) {
+        if !addr.is_multiple_of(4) || !self.contains(addr, 4) {
             return Err(Error::OutOfRange { addr, len: 4 });
         }
         self.mem

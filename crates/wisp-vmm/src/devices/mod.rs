@@ -50,11 +50,11 @@ pub trait Device: Send {
     fn park_begins(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
-    /// The park that [`Device::park_begins`] announced ended, `woken` by
-    /// its bell or a descriptor (else by its deadline): serve the device on
-    /// this thread if that brings the guest its work sooner than the
-    /// device's own thread would.
-    fn park_ended(&self, _woken: bool) {}
+    /// The park that [`Device::park_begins`] announced ended after
+    /// `parked`, `woken` by its bell or a descriptor (else by its
+    /// deadline): serve the device on this thread if that brings the guest
+    /// its work sooner than the device's own thread would.
+    fn park_ended(&self, _woken: bool, _parked: std::time::Duration) {}
     /// In a forked child process: let go of what stays with the parent.
     /// Later kicks from the child are ignored.
     fn on_fork_child(&mut self);
@@ -183,9 +183,9 @@ impl Devices {
     }
 
     /// The park ended (see [`Device::park_ended`]).
-    pub(crate) fn park_ended(&self, woken: bool) {
+    pub(crate) fn park_ended(&self, woken: bool, parked: std::time::Duration) {
         for (d, _) in &self.list {
-            d.park_ended(woken);
+            d.park_ended(woken, parked);
         }
     }
 

@@ -148,10 +148,11 @@ struct Running {
     /// ring full, RX budget spent), where watching it would only spin.
     backend: Arc<dyn Backend>,
     watchable: Arc<AtomicBool>,
-    /// A parked vCPU watches the backend (and serves what it brings): the
-    /// I/O thread need not, and does not wake for it (on this host, waking
-    /// a thread on an idle CPU costs tens of microseconds).
-    vcpu_watches: Arc<AtomicBool>,
+    /// Since when a parked vCPU watches the backend (and serves what it
+    /// brings): once that is an idle VM's park, the I/O thread stops
+    /// watching it too (on this host, waking a thread on an idle CPU costs
+    /// tens of microseconds).
+    park_watch: Arc<ParkWatch>,
     /// The rings, shared with the I/O thread: the vCPU thread serves them
     /// itself when it can (see [`Running::serve_here`]).
     rings: Arc<Mutex<Rings>>,
@@ -235,12 +236,9 @@ impl Device for Nic {
         // Where the rings stand before the guest first runs: from here on
         // the monitor's indices are its own.
         let ring = NicRing::new(&ram, base, self.mac, self.ip.0, self.offloads, self.rate, Instant::now()).map_err(std::io::Error::other)?;
-        // Kicks by exit are served on the vCPU thread (`Running::serve_here`).
-        let mut ram = ram;
-        ring.set_kick_exit(&mut ram, true).map_err(std::io::Error::other)?;
         let backend: Arc<dyn Backend> = Arc::new(tapio::Tap::new(tap));
         let watchable = Arc::new(AtomicBool::new(true));
-        let vcpu_watches = Arc::new(AtomicBool::new(false));
+        let park_watch = Arc::new(ParkWatch::new());
         let rings = Arc::new(Mutex::new(Rings { ram, ring, failed: None }));
         let io = Io {
             rings: rings.clone(),
@@ -249,14 +247,14 @@ impl Device for Nic {
             stop: stop.clone(),
             control: control.clone(),
             watchable: watchable.clone(),
-            vcpu_watches: vcpu_watches.clone(),
+            park_watch: park_watch.clone(),
         };
         let thread = std::thread::Builder::new().name("net0".into()).stack_size(256 << 10).spawn(move || {
             crate::sys::thread_started(crate::sys::ThreadRole::Io);
             io.run()
         })?;
         let kick_kvm = dup_eventfd(&kick);
-        self.state = NicState::Running(Running { tap_raw, kick, kick_kvm, backend, watchable, vcpu_watches, rings, control, stop, thread: Some(thread) });
+        self.state = NicState::Running(Running { tap_raw, kick, kick_kvm, backend, watchable, park_watch, rings, control, stop, thread: Some(thread) });
         Ok(())
     }
 
@@ -265,17 +263,23 @@ impl Device for Nic {
             // An exit kick: this thread sends what the guest queued (the
             // I/O thread sleeps, or it would not have been kicked), unless
             // the I/O thread is at the rings right now.
-            if !r.serve_here(false) {
+            if !r.serve_here(false, false) {
                 r.kick();
             }
         }
     }
 
-    fn park_ended(&self, woken: bool) {
+    fn park_ended(&self, woken: bool, parked: Duration) {
         if let NicState::Running(r) = &self.state {
-            r.vcpu_watches.store(false, Ordering::Release);
-            if woken {
-                r.serve_here(true);
+            r.park_watch.end();
+            // An idle VM's frame, or one the sleeping I/O thread does not
+            // watch for: serve it here. After a short park the guest is in
+            // an exchange, not idle — the I/O thread carries it from here
+            // (see `BUSY_PARK`); when it watches the tap itself, it already
+            // does, and a pass here would only compete with it.
+            let busy = parked < BUSY_PARK;
+            if woken && (!busy || r.park_watch.io_blind.load(Ordering::Acquire)) {
+                r.serve_here(true, busy);
             }
         }
     }
@@ -290,7 +294,7 @@ impl Device for Nic {
     fn park_begins(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         match &self.state {
             NicState::Running(r) if r.watchable.load(Ordering::Acquire) => {
-                r.vcpu_watches.store(true, Ordering::Release);
+                r.park_watch.begin();
                 Some(r.backend.ready_fd())
             }
             _ => None,
@@ -344,9 +348,11 @@ impl Running {
     /// with one thread woken, not three. `woken`: the park just ended, and
     /// the I/O thread (woken by the same frame) may hold the rings for a
     /// moment — wait for it briefly rather than enter the guest before the
-    /// frame is in its ring. Returns false if the I/O thread had them (it
-    /// moves the frames then) or the NIC is stopped.
-    fn serve_here(&self, woken: bool) -> bool {
+    /// frame is in its ring. `hand_over`: wake the I/O thread after a pass
+    /// that moved frames, to carry the exchange from here. Returns false if
+    /// the I/O thread had the rings (it moves the frames then) or the NIC
+    /// is stopped.
+    fn serve_here(&self, woken: bool, hand_over: bool) -> bool {
         let Some(mut g) = self.lock_rings(woken) else { return false };
         if g.failed.is_some() || self.stop.load(Ordering::Acquire) {
             return false;
@@ -359,8 +365,8 @@ impl Running {
                 // Budgets and a full RX ring are the I/O thread's to wait
                 // out (it sleeps with a timeout then); and a stream is its
                 // to carry, on its own CPU, with this thread in the guest.
-                let stream = p.tx.taken + p.rx.got >= HANDOVER_FRAMES;
-                if stream || p.tx.wait.is_some() || p.rx.wait.is_some() || p.rx.full {
+                let moved = p.tx.taken + p.rx.got;
+                if moved >= HANDOVER_FRAMES || (hand_over && moved > 0) || p.tx.wait.is_some() || p.rx.wait.is_some() || p.rx.full {
                     drop(g);
                     self.kick();
                 }
@@ -416,6 +422,43 @@ impl Drop for Running {
 /// thread is woken to take over.
 const HANDOVER_FRAMES: u32 = 8;
 
+/// A park shorter than this that a frame ended means an exchange in
+/// progress (request/response, a stream's next window): the I/O thread is
+/// woken to carry it, polling the tap while the guest spins, so that the
+/// next frames reach the ring with no park at all. Longer parks are an idle
+/// VM's, whose frames the vCPU thread serves alone.
+const BUSY_PARK: Duration = Duration::from_millis(2);
+
+/// Since when the vCPU thread watches a NIC's backend in an idle park,
+/// and whether the I/O thread sleeps without watching it.
+struct ParkWatch {
+    base: Instant,
+    /// Nanoseconds after `base` + 1; 0: not watching.
+    since: std::sync::atomic::AtomicU64,
+    /// The I/O thread sleeps and leaves the backend to the vCPU thread.
+    io_blind: AtomicBool,
+}
+
+impl ParkWatch {
+    fn new() -> ParkWatch {
+        ParkWatch { base: Instant::now(), since: std::sync::atomic::AtomicU64::new(0), io_blind: AtomicBool::new(false) }
+    }
+
+    fn begin(&self) {
+        self.since.store(self.base.elapsed().as_nanos() as u64 + 1, Ordering::Release);
+    }
+
+    fn end(&self) {
+        self.since.store(0, Ordering::Release);
+    }
+
+    /// How long the vCPU has been watching (none: it does not).
+    fn watching_for(&self) -> Option<Duration> {
+        let v = self.since.load(Ordering::Acquire);
+        (v != 0).then(|| self.base.elapsed().saturating_sub(Duration::from_nanos(v - 1)))
+    }
+}
+
 /// How long a woken vCPU waits for the I/O thread's round over the rings.
 const LOCK_PATIENCE: Duration = Duration::from_micros(20);
 
@@ -425,8 +468,8 @@ struct Io {
     backend: Arc<dyn Backend>,
     /// See `Running::watchable`.
     watchable: Arc<AtomicBool>,
-    /// See `Running::vcpu_watches`.
-    vcpu_watches: Arc<AtomicBool>,
+    /// See `Running::park_watch`.
+    park_watch: Arc<ParkWatch>,
     kick: Arc<OwnedFd>,
     stop: Arc<AtomicBool>,
     control: Arc<Control>,
@@ -555,8 +598,15 @@ impl Io {
             }
             // Going to sleep: announce it, then look once more so a frame
             // queued in between is not left waiting for a kick.
+            // Whether an idle VM's parked vCPU watches the tap: then it
+            // serves the rings, and a kick by exit is the guest's fastest
+            // way to us. A park shorter than `BUSY_PARK` may be a pause in
+            // an exchange, which this thread keeps carrying.
+            let watched = self.park_watch.watching_for();
+            let vcpu_serves = watched.is_some_and(|d| d >= BUSY_PARK);
             let mut g = self.lock()?;
             let Rings { ram, ring, .. } = &mut *g;
+            ring.set_kick_exit(ram, vcpu_serves)?;
             ring.set_idle(ram, true)?;
             // The store above must be visible before we read the guest's
             // index (store→load ordering; the guest has the matching fence),
@@ -575,11 +625,18 @@ impl Io {
                 // With a full RX ring the tap stays readable: do not watch
                 // it; a guest that does not kick is checked on every
                 // millisecond. With the RX budget spent: when it is there.
-                let timeout = if rx.full { Some(Duration::from_millis(1)) } else { rx.wait };
+                let mut timeout = if rx.full { Some(Duration::from_millis(1)) } else { rx.wait };
+                if let Some(d) = watched.filter(|_| !vcpu_serves) {
+                    // Look again once the park has become an idle VM's.
+                    let left = BUSY_PARK - d;
+                    timeout = Some(timeout.map_or(left, |t| t.min(left)));
+                }
                 // A parked vCPU watching the tap serves it itself. If it
                 // then runs the guest, frames wait until the guest kicks
                 // or parks again — the points where it would look anyway.
-                self.sleep(tap_ready && !self.vcpu_watches.load(Ordering::Acquire), timeout);
+                self.park_watch.io_blind.store(vcpu_serves, Ordering::Release);
+                self.sleep(tap_ready && !vcpu_serves, timeout);
+                self.park_watch.io_blind.store(false, Ordering::Release);
             }
             let mut g = self.lock()?;
             let Rings { ram, ring, .. } = &mut *g;
@@ -587,6 +644,7 @@ impl Io {
                 ring.set_rx_wait(ram, false)?;
             }
             ring.set_idle(ram, false)?;
+            ring.set_kick_exit(ram, false)?;
             drop(g);
             idle_rounds = 0;
             last = Instant::now();

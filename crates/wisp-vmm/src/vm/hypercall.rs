@@ -158,12 +158,13 @@ impl Vm {
         let ts = rustix::time::Timespec { tv_sec: wait.as_secs().min(i64::MAX as u64) as i64, tv_nsec: wait.subsec_nanos() as i64 };
         // Events posted between the check above and here wrote the eventfd:
         // the poll returns at once.
+        let start = Instant::now();
         let woken = poll(&mut fds, Some(&ts)).unwrap_or(0) > 0;
         drop(fds);
         drop(sources);
         // Before the bell is read: events the devices post here ring it,
         // and a ring left unread would end the next park at once.
-        self.devices.park_ended(woken);
+        self.devices.park_ended(woken, start.elapsed());
         let mut b = [0u8; 8];
         let _ = rustix::io::read(idle, &mut b);
     }
