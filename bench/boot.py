@@ -84,8 +84,12 @@ def footprint(ctx, n=20):
 
 RATIOS = {  # JSON key -> (wisp peer, peer it is compared with)
     "warm_boot_vs_forkexec": ("wisp_warm", "forkexec"),
+    # Like with like: both stop at the first line of output.
+    "warm_boot_vs_forkexec_first_line": ("wisp_warm", "forkexec_first_line"),
     "api_cold_boot_vs_forkexec": ("wisp_api_cold", "forkexec"),
     "cold_boot_vs_forkexec": "forkexec",
+    # The VM destroyed before `wisp run` exits, instead of by a detached child.
+    "cold_boot_sync_vs_forkexec": ("wisp_sync_teardown", "forkexec"),
     "cold_boot_vs_container": "container_unshare",
     "cold_boot_vs_crun": "container_crun",
     "cold_boot_vs_linux_vm": "linux_vm",

@@ -75,9 +75,14 @@ class Peer:
         return {}
 
 
+# `wisp run` boots in its own process only when no daemon answers: the
+# cold peers pin the socket to a path where none can.
+NO_DAEMON = "/nonexistent/wisp-bench-no-daemon.sock"
+
+
 class WispCold(Peer):
     name = "wisp"
-    description = "wisp run --stats noop: cold boot of a unikernel VM that exits 0 at once"
+    description = "wisp run --stats noop: cold boot of a unikernel VM that exits 0 at once (no daemon: WISP_SOCKET pinned to a path with none)"
     timeout_s = 20
 
     def check(self, ctx):
@@ -87,6 +92,7 @@ class WispCold(Peer):
             raise Skip("%s is not executable" % ctx.wisp)
 
     def prepare(self, ctx):
+        os.environ["WISP_SOCKET"] = NO_DAEMON
         # A trial run: fail early and clearly instead of 200 times.
         try:
             r = subprocess.run(self.argv(ctx), capture_output=True, text=True, timeout=self.timeout_s)
@@ -100,6 +106,9 @@ class WispCold(Peer):
 
     def argv(self, ctx):
         return [ctx.wisp, "run", "--stats", "noop"]
+
+    def cleanup(self, ctx):
+        os.environ.pop("WISP_SOCKET", None)
 
     def analyse(self, ctx, runs):
         return {"breakdown": wisp_breakdown(runs)}
@@ -118,6 +127,7 @@ class WispSyncTeardown(WispCold):
 
     def cleanup(self, ctx):
         os.environ.pop("WISP_SYNC_TEARDOWN", None)
+        super().cleanup(ctx)
 
 
 class ApiRun:
@@ -246,6 +256,33 @@ class ForkExec(Peer):
 
     def argv(self, ctx):
         return [ctx.noop]
+
+
+class ForkExecFirstLine(Peer):
+    """Like with like for the warm path, which stops at the guest's first
+    console line: fork+exec of a static C hello, timed until its line
+    arrives on the launcher's pipe (spawntime -l), not until it is reaped."""
+    name = "forkexec_first_line"
+    description = "fork+exec of a static C hello (bench/tools/hello.c) until its first line of output"
+
+    def prepare(self, ctx):
+        ctx.hello  # noqa: B018  (builds it)
+
+    def argv(self, ctx):
+        return [ctx.hello]
+
+    def command_str(self, ctx):
+        return "spawntime -l -- " + shlex.join(self.argv(ctx))
+
+    def measure(self, ctx, runs, warmup, outdir):
+        return spawntime(ctx, self.argv(ctx), runs, warmup, self.timeout_s, self.wrapper, outdir, first_line=True)
+
+    def validate(self, ctx, runs):
+        ok, notes = super().validate(ctx, runs)
+        lineless = [r for r in ok if r.ms is None]
+        if lineless:
+            notes.append("%d/%d runs printed no line" % (len(lineless), len(runs)))
+        return [r for r in ok if r.ms is not None], notes
 
 
 class ContainerUnshare(Peer):
@@ -458,4 +495,5 @@ class LinuxVM(Peer):
 # another Peer whose check() finds the daemon binary, prepare() starts the
 # daemon, measure() times requests itself (returning objects with .ms and
 # .status), and cleanup() stops it. Add it to PEERS and, if wanted, a ratio.
-PEERS = [WispCold(), WispSyncTeardown(), WispWarm(), WispApiCold(), ForkExec(), ContainerUnshare(), ContainerCrun(), LinuxVM()]
+PEERS = [WispCold(), WispSyncTeardown(), WispWarm(), WispApiCold(), ForkExec(), ForkExecFirstLine(), ContainerUnshare(),
+         ContainerCrun(), LinuxVM()]

@@ -105,12 +105,19 @@ class Context:
         os.makedirs(BUILD, exist_ok=True)
         self._spawntime = None
         self._noop = None
+        self._hello = None
 
     @property
     def spawntime(self):
         if not self._spawntime:
             self._spawntime = cc(os.path.join(TOOLS, "spawntime.c"), os.path.join(BUILD, "spawntime"))
         return self._spawntime
+
+    @property
+    def hello(self):
+        if not self._hello:
+            self._hello = cc(os.path.join(TOOLS, "hello.c"), os.path.join(BUILD, "hello"), static=True)
+        return self._hello
 
     @property
     def noop(self):
@@ -122,12 +129,18 @@ class Context:
 class Run:
     """One measured run: times, status, and the child's captured output."""
 
-    def __init__(self, spawn_ns, reap_ns, status, out_path, err_path):
+    def __init__(self, spawn_ns, reap_ns, status, out_path, err_path, line_ns=None):
         self.spawn_ns, self.reap_ns, self.status = spawn_ns, reap_ns, status
         self.out_path, self.err_path = out_path, err_path
+        # With first_line: when the first line of output arrived (0: none).
+        self.line_ns = line_ns
 
     @property
     def ms(self):
+        """Spawn until reaped; with first_line, spawn until the first line
+        of output (a run that printed none has no figure: None)."""
+        if self.line_ns is not None:
+            return (self.line_ns - self.spawn_ns) / 1e6 if self.line_ns else None
         return (self.reap_ns - self.spawn_ns) / 1e6
 
     def read(self, which="err"):
@@ -138,15 +151,16 @@ class Run:
             return ""
 
 
-def spawntime(ctx, argv, runs, warmup, timeout_s, wrapper=(), outdir=None):
+def spawntime(ctx, argv, runs, warmup, timeout_s, wrapper=(), outdir=None, first_line=False):
     """Run argv `runs` times (after `warmup` unrecorded runs) under the launcher.
 
     wrapper: argv prefix that sets up an environment for the launcher itself
     (e.g. a private mount namespace); it runs once, outside the timed window.
     The child's stdout/stderr go to files in outdir (same cost for every peer).
+    first_line: time each run until the first line of its output (-l).
     """
     cmd = list(wrapper) + [ctx.spawntime, "-n", str(runs), "-w", str(warmup),
-                           "-t", str(timeout_s), "-d", outdir, "--"] + list(argv)
+                           "-t", str(timeout_s), "-d", outdir] + (["-l"] if first_line else []) + ["--"] + list(argv)
     backstop = (runs + warmup) * (timeout_s + 5) + 30
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
@@ -162,9 +176,9 @@ def spawntime(ctx, argv, runs, warmup, timeout_s, wrapper=(), outdir=None):
     for i, line in enumerate(out.split("\n")):
         if not line.strip():
             continue
-        a, b, c = line.split()
-        result.append(Run(int(a), int(b), int(c), os.path.join(outdir, "%d.out" % i),
-                          os.path.join(outdir, "%d.err" % i)))
+        f = line.split()
+        result.append(Run(int(f[0]), int(f[1]), int(f[2]), os.path.join(outdir, "%d.out" % i),
+                          os.path.join(outdir, "%d.err" % i), int(f[3]) if len(f) > 3 else None))
     return result
 
 

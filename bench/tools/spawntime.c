@@ -1,7 +1,7 @@
 /*
  * spawntime: the common launcher for every peer of bench/boot.py.
  *
- *   spawntime [-n RUNS] [-w WARMUP] [-d DIR] [-t SECS] [-v] -- PROG [ARGS...]
+ *   spawntime [-n RUNS] [-w WARMUP] [-d DIR] [-t SECS] [-v] [-l] -- PROG [ARGS...]
  *
  * Runs PROG N times, one after another, with fork() + execvp() and
  * waitpid(), and prints one line per measured run on stdout:
@@ -18,6 +18,12 @@
  * The files are opened before spawn_ns is taken, so every peer pays
  * exactly the same launcher cost inside the timed window: fork, dup2 x3,
  * exec.
+ *
+ * With -l, the child's stdout is a pipe the launcher reads (copying it
+ * to the .out file, if any), and each line gets a fourth field,
+ * line_ns: CLOCK_MONOTONIC just after the first newline arrived (0 if
+ * none did) — "spawn until the first line of output", the stop point of
+ * wisp's warm path (API request to the guest's first console line).
  *
  * With -t, a child still running after SECS seconds is killed with SIGKILL
  * (its status is then 137), so a hung peer cannot stall the benchmark.
@@ -66,21 +72,22 @@ static int open_out(const char *dir, const char *idx, const char *ext) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: spawntime [-n RUNS] [-w WARMUP] [-d DIR] [-t SECS] [-v] -- PROG [ARGS...]\n");
+    fprintf(stderr, "usage: spawntime [-n RUNS] [-w WARMUP] [-d DIR] [-t SECS] [-v] [-l] -- PROG [ARGS...]\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
     long runs = 10, warmup = 0, timeout_s = 0;
     const char *dir = NULL;
-    int verbose = 0, opt;
-    while ((opt = getopt(argc, argv, "+n:w:d:t:v")) != -1) {
+    int verbose = 0, first_line = 0, opt;
+    while ((opt = getopt(argc, argv, "+n:w:d:t:vl")) != -1) {
         switch (opt) {
         case 'n': runs = strtol(optarg, NULL, 10); break;
         case 'w': warmup = strtol(optarg, NULL, 10); break;
         case 'd': dir = optarg; break;
         case 't': timeout_s = strtol(optarg, NULL, 10); break;
         case 'v': verbose = 1; break;
+        case 'l': first_line = 1; break;
         default: usage();
         }
     }
@@ -109,6 +116,8 @@ int main(int argc, char **argv) {
         if (dir) { ofd = open_out(dir, idx, "out"); efd = open_out(dir, idx, "err"); }
         else if (verbose) { ofd = 1; efd = 2; }
 
+        int pfd[2] = {-1, -1};
+        if (first_line && pipe2(pfd, O_CLOEXEC) < 0) { perror("pipe2"); return 2; }
         timed_out = 0;
         if (timeout_s > 0) alarm((unsigned)timeout_s);
         uint64_t t0 = now_ns();
@@ -116,10 +125,27 @@ int main(int argc, char **argv) {
         if (pid < 0) { perror("fork"); return 2; }
         if (pid == 0) {
             dup2(devnull, 0);
-            if (ofd != 1) dup2(ofd, 1);
+            if (first_line) dup2(pfd[1], 1);
+            else if (ofd != 1) dup2(ofd, 1);
             if (efd != 2) dup2(efd, 2);
             execvp(cargv[0], cargv);
             _exit(127);
+        }
+        uint64_t tl = 0;
+        if (first_line) {
+            close(pfd[1]);
+            char buf[4096];
+            for (;;) {
+                ssize_t n = read(pfd[0], buf, sizeof buf);
+                if (n < 0 && errno == EINTR) {
+                    if (timed_out) { kill(pid, SIGKILL); timed_out = 0; }
+                    continue;
+                }
+                if (n <= 0) break;
+                if (!tl && memchr(buf, '\n', (size_t)n)) tl = now_ns();
+                if (ofd != devnull && write(ofd, buf, (size_t)n) < 0) { /* the copy is best effort */ }
+            }
+            close(pfd[0]);
         }
         int st;
         while (waitpid(pid, &st, 0) < 0) {
@@ -130,7 +156,10 @@ int main(int argc, char **argv) {
         if (timeout_s > 0) alarm(0);
 
         int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        if (r >= 0) printf("%llu %llu %d\n", (unsigned long long)t0, (unsigned long long)t1, code);
+        if (r >= 0 && first_line)
+            printf("%llu %llu %d %llu\n", (unsigned long long)t0, (unsigned long long)t1, code, (unsigned long long)tl);
+        else if (r >= 0)
+            printf("%llu %llu %d\n", (unsigned long long)t0, (unsigned long long)t1, code);
         if (dir) { close(ofd); close(efd); }
         for (int a = 0; a < cargc; a++) if (cargv[a] != tmpl[a]) free(cargv[a]);
     }
