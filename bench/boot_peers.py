@@ -38,6 +38,7 @@ class Peer:
     slow = False          # few runs (QEMU TCG)
     timeout_s = 30        # per run
     wrapper = ()          # environment for the launcher (outside timing)
+    first_line = False    # time until the first line of output (spawntime -l)
 
     def check(self, ctx):
         """Raise Skip(reason) if this peer cannot run here."""
@@ -54,21 +55,27 @@ class Peer:
     def command_str(self, ctx):
         try:
             pre = shlex.join(self.wrapper) + " " if self.wrapper else ""
-            return pre + "spawntime -- " + shlex.join(self.argv(ctx))
+            return pre + "spawntime %s-- " % ("-l " if self.first_line else "") + shlex.join(self.argv(ctx))
         except Exception:  # noqa: BLE001
             return None
 
     def measure(self, ctx, runs, warmup, outdir):
-        return spawntime(ctx, self.argv(ctx), runs, warmup, self.timeout_s, self.wrapper, outdir)
+        return spawntime(ctx, self.argv(ctx), runs, warmup, self.timeout_s, self.wrapper, outdir,
+                         first_line=self.first_line)
 
     def validate(self, ctx, runs):
-        """Return (ok_runs, notes). Default: exit status 0."""
+        """Return (ok_runs, notes). Default: exit status 0 (and, timed to
+        the first line, a line printed)."""
         bad = [r for r in runs if r.status != 0]
         notes = []
         if bad:
             notes.append("%d/%d runs exited non-zero (e.g. status %d: %s)" % (
                 len(bad), len(runs), bad[0].status, bad[0].read("err").strip()[-300:]))
-        return [r for r in runs if r.status == 0], notes
+        ok = [r for r in runs if r.status == 0]
+        lineless = [r for r in ok if r.ms is None]
+        if lineless:
+            notes.append("%d/%d runs printed no line" % (len(lineless), len(runs)))
+        return [r for r in ok if r.ms is not None], notes
 
     def analyse(self, ctx, runs):
         """Extra per-peer results (dict) merged into the peer's JSON entry."""
@@ -250,39 +257,23 @@ def wisp_breakdown(runs):
 class ForkExec(Peer):
     name = "forkexec"
     description = "fork+exec of a static no-op C program (bench/tools/noop.c)"
+    program = "noop"      # a static C program in bench/tools, built by Context
 
     def prepare(self, ctx):
-        ctx.noop  # noqa: B018  (builds it)
+        getattr(ctx, self.program)  # builds it
 
     def argv(self, ctx):
-        return [ctx.noop]
+        return [getattr(ctx, self.program)]
 
 
-class ForkExecFirstLine(Peer):
+class ForkExecFirstLine(ForkExec):
     """Like with like for the warm path, which stops at the guest's first
     console line: fork+exec of a static C hello, timed until its line
     arrives on the launcher's pipe (spawntime -l), not until it is reaped."""
     name = "forkexec_first_line"
     description = "fork+exec of a static C hello (bench/tools/hello.c) until its first line of output"
-
-    def prepare(self, ctx):
-        ctx.hello  # noqa: B018  (builds it)
-
-    def argv(self, ctx):
-        return [ctx.hello]
-
-    def command_str(self, ctx):
-        return "spawntime -l -- " + shlex.join(self.argv(ctx))
-
-    def measure(self, ctx, runs, warmup, outdir):
-        return spawntime(ctx, self.argv(ctx), runs, warmup, self.timeout_s, self.wrapper, outdir, first_line=True)
-
-    def validate(self, ctx, runs):
-        ok, notes = super().validate(ctx, runs)
-        lineless = [r for r in ok if r.ms is None]
-        if lineless:
-            notes.append("%d/%d runs printed no line" % (len(lineless), len(runs)))
-        return [r for r in ok if r.ms is not None], notes
+    program = "hello"
+    first_line = True
 
 
 class ContainerUnshare(Peer):
