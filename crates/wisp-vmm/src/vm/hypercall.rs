@@ -160,8 +160,6 @@ impl Vm {
         // the poll returns at once.
         let start = Instant::now();
         let woken = poll(&mut fds, Some(&ts)).unwrap_or(0) > 0;
-        drop(fds);
-        drop(sources);
         // Before the bell is read: events the devices post here ring it,
         // and a ring left unread would end the next park at once.
         self.devices.park_ended(woken, start.elapsed());
