@@ -169,8 +169,8 @@ struct Rings {
     ram: RamView,
     /// Indices, identity, budgets (`ring/`).
     ring: NicRing,
-    /// Why the guest lost its NIC, when the vCPU thread found out: the I/O
-    /// thread ends with it.
+    /// Why the guest lost its NIC, whichever thread found out: the I/O
+    /// thread ends with it, and the vCPU thread serves the rings no more.
     failed: Option<String>,
 }
 

@@ -65,6 +65,9 @@ pub(super) struct Io {
     pub(super) control: Arc<Control>,
 }
 
+/// Why the I/O thread ends if another thread panicked holding the rings.
+const ABANDONED: &str = "the NIC's rings were abandoned";
+
 /// How many times the I/O thread re-checks the rings before sleeping.
 const SPIN_ROUNDS: u32 = 64;
 
@@ -107,12 +110,14 @@ impl ReplyPoll {
 impl Io {
     pub(super) fn run(self) -> Result<NetStats, String> {
         let r = self.serve();
-        let Ok(mut g) = self.rings.lock() else { return Err("the NIC's rings were abandoned".into()) };
+        let Ok(mut g) = self.rings.lock() else { return Err(ABANDONED.into()) };
         if let Err(why) = &r {
             // offload: say why (the VM goes on; its console is the guest's).
             eprintln!("wisp: NIC stopped: {why}");
-            // Tell the guest its NIC is gone; wake it so it notices.
+            // Tell the guest its NIC is gone; wake it so it notices. The
+            // vCPU thread serves the rings no more either.
             let g = &mut *g;
+            g.failed.get_or_insert_with(|| why.clone());
             let _ = g.ring.mark_stopped(&mut g.ram);
             self.control.post_events(wisp_abi::events::NET);
         }
@@ -120,7 +125,7 @@ impl Io {
     }
 
     fn lock(&self) -> Result<MutexGuard<'_, Rings>, String> {
-        let g = self.rings.lock().map_err(|_| "the NIC's rings were abandoned".to_string())?;
+        let g = self.rings.lock().map_err(|_| ABANDONED.to_string())?;
         match &g.failed {
             Some(why) => Err(why.clone()),
             None => Ok(g),
@@ -186,8 +191,6 @@ impl Io {
                 std::hint::spin_loop();
                 continue;
             }
-            // Going to sleep: announce it, then look once more so a frame
-            // queued in between is not left waiting for a kick.
             // Whether an idle VM's parked vCPU watches the tap: then it
             // serves the rings, and a kick by exit is the guest's fastest
             // way to us. A park shorter than `BUSY_PARK` may be a pause in
@@ -197,6 +200,8 @@ impl Io {
             let mut g = self.lock()?;
             let Rings { ram, ring, .. } = &mut *g;
             ring.set_kick_exit(ram, vcpu_serves)?;
+            // Going to sleep: announce it, then look once more so a frame
+            // queued in between is not left waiting for a kick.
             ring.set_idle(ram, true)?;
             // The store above must be visible before we read the guest's
             // index (store→load ordering; the guest has the matching fence),
