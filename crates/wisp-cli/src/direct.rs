@@ -52,9 +52,10 @@ pub fn run(a: &RunArgs, t_main: u64) -> Result<(u8, Option<Vm>), String> {
             s.hypercalls
         );
         eprintln!(
-            "wisp-stats: {{\"t_main_ns\":{t_main},\"t_done_ns\":{t_done},\"exits\":{},\"hypercalls\":{},\"phases_us\":{}}}",
+            "wisp-stats: {{\"t_main_ns\":{t_main},\"t_done_ns\":{t_done},\"exits\":{},\"hypercalls\":{},\"forks_prepared\":{},\"phases_us\":{}}}",
             s.exits,
             s.hypercalls,
+            s.forks_prepared,
             s.phases_json()
         );
     }

@@ -44,6 +44,35 @@ fn fork_gives_the_child_a_copy_on_write_copy() {
 }
 
 #[test]
+fn forks_handed_to_a_prepared_spare_copy_memory_as_at_the_fork() {
+    // After the first fork the parent waits, and a spare monitor process is
+    // prepared then; each later fork hands the guest to one, copying the
+    // pages that hold anything. The children must see the parent's memory
+    // (a global and a 256 KiB heap buffer) as at their own fork, and
+    // neither side the other's later writes.
+    let r = wisp_limit(&["run", "--stats", "--timeout", "30s", "family", "--", "cow-again", "4"], Duration::from_secs(60));
+    let rounds: Vec<String> =
+        (1..=4).map(|n| format!("round {n}: child exited 7, parent sees global {} heap 0xdd", n * 10 + 1)).collect();
+    let mut lines: Vec<&str> = rounds.iter().map(String::as_str).collect();
+    lines.push("cow-again ok");
+    assert_ok(&r, &lines);
+    // The root's stats (the line with the most exits: its children print
+    // theirs too) count the forks that went to a spare.
+    let prepared = r
+        .stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("wisp-stats: "))
+        .filter_map(|j| {
+            let exits = j.split("\"exits\":").nth(1)?.split(',').next()?.parse::<u64>().ok()?;
+            let prepared = j.split("\"forks_prepared\":").nth(1)?.split(',').next()?.parse::<u64>().ok()?;
+            Some((exits, prepared))
+        })
+        .max()
+        .map(|(_, p)| p);
+    assert_eq!(prepared, Some(3), "the forks after the first should go to a spare:\n{}", r.stderr);
+}
+
+#[test]
 fn children_fork_too() {
     let r = family(&["tree"]);
     assert_ok(&r, &["grandchild: parent is the child true", "child: grandchild exited 3", "root: child exited 5"]);
@@ -215,8 +244,10 @@ fn a_child_killed_from_outside_is_reaped_and_reported() {
     out.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "victim: child pid 2");
     // The child VM's monitor is a process of its own, the only child
-    // process of the root's (the `wisp run` process): kill it like any.
-    let o = Command::new("pgrep").args(["-P", &root.id().to_string()]).output().unwrap();
+    // process of the root's (the `wisp run` process) that is a VM — a
+    // spare prepared for the next fork is named `wisp-spare`: kill it like
+    // any.
+    let o = Command::new("pgrep").args(["-P", &root.id().to_string(), "-x", "wisp"]).output().unwrap();
     let kids = String::from_utf8_lossy(&o.stdout).into_owned();
     let pid: i32 = match kids.split_whitespace().collect::<Vec<_>>()[..] {
         [one] => one.parse().unwrap(),

@@ -190,7 +190,7 @@ fn common(r: &mut Rules, kick_signal: i32) {
         vec![rule(vec![cond(3, Op::MaskedEq(libc::AT_EMPTY_PATH as u64), libc::AT_EMPTY_PATH as u64)])],
     );
     // Thread names, and installing a further filter (which can only narrow).
-    one_of(r, libc::SYS_prctl, 0, &[libc::PR_SET_NAME as u64, libc::PR_SET_NO_NEW_PRIVS as u64]);
+    one_of(r, libc::SYS_prctl, 0, &[libc::PR_SET_NAME as u64, libc::PR_GET_NAME as u64, libc::PR_SET_NO_NEW_PRIVS as u64]);
     r.insert(
         libc::SYS_seccomp,
         vec![rule(vec![dword(0, libc::SECCOMP_SET_MODE_FILTER as u64), cond(1, Op::Eq, 0)])],
@@ -250,6 +250,11 @@ fn forking(r: &mut Rules) {
     any(r, &[libc::SYS_socketpair, libc::SYS_wait4, libc::SYS_waitid, libc::SYS_pidfd_open, libc::SYS_getppid]);
     // A forked child of `wisp run` dies with its parent.
     one_of(r, libc::SYS_prctl, 0, &[libc::PR_SET_PDEATHSIG as u64]);
+    // A spare monitor process for the next fork (wisp-vmm `vm/spare.rs`):
+    // the child's guest RAM as a memfd of its own, the pages to copy into
+    // it, and preparing as a batch job (this thread only: pid 0).
+    any(r, &[libc::SYS_memfd_create, libc::SYS_ftruncate, libc::SYS_fallocate, libc::SYS_mincore]);
+    r.insert(libc::SYS_sched_setscheduler, vec![rule(vec![cond(0, Op::Eq, 0)])]);
     // No `kill` at all: family pids are family-local, and the monitor
     // never asks the host whether a pid exists.
 }

@@ -90,6 +90,89 @@ impl GuestRam {
         r.map(drop).map_err(|e| Error::Host("mmap image copy-on-write", e.into()))
     }
 
+    /// Whether `fork(2)` copies guest RAM into the child process (it does
+    /// unless told otherwise). A fork that makes a spare monitor process
+    /// (`vm/spare.rs`) leaves it out: the spare gets guest RAM of its own,
+    /// and the parent's pages stay writable (no copy-on-write protection,
+    /// no KVM mappings dropped).
+    pub fn set_inherited(&self, inherited: bool) -> Result<()> {
+        let advice = if inherited { rustix::mm::Advice::LinuxDoFork } else { rustix::mm::Advice::LinuxDontFork };
+        // SAFETY: the range is exactly the RAM mapping this struct owns;
+        // MADV_(DONT|DO)FORK change only what fork(2) does with it.
+        unsafe { rustix::mm::madvise(self.host_addr as *mut std::ffi::c_void, self.size() as usize, advice) }
+            .map_err(|e| Error::Host("madvise guest RAM", e.into()))
+    }
+
+    /// Replace all of guest RAM by a copy-on-write mapping of `fd` (a
+    /// spare monitor process's RAM: the pages its parent wrote into the
+    /// file at the fork). No Rust reference into guest RAM exists.
+    pub fn map_private(&self, fd: BorrowedFd<'_>) -> Result<()> {
+        // SAFETY: the range is exactly the RAM mapping this struct owns (or,
+        // in a spare process, the hole fork(2) left where it was), page
+        // aligned; MAP_FIXED replaces it in place and nothing else.
+        let r = unsafe {
+            rustix::mm::mmap(
+                self.host_addr as *mut std::ffi::c_void,
+                self.size() as usize,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::FIXED | rustix::mm::MapFlags::NORESERVE,
+                fd,
+                0,
+            )
+        };
+        r.map(drop).map_err(|e| Error::Host("mmap guest RAM from a file", e.into()))
+    }
+
+    /// The pages of guest RAM that hold anything, as (guest-physical
+    /// start, length) runs: pages never touched read as zeros and are left
+    /// out. `None` once the runs hold more than `limit` bytes.
+    /// `vec` is scratch space (kept between calls, so a fork does not
+    /// fault in fresh memory for it).
+    pub fn resident(&self, limit: u64, vec: &mut Vec<u8>) -> Result<Option<Vec<(u64, u64)>>> {
+        let page = wisp_abi::layout::PAGE_SIZE;
+        vec.resize(self.size().div_ceil(page) as usize, 0);
+        // SAFETY: the range is the RAM mapping this struct owns; `vec` has
+        // one byte per page of it, as mincore(2) writes.
+        let r = unsafe { libc::mincore(self.host_addr as *mut libc::c_void, self.size() as usize, vec.as_mut_ptr()) };
+        if r != 0 {
+            return Err(Error::Host("mincore guest RAM", std::io::Error::last_os_error()));
+        }
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        let mut total = 0;
+        for (i, _) in vec.iter().enumerate().filter(|(_, b)| **b & 1 != 0) {
+            let gpa = i as u64 * page;
+            total += page;
+            if total > limit {
+                return Ok(None);
+            }
+            match runs.last_mut() {
+                Some((start, len)) if *start + *len == gpa => *len += page,
+                _ => runs.push((gpa, page)),
+            }
+        }
+        Ok(Some(runs))
+    }
+
+    /// Write the guest RAM of `runs` into file `fd` at the same offsets.
+    pub fn write_runs(&self, fd: BorrowedFd<'_>, runs: &[(u64, u64)]) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        for &(gpa, len) in runs {
+            let ptr = self.host_ptr(gpa, len as usize)?;
+            let mut done = 0u64;
+            while done < len {
+                // SAFETY: `ptr..ptr + len` lies in guest RAM (checked by
+                // `host_ptr`); the kernel reads it, no Rust reference is made.
+                let n = unsafe {
+                    libc::pwrite(fd.as_raw_fd(), ptr.add(done as usize).cast(), (len - done) as usize, (gpa + done) as i64)
+                };
+                if n <= 0 {
+                    return Err(Error::Host("copy guest RAM", std::io::Error::last_os_error()));
+                }
+                done += n as u64;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl RamView {

@@ -126,15 +126,33 @@ impl Shell {
     /// process) by a new one over the same (now copy-on-write) guest RAM,
     /// with the parent's vCPU state.
     pub(crate) fn rebuild_after_fork(&mut self, st: &VcpuState) -> Result<()> {
+        self.renew()?;
+        state::restore_vcpu(&self.vcpu, st)
+    }
+
+    /// In a forked process: a KVM VM and vCPU of its own over this guest
+    /// RAM, state still to be set (a spare takes it later).
+    pub(crate) fn renew(&mut self) -> Result<()> {
         let kvm = self.kvm.as_ref().ok_or(Error::Fork("this monitor has no handle on /dev/kvm to make the child's VM"))?;
         let (vm, vcpu) = new_vm(kvm)?;
         register_ram(&vm, &self.ram)?;
-        state::restore_vcpu(&vcpu, st)?;
         // The parent's descriptors close here; its VM lives on in the parent.
         self.vcpu = vcpu;
         self.vm = vm;
         self.stats = Stats::default();
         Ok(())
+    }
+
+    /// In a spare monitor process: a new KVM VM over this RAM, entered once
+    /// (the expensive first `KVM_RUN`, as in [`Shell::warm_up`]). What that
+    /// writes into guest RAM the caller maps away again.
+    pub(crate) fn renew_warm(&mut self) -> Result<()> {
+        self.renew()?;
+        arch::write_system_pages(&self.ram)?;
+        let mut sregs = self.vcpu.get_sregs().map_err(|e| Error::Kvm("get sregs", e.into()))?;
+        arch::set_sregs(&mut sregs);
+        self.vcpu.set_sregs(&sregs).map_err(|e| Error::Kvm("set sregs", e.into()))?;
+        self.warm_up()
     }
 
     /// Bytes of guest RAM.

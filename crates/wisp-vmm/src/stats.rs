@@ -11,6 +11,8 @@ pub struct Stats {
     pub exits: u64,
     /// Hypercalls served.
     pub hypercalls: u64,
+    /// Forks handed to a spare monitor process (`vm/spare.rs`).
+    pub forks_prepared: u64,
 }
 
 impl Stats {

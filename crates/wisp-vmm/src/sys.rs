@@ -96,6 +96,51 @@ pub(crate) fn die_with_parent() -> i32 {
     }
 }
 
+/// Run the calling thread as a batch job (`SCHED_BATCH`: it never takes
+/// the CPU from a thread that is woken, and a process it forks starts so
+/// too) or as a normal thread again. Both are allowed to any process.
+pub(crate) fn set_batch(batch: bool) {
+    let param = libc::sched_param { sched_priority: 0 };
+    let policy = if batch { libc::SCHED_BATCH } else { libc::SCHED_OTHER };
+    // SAFETY: `param` is a valid sched_param for the call.
+    unsafe {
+        libc::sched_setscheduler(0, policy, &param);
+    }
+}
+
+/// The calling thread's name (its process's, for the main thread).
+pub(crate) fn thread_name() -> [u8; 16] {
+    let mut name = [0u8; 16];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes into `name`.
+    unsafe {
+        libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr() as libc::c_ulong, 0, 0, 0);
+    }
+    name
+}
+
+/// Name the calling thread (NUL-terminated, at most 16 bytes).
+pub(crate) fn set_thread_name(name: &[u8; 16]) {
+    // SAFETY: PR_SET_NAME reads at most 16 bytes from `name`.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, name.as_ptr() as libc::c_ulong, 0, 0, 0);
+    }
+}
+
+/// Undo [`die_with_parent`]: the process outlives its parent.
+pub(crate) fn outlive_parent() {
+    // SAFETY: prctl(PR_SET_PDEATHSIG, 0) has no memory effects.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, 0 as libc::c_ulong, 0, 0, 0);
+    }
+}
+
+/// End this process at once with `code`: no exit handlers, no flush of
+/// buffers it inherited (a spare monitor process that is not needed).
+pub(crate) fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and touches no memory of this process.
+    unsafe { libc::_exit(code) }
+}
+
 /// Wait for child process `pid` to end; returns its raw wait status.
 pub(crate) fn wait_child(pid: i32) -> Option<i32> {
     let mut status = 0;

@@ -48,7 +48,7 @@ use region::{
     Member, FREE, ROOT_FPID, RUNNING, ZOMBIE,
 };
 pub use region::{Bell, BellRef};
-use shared::SharedMap;
+pub(crate) use shared::SharedMap;
 
 /// How a VM's family behaves; set by whoever runs the VM.
 #[derive(Clone, Copy, Debug)]
@@ -60,11 +60,15 @@ pub struct FamilyOptions {
     pub limit: u32,
     /// Children's monitor processes end with their parent's (direct mode).
     pub orphans_die: bool,
+    /// Hand later forks to a spare monitor process prepared while the guest
+    /// waits (`vm/spare.rs`); direct mode only for now: under wispd the
+    /// root's VMM process was seen killed once it held a spare (open).
+    pub spares: bool,
 }
 
 impl Default for FamilyOptions {
     fn default() -> Self {
-        FamilyOptions { fork: false, limit: MAX_MEMBERS as u32, orphans_die: true }
+        FamilyOptions { fork: false, limit: MAX_MEMBERS as u32, orphans_die: true, spares: false }
     }
 }
 
@@ -225,6 +229,17 @@ impl Family {
         let l = lock(&self.map);
         claim_alive(&self.map, slot.idx);
         l.inner.members[slot.idx].pid = self.pid;
+    }
+
+    /// The segments attached here (segment index, attach count), for a
+    /// child made in another process (`vm/spare.rs`).
+    pub(crate) fn attached_list(&self) -> Vec<(usize, u32)> {
+        self.attached.clone()
+    }
+
+    /// In a child: the segments its parent had attached at the fork.
+    pub(crate) fn set_attached(&mut self, list: Vec<(usize, u32)>) {
+        self.attached = list;
     }
 
     /// Watch child `slot` (process `pid`): when the process ends without

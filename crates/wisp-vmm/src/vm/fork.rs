@@ -1,9 +1,12 @@
-//! Fork: the monitor process forks (guest RAM is a private mapping, so the
-//! child holds a copy-on-write copy of it) and the child makes a KVM VM of
-//! its own over the same RAM with the parent's state (`crate::state`).
+//! Fork: the child VM is made in another monitor process, over a copy of
+//! guest RAM, with the parent's state (`crate::state`). Two ways: hand the
+//! guest to a spare process prepared ahead of time (`spare.rs`: the pages
+//! that hold anything are copied), or fork the monitor process here (guest
+//! RAM is a private mapping, so the child holds a copy-on-write copy of it)
+//! and make the child's KVM VM there.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use wisp_abi::{args, Hypercall};
 
@@ -12,22 +15,37 @@ use super::ipc::map_slot;
 use super::Vm;
 use crate::control::Control;
 use crate::error::{Error, Result};
+use crate::family::ForkSlot;
 use crate::signal::ThreadId;
-use crate::state::VmState;
+use crate::state::VcpuState;
 
 impl Vm {
     /// The fork hypercall (`declared`: the image declared the feature).
     pub(super) fn fork_call(&mut self, gpa: u64, declared: bool) -> Served {
         let ram = self.shell.ram.view();
         arg_block(&ram, &self.user, Hypercall::Fork, gpa, size_of::<args::Fork>(), true)?;
-        let ret = if declared { self.fork() } else { wisp_abi::errno::ENOSYS };
+        let ret = if declared { self.fork(gpa) } else { wisp_abi::errno::ENOSYS };
         // In the child this writes its own (copy-on-write) RAM.
         write_block(&ram, Hypercall::Fork, gpa, &args::Fork { ret })
     }
 
-    /// Fork this VM. Returns the child's family pid, 0 in the child, or a
-    /// negative errno.
-    fn fork(&mut self) -> i64 {
+    /// Whether this VM may fork now (the image declared it, its family
+    /// allows it, and its monitor can make a VM).
+    pub(super) fn can_fork_now(&self) -> bool {
+        self.family.opts.fork && self.shell.can_fork() && self.features & wisp_abi::features::FORK != 0
+    }
+
+    /// Finish a fork handed to a spare (see `after_fork`).
+    pub(super) fn finish_fork(&mut self) {
+        if let Some((spare, slot, pid)) = self.after_fork.take() {
+            self.family.watch_child(&slot, pid);
+            drop(spare);
+        }
+    }
+
+    /// Fork this VM (`gpa`: the call's argument block). Returns the child's
+    /// family pid, 0 in the child, or a negative errno.
+    fn fork(&mut self, gpa: u64) -> i64 {
         use wisp_abi::errno::*;
         if !self.family.opts.fork || !self.shell.can_fork() {
             return ENOSYS;
@@ -47,6 +65,25 @@ impl Vm {
             }
         };
         let t = Instant::now();
+        self.forks += 1;
+        if let Some(mut spare) = self.spare.take() {
+            let attached = self.family.attached_list();
+            let saved = t.duration_since(self.boot);
+            match spare.hand_off(&self.shell.ram, gpa, &st.vcpu, &slot, &attached, saved) {
+                Ok(pid) => {
+                    self.shell.stats.forks_prepared += 1;
+                    self.family.fork_parent_done(&slot, pid);
+                    // Its handle (a descriptor, a mapping) and the child's
+                    // watch cost system calls the guest need not wait for:
+                    // at the next exit.
+                    let fpid = slot.fpid as i64;
+                    self.after_fork = Some((spare, slot, pid));
+                    return fpid;
+                }
+                Err(true) => self.spare = Some(spare),
+                Err(false) => {}
+            }
+        }
         // SAFETY: in the child only this (vCPU) thread exists. Until it owns
         // its state it takes no process-private lock another thread may have
         // held: it builds new objects (KVM VM, control block, watchdog),
@@ -60,14 +97,12 @@ impl Vm {
                 self.family.fork_abort(&slot);
                 EAGAIN
             }
-            Ok(0) => match self.become_child(&slot, st, t) {
-                Ok(()) => 0,
-                Err(e) => {
-                    crate::sys::stderr_line(&format!("wisp: the forked VM could not start: {e}"));
-                    self.family.exit(wisp_abi::family::status::signaled(wisp_abi::family::signal::SIGSEGV));
-                    std::process::exit(125);
-                }
-            },
+            Ok(0) => {
+                // The parent's spare stays the parent's.
+                std::mem::forget(self.spare.take());
+                self.enter_child(&slot, st.vcpu, t.elapsed(), None);
+                0
+            }
             Ok(pid) => {
                 self.family.fork_parent_done(&slot, pid);
                 self.family.watch_child(&slot, pid);
@@ -76,25 +111,55 @@ impl Vm {
         }
     }
 
-    /// In the forked child process: become the child VM.
-    fn become_child(&mut self, slot: &crate::family::ForkSlot, mut st: VmState, t: Instant) -> Result<()> {
-        // From here on this process is the child: a failure below ends the
-        // child's membership, never the parent's.
+    /// In the child's process: become the child VM, whose state `st` was
+    /// saved `ago`. `prepared`: the outcome of a spare's preparation (its
+    /// KVM VM made over its own RAM), or `None` after `fork(2)` here. A
+    /// failure ends the child's membership (never the parent's) and this
+    /// process.
+    pub(super) fn enter_child(&mut self, slot: &ForkSlot, st: VcpuState, ago: Duration, prepared: Option<Result<()>>) {
         self.family.become_child(slot);
-        if self.family.opts.orphans_die && crate::sys::die_with_parent() != slot.parent_pid {
+        if let Err(e) = self.become_child(slot, st, ago, prepared) {
+            crate::sys::stderr_line(&format!("wisp: the forked VM could not start: {e}"));
+            self.family.exit(wisp_abi::family::status::signaled(wisp_abi::family::signal::SIGSEGV));
+            std::process::exit(125);
+        }
+    }
+
+    fn become_child(
+        &mut self,
+        slot: &ForkSlot,
+        mut st: VcpuState,
+        ago: Duration,
+        prepared: Option<Result<()>>,
+    ) -> Result<()> {
+        if !self.family.opts.orphans_die {
+            crate::sys::outlive_parent(); // a spare was to die with its parent
+        } else if crate::sys::die_with_parent() != slot.parent_pid {
             std::process::exit(137); // the parent is gone already
         }
         // The guest's clock keeps running across the fork.
-        st.vcpu.tsc += (t.elapsed().as_nanos() as u64).saturating_mul(self.shell.tsc_hz) / 1_000_000_000;
-        self.shell.rebuild_after_fork(&st.vcpu)?;
+        st.tsc += (ago.as_nanos() as u64).saturating_mul(self.shell.tsc_hz) / 1_000_000_000;
+        match prepared {
+            None => {
+                self.shell.rebuild_after_fork(&st)?;
+                self.devices.on_fork_child();
+            }
+            Some(made) => {
+                made?;
+                crate::state::restore_vcpu(&self.shell.vcpu, &st)?;
+            }
+        }
         for (s, gpa, host, size) in self.family.attachments() {
             if !map_slot(&self.shell.vm, s, gpa, host, size) {
                 return Err(Error::Kvm("map shared memory", std::io::Error::last_os_error()));
             }
         }
-        self.devices.on_fork_child();
         self.control = Arc::new(Control::new(self.family.bell_ref()));
         self.control.set_vcpu_thread(Some(ThreadId::current()));
+        // A VM of its own: normal scheduling (a spare prepared as a batch
+        // job), and no forks of its own yet.
+        crate::sys::set_batch(false);
+        (self.forks, self.spare_round) = (0, 0);
         self.boot = self.boot.min(Instant::now());
         self.forked = true;
         Ok(())

@@ -3,11 +3,13 @@
 //!
 //! Rooms: this file (loading, the run loop, exits), `hypercall.rs` (the
 //! hypercall table and the basic calls), `ipc.rs` (the family hypercall),
-//! `fork.rs` (fork), `watchdog.rs` (the run's time limit).
+//! `fork.rs` (fork), `spare.rs` (forks prepared ahead of time),
+//! `watchdog.rs` (the run's time limit).
 
 mod fork;
 mod hypercall;
 mod ipc;
+mod spare;
 mod watchdog;
 
 use std::io::Write;
@@ -57,6 +59,13 @@ pub struct Vm {
     on_end: Option<fn(&Outcome)>,
     /// Scratch buffer for IPC data.
     buf: Vec<u8>,
+    /// A monitor process ready to take this VM's next fork (`spare.rs`).
+    spare: Option<spare::Spare>,
+    /// A fork handed to a spare, to finish at the next exit.
+    after_fork: Option<(spare::Spare, crate::family::ForkSlot, i32)>,
+    /// Forks so far, and their count when a spare was last made.
+    forks: u32,
+    spare_round: u32,
 }
 
 /// What the run loop saw at one exit, copied out of the `kvm_run` page.
@@ -147,7 +156,14 @@ impl Shell {
         let family = Family::new_root(FamilyOptions::default()).map_err(|e| Error::Host("family region", e))?;
         let control = Arc::new(Control::new(family.bell_ref()));
         devices.activate(&self.ram, &control, &self.vm)?;
-        Ok(Vm { devices, shell: self, features, user, boot, control, family, forked: false, on_end: None, buf: Vec::new() })
+        Ok(Vm { devices, shell: self, features, user, boot, control, family, forked: false,
+            on_end: None,
+            buf: Vec::new(),
+            spare: None,
+            after_fork: None,
+            forks: 0,
+            spare_round: 0,
+        })
     }
 }
 
@@ -222,14 +238,19 @@ impl Vm {
                 self.shell.stats.phase("guest_init", start);
                 first_exit = false;
             }
-            let r = match exit {
-                Exit::Out { port, data, len } => self.on_out(port, &data[..len], console, deadline),
-                Exit::In { port } => Err(StopReason::BadIo { port, detail: "the guest read a port" }),
-                Exit::Mmio { addr, write } => Err(StopReason::OutsideRam { addr, write }),
-                Exit::Shutdown => Err(StopReason::TripleFault),
-                Exit::Hlt => Err(StopReason::Kvm("the vCPU halted".into())),
-                Exit::Interrupted => Ok(None),
-                Exit::Other(s) => Err(StopReason::Kvm(s)),
+            self.finish_fork();
+            let r = if self.spare_wanted(&exit) && matches!(self.make_spare(), spare::Made::Child) {
+                Ok(None) // the spare, now a fork's child: that exit was the parent's
+            } else {
+                match exit {
+                    Exit::Out { port, data, len } => self.on_out(port, &data[..len], console, deadline),
+                    Exit::In { port } => Err(StopReason::BadIo { port, detail: "the guest read a port" }),
+                    Exit::Mmio { addr, write } => Err(StopReason::OutsideRam { addr, write }),
+                    Exit::Shutdown => Err(StopReason::TripleFault),
+                    Exit::Hlt => Err(StopReason::Kvm("the vCPU halted".into())),
+                    Exit::Interrupted => Ok(None),
+                    Exit::Other(s) => Err(StopReason::Kvm(s)),
+                }
             };
             if self.forked {
                 // A new process: the parent's watchdog thread is not here.
@@ -247,6 +268,9 @@ impl Vm {
             }
         };
         drop(watchdog);
+        // No more forks: the spare goes.
+        self.finish_fork();
+        drop(self.spare.take());
         self.control.set_vcpu_thread(None);
         // What the runner says about the end comes first: once the family
         // knows, the parent may act (and end this process, in `wisp run`).

@@ -36,6 +36,7 @@ fn main() -> i32 {
     let n = |i: usize, d: u64| wisp::env::arg(i).and_then(|s| s.parse().ok()).unwrap_or(d);
     let r = match mode {
         "cow" => cow(),
+        "cow-again" => cow_again(n(2, 3) as u32),
         "tree" => tree(),
         "many" => many(n(2, 8) as u32),
         "pipe" => pipe(n(2, 100) as usize),
@@ -118,6 +119,44 @@ fn cow() -> R {
     ensure!(global() == 2 && code == 7, "copy-on-write broken");
     ensure!(f::waitpid(-1, true) == Err(Errno::ECHILD), "a second wait found a child");
     println!("cow ok");
+    Ok(())
+}
+
+/// Fork, wait, and fork again, `rounds` times: each child must see the
+/// parent's memory as it was at its own fork (the later forks are handed to
+/// a spare monitor process prepared during the wait), and neither side
+/// sees the other's writes afterwards.
+fn cow_again(rounds: u32) -> R {
+    let mut heap = vec![0u8; 256 * 1024];
+    for round in 1..=rounds {
+        let v = round as u64 * 10;
+        set_global(v);
+        heap.iter_mut().enumerate().for_each(|(i, x)| *x = (i as u32 ^ round) as u8);
+        let (p2c_r, p2c_w) = f::pipe().map_err(e)?;
+        let (c2p_r, c2p_w) = f::pipe().map_err(e)?;
+        let pid = f::fork().map_err(e)?;
+        let mut b = [0u8; 1];
+        if pid == 0 {
+            let sees = global() == v && heap.iter().enumerate().all(|(i, &x)| x == (i as u32 ^ round) as u8);
+            f::read(p2c_r, &mut b).map_err(e)?; // the parent has written by now
+            let untouched = global() == v && heap[1] == (1 ^ round) as u8;
+            set_global(v + 7);
+            heap[1] = 0xee;
+            f::write(c2p_w, b"x").map_err(e)?;
+            wisp::exit(if sees && untouched { 7 } else { 1 });
+        }
+        set_global(v + 1);
+        heap[1] = 0xdd;
+        f::write(p2c_w, b"x").map_err(e)?;
+        f::read(c2p_r, &mut b).map_err(e)?; // the child has written by now
+        let code = reap(pid)?;
+        println!("round {}: child exited {}, parent sees global {} heap {:#x}", round, code, global(), heap[1]);
+        ensure!(code == 7 && global() == v + 1 && heap[1] == 0xdd, "copy-on-write broken");
+        for fd in [p2c_r, p2c_w, c2p_r, c2p_w] {
+            f::close(fd).map_err(e)?;
+        }
+    }
+    println!("cow-again ok");
     Ok(())
 }
 

@@ -1,0 +1,290 @@
+//! Prepared forks. A VM that forked once keeps a *spare*: a monitor
+//! process forked ahead of time — at an exit where the guest is about to
+//! wait anyway — that has made its KVM VM and vCPU and maps guest RAM of
+//! its own (an empty memfd, copy-on-write). The next fork hands the guest
+//! to it: the parent writes the pages of guest RAM that hold anything into
+//! the memfd (a small unikernel has touched ~100 KiB), puts the vCPU state
+//! in a page it shares with the spare, and wakes it; the spare becomes the
+//! child. On the parent's critical path there is no `fork(2)`, no VM to
+//! create, and its guest pages keep their KVM mappings (`fork(2)` would
+//! write-protect them all and the guest would fault each one back, ~8 µs a
+//! page on PVM hosts). A guest whose RAM holds more than [`COPY_LIMIT`]
+//! forks the classic way (`fork.rs`), which copies nothing up front.
+//!
+//! Hand-written because Linux has no call that gives another process a
+//! copy-on-write copy of one mapping; what can be prepared is prepared.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use kvm_bindings::{kvm_fpu, kvm_regs, kvm_sregs};
+use wisp_abi::family::{flags, op, Call};
+use wisp_abi::{args, Hypercall};
+
+use super::{Exit, Vm};
+use crate::family::{ForkSlot, SharedMap};
+use crate::memory::GuestRam;
+use crate::state::VcpuState;
+
+/// Most bytes of guest RAM a fork copies; above it the fork is `fork(2)`'s.
+pub(super) const COPY_LIMIT: u64 = 2 << 20;
+
+/// Most attached shared-memory segments a hand-over carries.
+const MAX_ATTACHED: usize = 64;
+
+/// The hand-over word, at the start of the shared page.
+const PREPARING: u32 = 0;
+const READY: u32 = 1;
+const FAILED: u32 = 2;
+const GO: u32 = 3;
+const CANCEL: u32 = 4;
+
+/// Where [`Hand`] sits in the shared page.
+const HAND_OFFSET: usize = 64;
+const PAGE: usize = 4096;
+const _: () = assert!(HAND_OFFSET + size_of::<Hand>() <= PAGE);
+
+/// What the parent gives the spare at a fork (written before `GO`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Hand {
+    regs: kvm_regs,
+    sregs: kvm_sregs,
+    fpu: kvm_fpu,
+    tsc: u64,
+    /// When the parent saved the state, in ns since the VM's boot instant
+    /// (the spare has the same instant: it is a copy of the parent).
+    saved_ns: u64,
+    idx: u32,
+    fpid: i32,
+    parent_pid: i32,
+    n_attached: u32,
+    attached: [[u32; 2]; MAX_ATTACHED],
+}
+
+/// The parent's handle on its spare.
+pub(super) struct Spare {
+    pid: i32,
+    /// The child's guest RAM, written at the fork.
+    mem: OwnedFd,
+    page: SharedMap,
+    /// Scratch space for the list of pages to copy.
+    scratch: Vec<u8>,
+}
+
+/// The hand-over word of `page`.
+fn word(page: &SharedMap) -> &AtomicU32 {
+    // SAFETY: the mapping is at least a page long and page aligned, so
+    // offset 0 holds an aligned u32 for as long as `page` lives; it is only
+    // ever accessed atomically, by the parent and the spare.
+    unsafe { &*page.as_ptr().cast::<AtomicU32>() }
+}
+
+impl Spare {
+    /// Give the guest (its RAM, `vcpu`) to the spare as the child in `slot`;
+    /// `gpa` is the fork's argument block. On success the spare's host pid.
+    /// Err(true): not this time (too much RAM to copy), the spare stays
+    /// usable; Err(false): it is not.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn hand_off(
+        &mut self,
+        ram: &GuestRam,
+        gpa: u64,
+        vcpu: &VcpuState,
+        slot: &ForkSlot,
+        attached: &[(usize, u32)],
+        saved: Duration,
+    ) -> Result<i32, bool> {
+        let w = word(&self.page);
+        if w.load(Ordering::Acquire) == FAILED || attached.len() > MAX_ATTACHED {
+            return Err(false);
+        }
+        let runs = match ram.resident(COPY_LIMIT, &mut self.scratch) {
+            Ok(Some(runs)) => runs,
+            Ok(None) => return Err(true),
+            Err(_) => return Err(false),
+        };
+        ram.write_runs(self.mem.as_fd(), &runs).map_err(|_| false)?;
+        // In the child, fork returns 0.
+        let ret = args::Fork { ret: 0 };
+        if rustix::io::pwrite(&self.mem, zerocopy::IntoBytes::as_bytes(&ret), gpa).is_err() {
+            return Err(false);
+        }
+        let mut h = Hand {
+            regs: vcpu.regs,
+            sregs: vcpu.sregs,
+            fpu: vcpu.fpu,
+            tsc: vcpu.tsc,
+            saved_ns: saved.as_nanos() as u64,
+            idx: slot.idx as u32,
+            fpid: slot.fpid,
+            parent_pid: slot.parent_pid,
+            n_attached: attached.len() as u32,
+            attached: [[0; 2]; MAX_ATTACHED],
+        };
+        for (d, &(seg, n)) in h.attached.iter_mut().zip(attached) {
+            *d = [seg as u32, n];
+        }
+        // SAFETY: the hand lies inside the page (checked at compile time),
+        // aligned; the spare reads it only after it sees GO, stored below
+        // with release ordering.
+        unsafe { std::ptr::write(self.page.as_ptr().add(HAND_OFFSET).cast::<Hand>(), h) };
+        let mut cur = w.load(Ordering::Acquire);
+        loop {
+            if cur != PREPARING && cur != READY {
+                return Err(false);
+            }
+            match w.compare_exchange(cur, GO, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(v) => cur = v,
+            }
+        }
+        crate::sys::futex_wake(w);
+        Ok(self.pid)
+    }
+}
+
+impl Drop for Spare {
+    /// Not handed a guest: tell the spare to go, and reap it.
+    fn drop(&mut self) {
+        let w = word(&self.page);
+        if w.swap(CANCEL, Ordering::AcqRel) == GO {
+            w.store(GO, Ordering::Release); // it is a VM now, watched as one
+            return;
+        }
+        crate::sys::futex_wake(w);
+        let _ = crate::sys::wait_child(self.pid);
+    }
+}
+
+/// What [`Vm::make_spare`] turned this process into.
+pub(super) enum Made {
+    /// The parent: its spare is ready to take a fork (or none was made).
+    Parent,
+    /// The spare, handed a guest: the child of a fork, to be run.
+    Child,
+}
+
+impl Vm {
+    /// Whether to make a spare before serving `exit`: the VM forked since
+    /// the last try and the exit is a call that is likely to wait (idle, or
+    /// a blocking family call), so the guest loses no time to it.
+    pub(super) fn spare_wanted(&self, exit: &Exit) -> bool {
+        if !self.family.opts.spares || self.spare.is_some() || self.spare_round >= self.forks || !self.can_fork_now() {
+            return false;
+        }
+        let Exit::Out { port, data, len: 4 } = exit else {
+            return false;
+        };
+        if *port == Hypercall::Idle.port() {
+            return true;
+        }
+        if *port != Hypercall::Family.port() {
+            return false;
+        }
+        match self.shell.ram.read_obj::<Call>(u32::from_le_bytes(*data) as u64) {
+            Ok(c) => c.flags & flags::NOWAIT == 0 && matches!(c.op, op::READ | op::MSGRCV | op::WAIT | op::PAUSE),
+            Err(_) => false,
+        }
+    }
+
+    /// Fork a spare monitor process (see the module's comment). In the
+    /// parent, returns at once; in the spare, returns once a fork handed it
+    /// a guest (it is that fork's child then) — or never, when it is not
+    /// needed.
+    pub(super) fn make_spare(&mut self) -> Made {
+        self.spare_round = self.forks;
+        // What the next fork will likely copy: those pages of the file get
+        // their memory now, so the copy only copies.
+        let mut scratch = Vec::new();
+        let Ok(Some(likely)) = self.shell.ram.resident(COPY_LIMIT, &mut scratch) else { return Made::Parent };
+        let kit = (|| -> std::io::Result<(OwnedFd, SharedMap)> {
+            self.family.ensure_arena()?;
+            let mem = rustix::fs::memfd_create("wisp-fork", rustix::fs::MemfdFlags::CLOEXEC)?;
+            rustix::fs::ftruncate(&mem, self.shell.ram.size())?;
+            for &(off, len) in &likely {
+                rustix::fs::fallocate(&mem, rustix::fs::FallocateFlags::KEEP_SIZE, off, len)?;
+            }
+            Ok((mem, SharedMap::new(PAGE)?))
+        })();
+        let Ok((mem, page)) = kit else {
+            return Made::Parent;
+        };
+        if self.shell.ram.set_inherited(false).is_err() {
+            return Made::Parent;
+        }
+        let parent = self.family.pid();
+        let name = crate::sys::thread_name();
+        // The spare prepares as a batch job: it does not take the CPU from
+        // this thread (the guest is on its way back), and KVM's thread for
+        // its VM starts so too.
+        crate::sys::set_batch(true);
+        // SAFETY: as for the fork in `fork.rs`: in the spare only this
+        // (vCPU) thread exists, and until it is handed a guest it touches
+        // only what it makes (KVM VM, guest RAM mapping) and the shared page;
+        // devices let go of what their threads own (`on_fork_child`).
+        match unsafe { crate::sys::fork() } {
+            Ok(0) => {
+                // Told apart from VMs in `ps` until it is one.
+                crate::sys::set_thread_name(b"wisp-spare\0\0\0\0\0\0");
+                self.serve_as_spare(mem, page, parent);
+                crate::sys::set_thread_name(&name);
+                Made::Child
+            }
+            r => {
+                crate::sys::set_batch(false);
+                let _ = self.shell.ram.set_inherited(true);
+                if let Ok(pid) = r {
+                    self.spare = Some(Spare { pid, mem, page, scratch });
+                }
+                Made::Parent
+            }
+        }
+    }
+
+    /// In the spare: prepare, wait for a guest, become its VM.
+    fn serve_as_spare(&mut self, mem: OwnedFd, page: SharedMap, parent: i32) {
+        // Not needed any more if the parent goes.
+        if crate::sys::die_with_parent() != parent {
+            crate::sys::exit_now(0);
+        }
+        self.devices.on_fork_child();
+        let prep = (self.shell.ram.map_private(mem.as_fd()))
+            .and_then(|()| self.shell.renew_warm())
+            // The warm-up's pages go: the file's are the child's.
+            .and_then(|()| self.shell.ram.map_private(mem.as_fd()));
+        drop(mem);
+        let w = word(&page);
+        let mut cur = match w.compare_exchange(
+            PREPARING,
+            if prep.is_ok() { READY } else { FAILED },
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) if prep.is_err() => crate::sys::exit_now(0),
+            Ok(_) => READY,
+            Err(v) => v,
+        };
+        while cur != GO {
+            if cur == CANCEL {
+                crate::sys::exit_now(0);
+            }
+            crate::sys::futex_wait(w, cur, None);
+            cur = w.load(Ordering::Acquire);
+        }
+        // SAFETY: written by the parent before it stored GO (release), read
+        // after GO was seen (acquire); inside the page, aligned.
+        let h: Hand = unsafe { std::ptr::read(page.as_ptr().add(HAND_OFFSET).cast::<Hand>()) };
+        if h.idx as usize >= wisp_abi::family::limits::MAX_MEMBERS {
+            crate::sys::stderr_line("wisp: a spare was handed a member slot out of range");
+            crate::sys::exit_now(125);
+        }
+        let slot = ForkSlot { idx: h.idx as usize, fpid: h.fpid, parent_pid: h.parent_pid };
+        let n = (h.n_attached as usize).min(MAX_ATTACHED);
+        self.family.set_attached(h.attached[..n].iter().map(|&[s, c]| (s as usize, c)).collect());
+        let st = VcpuState { regs: h.regs, sregs: h.sregs, fpu: h.fpu, tsc: h.tsc };
+        let ago = self.boot.elapsed().saturating_sub(Duration::from_nanos(h.saved_ns));
+        self.enter_child(&slot, st, ago, Some(prep));
+    }
+}
