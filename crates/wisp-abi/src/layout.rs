@@ -15,6 +15,8 @@
 //! image end    heap                   user, read/write, up to the end of RAM
 //! 0x1_0000_0000 shared-memory window  user, read/write, no-exec; only the
 //!              segments a VM attached (`shmat`) are backed, the rest faults
+//! 0x1_1000_0000 family IPC page       user, read/write, no-exec, 2 MiB; backed
+//!              once the guest asked for it (`family::rings`)
 //! ```
 //!
 //! The first 2 MiB are mapped with 4 KiB pages so each system page and each

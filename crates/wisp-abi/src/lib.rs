@@ -168,6 +168,9 @@ pub mod errno {
     pub const ESRCH: i64 = -3;
     /// A blocking call was interrupted (a stop request or a signal).
     pub const EINTR: i64 = -4;
+    /// The family's shared IPC page held nonsense (written over): the call
+    /// that found it failed and the ring starts empty again.
+    pub const EIO: i64 = -5;
     /// A message is longer than the receive buffer.
     pub const E2BIG: i64 = -7;
     /// Not an open descriptor (or the wrong end of a pipe).

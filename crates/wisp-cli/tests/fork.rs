@@ -90,6 +90,26 @@ fn pipes_carry_data_eof_and_epipe() {
     assert_ok(&r, &["pipe: child read 204800 bytes, checksum match true", "pipe ok"]);
 }
 
+/// The fast path: four children write records (up to PIPE_BUF, so atomic)
+/// into one pipe and messages into one queue at once, through the rings on
+/// the family's shared page, blocking when the ring is full; every record
+/// arrives whole and in its writer's order.
+#[test]
+fn concurrent_writers_keep_records_whole_through_the_shared_rings() {
+    let r = family(&["writers", "4", "400"]);
+    assert_ok(&r, &["writers: 4 writers, 400 records each: the pipe and the queue delivered all of them whole and in order"]);
+}
+
+/// A member that writes over a pipe's and a queue's ring on the shared page
+/// (and leaves a lock held when it ends) loses only its own calls (EIO);
+/// its monitor and the others' stay up, and the family's pipes and queue
+/// work on, other data intact.
+#[test]
+fn a_member_that_corrupts_a_ring_loses_only_its_own_call() {
+    let r = family(&["corrupt"]);
+    assert_ok(&r, &["corrupt: the corrupting member's own calls failed with EIO", "corrupt: the family's pipes and queue work on"]);
+}
+
 #[test]
 fn siblings_talk_through_pipe_queue_and_shared_memory() {
     let r = family(&["siblings"]);

@@ -101,9 +101,13 @@ pub fn write_system_pages(ram: &GuestRam) -> Result<()> {
     // The family shared-memory window: mapped once, backed (by KVM memory
     // slots) only where the VM attached a segment; elsewhere an access exits
     // as MMIO and stops the VM.
+    // The family's IPC page follows it, one more 2 MiB page (backed once the
+    // guest asked for it: `wisp_abi::family::op::RINGS`).
     ram.write(PDPT + (SHM_BASE >> 30) * 8, &u64s(&[SHM_PD | P | RW | US]))?;
-    let shm: Vec<u64> =
-        (0..SHM_SIZE / LARGE_PAGE_SIZE).map(|i| (SHM_BASE + i * LARGE_PAGE_SIZE) | P | RW | US | PS | NX).collect();
+    const _: () = assert!(wisp_abi::family::rings::RINGS_GPA == SHM_BASE + SHM_SIZE);
+    let shm: Vec<u64> = (0..SHM_SIZE / LARGE_PAGE_SIZE + 1)
+        .map(|i| (SHM_BASE + i * LARGE_PAGE_SIZE) | P | RW | US | PS | NX)
+        .collect();
     ram.write(SHM_PD, &u64s(&shm))?;
     Ok(())
 }

@@ -9,6 +9,10 @@
 //! the default action — `SIGCHLD` is ignored, every other signal ends the
 //! VM with status 128 + the signal number. An interrupted blocking call is
 //! restarted after the handlers ran.
+//!
+//! Pipe reads and writes and signals between running members go through
+//! the family's shared page without an exit when they can (`rings.rs`);
+//! signals raised there are delivered after such a call too.
 
 use core::fmt;
 
@@ -32,6 +36,7 @@ impl Errno {
     pub const ENOENT: Errno = Errno(-errno::ENOENT);
     pub const ESRCH: Errno = Errno(-errno::ESRCH);
     pub const EINTR: Errno = Errno(-errno::EINTR);
+    pub const EIO: Errno = Errno(-errno::EIO);
     pub const E2BIG: Errno = Errno(-errno::E2BIG);
     pub const EBADF: Errno = Errno(-errno::EBADF);
     pub const ECHILD: Errno = Errno(-errno::ECHILD);
@@ -54,6 +59,7 @@ impl Errno {
             Errno::ENOENT => "ENOENT",
             Errno::ESRCH => "ESRCH",
             Errno::EINTR => "EINTR",
+            Errno::EIO => "EIO",
             Errno::E2BIG => "E2BIG",
             Errno::EBADF => "EBADF",
             Errno::ECHILD => "ECHILD",
@@ -123,17 +129,26 @@ fn call(opcode: u32, flg: u32, a: [u64; 4]) -> Result<(i64, u64)> {
 pub fn fork() -> Result<Pid> {
     let mut a = wisp_abi::args::Fork::default();
     hypercall::call(Hypercall::Fork, &mut a);
+    if a.ret == 0 {
+        crate::rings::after_fork();
+    }
     check(a.ret).map(|p| p as Pid)
 }
 
 /// This VM's pid.
 pub fn getpid() -> Pid {
-    raw(op::GETPID, 0, [0; 4]).0 as Pid
+    match crate::rings::pids() {
+        Some((me, _)) => me,
+        None => raw(op::GETPID, 0, [0; 4]).0 as Pid,
+    }
 }
 
 /// The parent's pid (0 for a family's root, or once the parent ended).
 pub fn getppid() -> Pid {
-    raw(op::GETPID, 0, [0; 4]).1 as Pid
+    match crate::rings::pids() {
+        Some((_, parent)) => parent,
+        None => raw(op::GETPID, 0, [0; 4]).1 as Pid,
+    }
 }
 
 /// Wait for any child to end: (pid, wait status; see [`status`]).
@@ -160,11 +175,20 @@ pub fn signal(sig: u32, handler: fn(u32)) {
 /// member has). `SIGKILL` ends it at once; other signals are delivered
 /// when it next talks to the monitor.
 pub fn kill(pid: Pid, sig: u32) -> Result<()> {
+    if crate::rings::kill(pid, sig) {
+        crate::signals::poll_page();
+        return Ok(());
+    }
     call(op::KILL, 0, [pid as u64, sig as u64, 0, 0]).map(drop)
 }
 
 /// Park until a signal arrives (and its handler ran), like `pause(2)`.
 pub fn pause() {
+    let sigs = crate::rings::spin_for_signals();
+    if sigs != 0 {
+        crate::signals::deliver(sigs);
+        return;
+    }
     loop {
         let (_, _, sigs) = family_call(op::PAUSE, 0, [0; 4]);
         if sigs != 0 {
@@ -179,29 +203,42 @@ pub fn pause() {
 
 /// Create a pipe: (read descriptor, write descriptor).
 pub fn pipe() -> Result<(u32, u32)> {
-    call(op::PIPE, 0, [0; 4]).map(|(r, w)| (r as u32, w as u32))
+    let (r, w) = call(op::PIPE, 0, [0; 4]).map(|(r, w)| (r as u32, w as u32))?;
+    crate::rings::forget(r);
+    crate::rings::forget(w);
+    Ok((r, w))
 }
 
 /// Close a descriptor.
 pub fn close(fd: u32) -> Result<()> {
+    crate::rings::forget(fd);
     call(op::CLOSE, 0, [fd as u64, 0, 0, 0]).map(drop)
 }
 
 /// Read into `buf`; blocks until some data is there. `Ok(0)`: end of file
 /// (every write end is closed).
 pub fn read(fd: u32, buf: &mut [u8]) -> Result<usize> {
+    if let Some(n) = crate::rings::read(fd, buf, crate::rings::SPIN_NS) {
+        crate::signals::poll_page();
+        return Ok(n);
+    }
     call(op::READ, 0, [fd as u64, buf.as_mut_ptr() as u64, buf.len() as u64, 0]).map(|r| r.0 as usize)
 }
 
 /// [`read`] without blocking (`EAGAIN` if the pipe is empty).
 pub fn read_nowait(fd: u32, buf: &mut [u8]) -> Result<usize> {
+    if let Some(n) = crate::rings::read(fd, buf, 0) {
+        crate::signals::poll_page();
+        return Ok(n);
+    }
     call(op::READ, flags::NOWAIT, [fd as u64, buf.as_mut_ptr() as u64, buf.len() as u64, 0]).map(|r| r.0 as usize)
 }
 
 /// Write all of `data` (blocking while the pipe is full). `EPIPE`: no
 /// reader is left.
 pub fn write(fd: u32, data: &[u8]) -> Result<usize> {
-    let mut done = 0;
+    let mut done = crate::rings::write(fd, data);
+    crate::signals::poll_page();
     while done < data.len() {
         let rest = &data[done..];
         done += call(op::WRITE, 0, [fd as u64, rest.as_ptr() as u64, rest.len() as u64, 0])?.0 as usize;
@@ -229,6 +266,10 @@ pub fn msgget(key: i64, flg: u64) -> Result<u64> {
 
 /// Queue `data` with type `mtype` (> 0); blocks while the queue is full.
 pub fn msgsnd(id: u64, mtype: i64, data: &[u8]) -> Result<()> {
+    if crate::rings::msgsnd(id, mtype, data) {
+        crate::signals::poll_page();
+        return Ok(());
+    }
     call(op::MSGSND, 0, [id, data.as_ptr() as u64, data.len() as u64, mtype as u64]).map(drop)
 }
 
@@ -237,6 +278,11 @@ pub fn msgsnd(id: u64, mtype: i64, data: &[u8]) -> Result<()> {
 /// (< 0). Blocks until one is there unless `nowait` (`ENOMSG`). Returns
 /// (length, type).
 pub fn msgrcv(id: u64, buf: &mut [u8], msgtyp: i64, nowait: bool) -> Result<(usize, i64)> {
+    let spin = if nowait { 0 } else { crate::rings::SPIN_NS };
+    if let Some((n, t)) = crate::rings::msgrcv(id, buf, msgtyp, false, spin) {
+        crate::signals::poll_page();
+        return Ok((n, t));
+    }
     let flg = if nowait { flags::NOWAIT } else { 0 };
     call(op::MSGRCV, flg, [id, buf.as_mut_ptr() as u64, buf.len() as u64, msgtyp as u64])
         .map(|(n, t)| (n as usize, t as i64))

@@ -29,6 +29,7 @@ pub mod heap;
 pub mod hypercall;
 pub mod net;
 pub mod process;
+mod rings;
 mod signals;
 mod start;
 pub mod time;

@@ -39,8 +39,14 @@ pub(crate) fn poll() {
     family_call(op::SIGNALS, 0, [0; 4]);
 }
 
+/// Deliver the signals raised for this VM on the family's page, without
+/// an exit (after a fast-path call).
+pub(crate) fn poll_page() {
+    deliver(crate::rings::take_signals());
+}
+
 /// Run handlers (or default actions) for the signals in `bits`.
-fn deliver(bits: u64) {
+pub(crate) fn deliver(bits: u64) {
     if bits == 0 {
         return;
     }

@@ -34,18 +34,19 @@ mod region;
 mod shared;
 mod shm;
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use wisp_abi::errno::*;
 use wisp_abi::family::limits::*;
+use wisp_abi::family::rings::Shared;
 use wisp_abi::family::{flags, signal};
 
-use crate::sys::{futex_wait, kick_thread, spin_on, SPIN};
+use crate::sys::{futex_wait, kick_thread, SPIN};
 use reaper::Reaper;
 use region::{
-    alive, alloc_fpid, bell, claim_alive, end_refs, exit_member, fd_pipe, lock, reap_dead, release_member, Inner,
-    Member, FREE, ROOT_FPID, RUNNING, ZOMBIE,
+    alive, alloc_fpid, bell, claim_alive, end_refs, exit_member, fd_pipe, lock, raise, reap_dead, release_member,
+    rings, Inner, Member, FREE, ROOT_FPID, RUNNING, ZOMBIE,
 };
 pub use region::{Bell, BellRef};
 pub(crate) use shared::SharedMap;
@@ -71,6 +72,13 @@ impl Default for FamilyOptions {
         FamilyOptions { fork: false, limit: MAX_MEMBERS as u32, orphans_die: true, spares: false }
     }
 }
+
+/// How soon a call that found a ring's lock held looks again.
+const BUSY_RECHECK: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// How long the monitor waits for a ring's lock held by a live member (it
+/// holds it for one copy) before the caller sleeps until it is released.
+const LOCK_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
 
 /// What [`Family::blocking`] waits at most before looking for members
 /// that died without anyone noticing (no CPU to speak of: one wake-up).
@@ -101,7 +109,13 @@ pub struct Family {
     reaper: Option<Reaper>,
     /// For a forked VM: the host pid of the VM that forked it.
     forked_from: i32,
+    /// The guest-visible page is mapped into this VM (`rings_slot`).
+    rings_mapped: bool,
 }
+
+/// The KVM memory slot of the family's guest-visible page (after the
+/// shared-memory segments' slots `1..=MAX_SEGMENTS`).
+pub const RINGS_SLOT: u32 = 1 + MAX_SEGMENTS as u32;
 
 /// Result of a family call: (ret, ret2) or a negative errno.
 pub type CallResult = Result<(i64, u64), i64>;
@@ -123,7 +137,19 @@ impl Family {
         // The loading thread is the vCPU thread (wisp runs a VM on the
         // thread that loaded it).
         claim_alive(&map, 0);
-        Ok(Family { map, arena: None, me: 0, pid, fpid: ROOT_FPID, opts, attached: Vec::new(), reaper: None, forked_from: 0 })
+        rings(&map).cells[0].fpid.store(ROOT_FPID, Ordering::SeqCst);
+        Ok(Family {
+            map,
+            arena: None,
+            me: 0,
+            pid,
+            fpid: ROOT_FPID,
+            opts,
+            attached: Vec::new(),
+            reaper: None,
+            forked_from: 0,
+            rings_mapped: false,
+        })
     }
 
     pub fn set_options(&mut self, opts: FamilyOptions) {
@@ -161,9 +187,61 @@ impl Family {
         bell(&self.map, self.me)
     }
 
-    /// Take the pending signals.
+    /// Take the pending signals (all of them are in this member's cell on
+    /// the guest-visible page, whoever raised them).
     pub fn take_signals(&self) -> u64 {
-        self.bell().signals.swap(0, Ordering::AcqRel)
+        rings(&self.map).cells[self.me].take()
+    }
+
+    // ----- the guest-visible page -----
+
+    /// For the RINGS call: (this member's cell index, the page's guest
+    /// address), after `map(slot, guest address, host address, size)` put it
+    /// into this VM (once).
+    pub fn rings_info(&mut self, map: &mut dyn FnMut(u32, u64, u64, u64) -> bool) -> CallResult {
+        use wisp_abi::family::rings::{RINGS_GPA, RINGS_SIZE};
+        if !self.rings_mapped {
+            let host = rings(&self.map) as *const _ as u64;
+            if !map(RINGS_SLOT, RINGS_GPA, host, RINGS_SIZE) {
+                return Err(ENOMEM);
+            }
+            self.rings_mapped = true;
+        }
+        Ok((self.me as i64, RINGS_GPA))
+    }
+
+    /// The WAKE call: `kind` 0 wakes every member waiting in a family call
+    /// (a pipe's sleepers among them), 1 the member of cell `idx`.
+    pub fn wake(&self, kind: u64, idx: u64) -> CallResult {
+        match kind {
+            0 => {
+                let l = lock(&self.map);
+                region::wake_waiters(&self.map, l.inner);
+            }
+            1 if (idx as usize) < MAX_MEMBERS => {
+                let b = bell(&self.map, idx as usize);
+                b.events.fetch_or(wisp_abi::events::FAMILY, Ordering::AcqRel);
+                b.ring();
+            }
+            _ => return Err(EINVAL),
+        }
+        Ok((0, 0))
+    }
+
+    /// Signals are pending for this member (raised on the page, maybe by a
+    /// guest: the idle hypercall then reports `events::FAMILY`).
+    pub fn signals_pending(&self) -> bool {
+        rings(&self.map).cells[self.me].signals.load(Ordering::SeqCst) & !1 != 0
+    }
+
+    /// Say on the page that this member's vCPU sleeps in its monitor (or no
+    /// longer does). Going to sleep, true if a signal is pending already
+    /// (the caller then does not sleep): a sender sets the signal before it
+    /// looks at `parked`, this side the other way round.
+    pub fn park_cell(&self, parked: bool) -> bool {
+        let c = &rings(&self.map).cells[self.me];
+        c.parked.store(parked as u32, Ordering::SeqCst);
+        parked && c.signals.load(Ordering::SeqCst) & !1 != 0
     }
 
     // ----- fork -----
@@ -194,7 +272,11 @@ impl Family {
         b.kill.store(0, Ordering::Release);
         b.tid.store(0, Ordering::Release);
         b.events.store(0, Ordering::Release);
-        b.signals.store(0, Ordering::Release);
+        let c = &rings(&self.map).cells[idx];
+        c.signals.store(0, Ordering::SeqCst);
+        c.parked.store(0, Ordering::SeqCst);
+        c.ppid.store(self.fpid, Ordering::SeqCst);
+        c.fpid.store(fpid, Ordering::SeqCst);
         // Free until the child takes it (a previous member's may be stale).
         // SAFETY: the slot is free (no live member uses its mutex) and the
         // region lock is held, so no `reap_dead` looks at it meanwhile.
@@ -205,8 +287,9 @@ impl Family {
     /// The host fork failed: give the slot back.
     pub fn fork_abort(&self, slot: &ForkSlot) {
         let l = lock(&self.map);
-        release_member(l.inner, slot.idx);
+        release_member(&self.map, l.inner, slot.idx);
         l.inner.members[slot.idx].state = FREE;
+        rings(&self.map).cells[slot.idx].fpid.store(0, Ordering::SeqCst);
     }
 
     /// Parent side after the host fork: the child's pid is known.
@@ -226,6 +309,9 @@ impl Family {
         self.pid = std::process::id() as i32;
         self.fpid = slot.fpid;
         self.forked_from = slot.parent_pid;
+        // Its new KVM VM maps the page with the shared-memory segments
+        // (`attachments`), whether the parent's guest used it or not.
+        self.rings_mapped = true;
         let l = lock(&self.map);
         claim_alive(&self.map, slot.idx);
         l.inner.members[slot.idx].pid = self.pid;
@@ -311,9 +397,7 @@ impl Family {
                 kick_thread(host_pid, tid, kick_sig);
             }
         } else {
-            b.signals.fetch_or(1 << sig, Ordering::AcqRel);
-            b.events.fetch_or(wisp_abi::events::FAMILY, Ordering::AcqRel);
-            b.ring();
+            raise(&self.map, idx, sig as u32);
         }
         Ok((0, 0))
     }
@@ -330,12 +414,32 @@ impl Family {
         w: &Waiter,
         mut attempt: impl FnMut(&mut Inner, usize) -> Option<Result<T, i64>>,
     ) -> Result<T, i64> {
+        self.blocking_on(nowait, w, None, |inner, me, _| match attempt(inner, me) {
+            Some(r) => Attempt::Done(r),
+            None => Attempt::Wait,
+        })
+    }
+
+    /// [`Self::blocking`] for a call that waits on a ring of the guest-visible
+    /// page: before sleeping it also watches `watch` (a position guests move
+    /// without telling the monitor), and `attempt` is told when it is the
+    /// last look before sleeping (`true`: it then asks the ring's parties to
+    /// wake this member, which costs them an exit, and looks again).
+    fn blocking_on<T>(
+        &self,
+        nowait: Option<i64>,
+        w: &Waiter,
+        watch: Option<&AtomicU32>,
+        mut attempt: impl FnMut(&mut Inner, usize, bool) -> Attempt<T>,
+    ) -> Result<T, i64> {
         let b = self.bell();
+        let cell = &rings(&self.map).cells[self.me];
         loop {
             let seq = b.seq.load(Ordering::Acquire);
+            let seen = watch.map(|a| a.load(Ordering::SeqCst));
             {
                 let l = lock(&self.map);
-                if let Some(r) = attempt(l.inner, self.me) {
+                if let Attempt::Done(r) = attempt(l.inner, self.me, false) {
                     l.inner.members[self.me].waiting = 0;
                     return r;
                 }
@@ -349,16 +453,78 @@ impl Family {
                 }
                 l.inner.members[self.me].waiting = 1;
             }
-            if (w.interrupted)() || b.signals.load(Ordering::Acquire) != 0 {
+            // A peer often answers within microseconds: look for the bell,
+            // signals raised on the page and the watched position a little
+            // while before sleeping (the wake-up of a sleeping thread costs
+            // more than that).
+            let until = std::time::Instant::now() + SPIN;
+            let moved = || watch.zip(seen).is_some_and(|(a, v)| a.load(Ordering::Relaxed) != v);
+            while b.seq.load(Ordering::Acquire) == seq
+                && cell.signals.load(Ordering::Relaxed) == 0
+                && !moved()
+                && std::time::Instant::now() < until
+            {
+                std::hint::spin_loop();
+            }
+            if moved() {
+                continue;
+            }
+            // Nobody promised a wake-up while a member holds the ring's lock
+            // (for long: it may be stopped, or hostile): look again soon.
+            let mut recheck = RECHECK;
+            if watch.is_some() {
+                let l = lock(&self.map);
+                match attempt(l.inner, self.me, true) {
+                    Attempt::Done(r) => {
+                        l.inner.members[self.me].waiting = 0;
+                        return r;
+                    }
+                    Attempt::Busy => recheck = BUSY_RECHECK,
+                    Attempt::Wait => {}
+                }
+            }
+            if (w.interrupted)() || self.park_cell(true) {
+                self.park_cell(false);
                 lock(&self.map).inner.members[self.me].waiting = 0;
                 return Err(EINTR);
             }
-            // A peer often answers within microseconds: look for the bell
-            // a little while before sleeping (the wake-up of a sleeping
-            // thread costs more than that).
-            spin_on(&b.seq, seq, SPIN);
-            futex_wait(&b.seq, seq, Some(RECHECK));
+            futex_wait(&b.seq, seq, Some(recheck));
+            self.park_cell(false);
             (w.hold)();
+        }
+    }
+
+    /// Run `f` on `ring` (a pipe's or a queue's) with its lock held as this member; wakes the
+    /// ring's sleepers afterwards if they asked. `None` while a live member
+    /// holds the lock for longer than [`LOCK_SPIN`]. A lock left by a member
+    /// that is gone, or by this member's own guest (its vCPU is here, not
+    /// copying), is taken over.
+    fn with_ring<R: Shared, T, E>(
+        &self,
+        inner: &mut Inner,
+        ring: &R,
+        f: impl FnOnce(&R) -> Result<T, E>,
+    ) -> Option<Result<T, E>> {
+        let who = self.fpid as u32;
+        let until = std::time::Instant::now() + LOCK_SPIN;
+        loop {
+            if ring.try_lock(who) {
+                let r = f(ring);
+                if ring.unlock(r.is_ok()) {
+                    region::wake_waiters(&self.map, inner);
+                }
+                return Some(r);
+            }
+            if std::time::Instant::now() >= until {
+                return None;
+            }
+            let holder = ring.lock_word().load(Ordering::SeqCst);
+            let live = inner.members.iter().any(|m| m.state == RUNNING && m.fpid as u32 == holder);
+            if holder == who || !live {
+                let _ = ring.lock_word().compare_exchange(holder, 0, Ordering::SeqCst, Ordering::SeqCst);
+            } else {
+                std::hint::spin_loop();
+            }
         }
     }
 
@@ -398,6 +564,27 @@ impl Family {
         match r {
             Err(i64::MIN) => Ok((0, 0)),
             r => r,
+        }
+    }
+}
+
+/// One attempt of a blocking call.
+pub(super) enum Attempt<T> {
+    /// Completed (or failed).
+    Done(Result<T, i64>),
+    /// Has to wait for a change that wakes it.
+    Wait,
+    /// A ring's lock was held (by a live member) all along.
+    Busy,
+}
+
+impl<T> Attempt<T> {
+    /// From `with_ring`'s answer: `None` (the lock stayed held) is `Busy`,
+    /// else `done` says what the operation's result means.
+    pub(super) fn from_ring<R>(r: Option<R>, done: impl FnOnce(R) -> Option<Result<T, i64>>) -> Attempt<T> {
+        match r {
+            None => Attempt::Busy,
+            Some(r) => done(r).map_or(Attempt::Wait, Attempt::Done),
         }
     }
 }
@@ -469,7 +656,7 @@ mod tests {
         assert_eq!((a.fpid, b.fpid), (2, 3));
         // Named by family pid; signal 0 only checks.
         assert_eq!(fam.kill(2, signal::SIGUSR1 as u64, 0), Ok((0, 0)));
-        assert_eq!(bell(&fam.map, a.idx).signals.load(Ordering::Acquire), 1 << signal::SIGUSR1);
+        assert_eq!(rings(&fam.map).cells[a.idx].signals.load(Ordering::Acquire), 1 << signal::SIGUSR1);
         assert_eq!(fam.kill(1, 0, 0), Ok((0, 0)));
         // A host pid is nothing here, be it a member's monitor or a live
         // process of the host (this one, init).

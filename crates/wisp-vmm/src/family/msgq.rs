@@ -1,12 +1,19 @@
 //! Message queues (System V style): `msgget` by key, `msgsnd`, `msgrcv`
-//! by type (0, t or -t), `msgrmid`.
+//! by type (0, t or -t), `msgrmid`. The region keeps which queues exist
+//! (key, generation); the messages are in the queue's ring on the
+//! guest-visible page, which guests use themselves while nothing blocks
+//! (`wisp_abi::family::rings::QueueRing`). This is the slow path, with the
+//! same rules.
+
+use std::sync::atomic::Ordering;
 
 use wisp_abi::errno::*;
 use wisp_abi::family::flags;
 use wisp_abi::family::limits::*;
+use wisp_abi::family::rings::{Blocked, NoMessage, QueueRing, WAIT_READER, WAIT_WRITER};
 
-use super::region::{lock, wake_waiters, Inner, MsgEntry, Queue};
-use super::{by_key, id_index, ipc_id, next_gen, CallResult, Family, Waiter};
+use super::region::{lock, rings, wake_waiters, Inner};
+use super::{by_key, id_index, ipc_id, next_gen, Attempt, CallResult, Family, Waiter};
 
 impl Family {
     pub fn msgget(&self, key: i64, flg: u64) -> CallResult {
@@ -18,13 +25,23 @@ impl Family {
         let Some(i) = inner.queues.iter().position(|q| q.used == 0) else { return Err(ENOSPC) };
         let gen = next_gen(inner);
         let q = &mut inner.queues[i];
-        (q.used, q.gen, q.key, q.count, q.bytes) = (1, gen, key, 0, 0);
-        Ok((ipc_id(gen, i), 0))
+        (q.used, q.gen, q.key) = (1, gen, key);
+        let id = ipc_id(gen, i);
+        rings(&self.map).queues[i].reset(id as u64);
+        Ok((id, 0))
     }
 
-    fn queue(inner: &mut Inner, id: u64) -> Option<&mut Queue> {
-        let q = inner.queues.get_mut(id_index(id))?;
-        (q.used != 0 && q.gen as u64 == id >> 8).then_some(q)
+    /// The index of queue `id`, if it exists.
+    fn queue(inner: &Inner, id: u64) -> Option<usize> {
+        let i = id_index(id);
+        let q = inner.queues.get(i)?;
+        (q.used != 0 && q.gen as u64 == id >> 8).then_some(i)
+    }
+
+    /// The ring of queue `id` (what a blocked call watches).
+    fn queue_ring(&self, id: u64) -> Option<&QueueRing> {
+        let i = Self::queue(lock(&self.map).inner, id)?;
+        Some(&rings(&self.map).queues[i])
     }
 
     pub fn msgsnd(&self, id: u64, data: &[u8], mtype: i64, nowait: bool, w: &Waiter) -> CallResult {
@@ -32,65 +49,68 @@ impl Family {
             return Err(EINVAL);
         }
         let mut seen = false;
-        self.blocking(nowait.then_some(EAGAIN), w, |inner, _| {
-            let Some(q) = Self::queue(inner, id) else { return Some(Err(if seen { EIDRM } else { EINVAL })) };
+        let watch = self.queue_ring(id).map(|r| &r.count);
+        self.blocking_on(nowait.then_some(EAGAIN), w, watch, |inner, _, last| {
+            let Some(i) = Self::queue(inner, id) else {
+                return Attempt::Done(Err(if seen { EIDRM } else { EINVAL }));
+            };
             seen = true;
-            if q.count as usize >= QUEUE_MESSAGES || q.bytes as usize >= QUEUE_BYTES || q.bytes as usize + data.len() > QUEUE_BYTES {
-                return None;
+            let ring = &rings(&self.map).queues[i];
+            if last {
+                ring.waiters.fetch_or(WAIT_WRITER, Ordering::SeqCst);
             }
-            let off = q.bytes as usize;
-            q.data[off..off + data.len()].copy_from_slice(data);
-            q.entries[q.count as usize] = MsgEntry { mtype, len: data.len() as u64 };
-            q.count += 1;
-            q.bytes += data.len() as u32;
-            wake_waiters(&self.map, inner);
-            Some(Ok((0, 0)))
+            match self.with_ring(inner, ring, |r| r.send(mtype, data)) {
+                None => Attempt::Busy,
+                Some(Ok(())) => Attempt::Done(Ok((0, 0))),
+                Some(Err(Blocked::Wait)) => Attempt::Wait,
+                Some(Err(Blocked::Corrupt)) => Attempt::Done(Err(self.spoilt(inner, i))),
+            }
         })
     }
 
     pub fn msgrcv(&self, id: u64, max: usize, msgtyp: i64, flg: u32, w: &Waiter, out: &mut Vec<u8>) -> CallResult {
         out.clear();
+        out.resize(max.min(MSG_MAX), 0);
         let mut seen = false;
         let nowait = flg & flags::NOWAIT != 0;
-        self.blocking(nowait.then_some(ENOMSG), w, |inner, _| {
-            let Some(q) = Self::queue(inner, id) else { return Some(Err(if seen { EIDRM } else { EINVAL })) };
+        let truncate = flg & flags::NOERROR != 0;
+        let watch = self.queue_ring(id).map(|r| &r.count);
+        let r = self.blocking_on(nowait.then_some(ENOMSG), w, watch, |inner, _, last| {
+            let Some(i) = Self::queue(inner, id) else {
+                return Attempt::Done(Err(if seen { EIDRM } else { EINVAL }));
+            };
             seen = true;
-            let n = (q.count as usize).min(QUEUE_MESSAGES);
-            let pick = match msgtyp {
-                0 => (n > 0).then_some(0),
-                t if t > 0 => q.entries[..n].iter().position(|e| e.mtype == t),
-                t => {
-                    let lim = t.checked_neg().unwrap_or(i64::MAX);
-                    let best = q.entries[..n].iter().enumerate().filter(|(_, e)| e.mtype <= lim).min_by_key(|(_, e)| e.mtype);
-                    best.map(|(i, _)| i)
-                }
-            }?;
-            let e = q.entries[pick];
-            let len = (e.len as usize).min(MSG_MAX);
-            if len > max && flg & flags::NOERROR == 0 {
-                return Some(Err(E2BIG));
+            let ring = &rings(&self.map).queues[i];
+            if last {
+                ring.waiters.fetch_or(WAIT_READER, Ordering::SeqCst);
             }
-            let off: usize = q.entries[..pick].iter().map(|e| (e.len as usize).min(MSG_MAX)).sum();
-            let bytes = (q.bytes as usize).min(QUEUE_BYTES);
-            if off + len > bytes {
-                // Torn by a member killed mid-update: drop the queue's contents.
-                (q.count, q.bytes) = (0, 0);
-                return Some(Err(EIDRM));
+            match self.with_ring(inner, ring, |r| r.receive(msgtyp, out, truncate)) {
+                None => Attempt::Busy,
+                Some(Ok(got)) => Attempt::Done(Ok(got)),
+                Some(Err(NoMessage::Wait)) => Attempt::Wait,
+                Some(Err(NoMessage::TooBig)) => Attempt::Done(Err(E2BIG)),
+                Some(Err(NoMessage::Corrupt)) => Attempt::Done(Err(self.spoilt(inner, i))),
             }
-            out.extend_from_slice(&q.data[off..off + len.min(max)]);
-            q.data.copy_within(off + len..bytes, off);
-            q.entries.copy_within(pick + 1..n, pick);
-            q.count = n as u32 - 1;
-            q.bytes = (bytes - len) as u32;
-            wake_waiters(&self.map, inner);
-            Some(Ok((len.min(max) as i64, e.mtype as u64)))
-        })
+        });
+        let n = r.map(|(n, _)| n).unwrap_or(0);
+        out.truncate(n);
+        r.map(|(n, t)| (n as i64, t as u64))
+    }
+
+    /// Queue `i`'s ring was written over: it starts empty again (what it
+    /// held is lost) and the call that found it fails with `EIO`.
+    fn spoilt(&self, inner: &mut Inner, i: usize) -> i64 {
+        let q = &inner.queues[i];
+        rings(&self.map).queues[i].reset(ipc_id(q.gen, i) as u64);
+        wake_waiters(&self.map, inner);
+        EIO
     }
 
     pub fn msgrmid(&self, id: u64) -> CallResult {
         let l = lock(&self.map);
-        let Some(q) = Self::queue(l.inner, id) else { return Err(EINVAL) };
-        q.used = 0;
+        let Some(i) = Self::queue(l.inner, id) else { return Err(EINVAL) };
+        l.inner.queues[i].used = 0;
+        rings(&self.map).queues[i].live.store(0, Ordering::SeqCst);
         wake_waiters(&self.map, l.inner);
         Ok((0, 0))
     }

@@ -1,12 +1,20 @@
 //! Pipes between the VMs of a family: `pipe`, `close`, `read`, `write` on
-//! descriptors (per VM, inherited by fork) that name one end of a pipe in
-//! the region (a ring of `PIPE_CAPACITY` bytes).
+//! descriptors (per VM, inherited by fork) that name one end of a pipe.
+//! The bookkeeping (descriptors, ends open) is in the region; the bytes
+//! are in the pipe's ring on the guest-visible page, which guests read and
+//! write themselves while nothing blocks (`wisp_abi::family::rings`). This
+//! is the slow path: the monitor applies the same rules to the ring, takes
+//! its lock as the calling member, and puts the caller to sleep when it has
+//! to wait.
+
+use std::sync::atomic::Ordering;
 
 use wisp_abi::errno::*;
 use wisp_abi::family::limits::*;
+use wisp_abi::family::rings::{Blocked, PipeRing, WAIT_READER, WAIT_WRITER};
 
-use super::region::{fd_entry, fd_pipe, lock, release_end, wake_waiters, Inner};
-use super::{CallResult, Family, Waiter};
+use super::region::{fd_entry, fd_pipe, lock, release_end, rings, wake_waiters, Inner};
+use super::{Attempt, CallResult, Family, Waiter};
 
 impl Family {
     pub fn pipe(&self) -> CallResult {
@@ -17,7 +25,11 @@ impl Family {
         let (Some(r), Some(w)) = (free.next(), free.next()) else { return Err(EMFILE) };
         let Some(p) = inner.pipes.iter().position(|p| p.used == 0) else { return Err(ENOSPC) };
         let pipe = &mut inner.pipes[p];
-        (pipe.used, pipe.readers, pipe.writers, pipe.head, pipe.len) = (1, 1, 1, 0, 0);
+        (pipe.used, pipe.readers, pipe.writers) = (1, 1, 1);
+        let ring = &rings(&self.map).pipes[p];
+        ring.reset();
+        ring.closed.store(0, Ordering::SeqCst);
+        ring.waiters.store(0, Ordering::SeqCst);
         let fds = &mut inner.members[self.me].fds;
         fds[r] = fd_entry(p, 0);
         fds[w] = fd_entry(p, 1);
@@ -30,9 +42,25 @@ impl Family {
             return Err(EBADF);
         };
         l.inner.members[self.me].fds[fd as usize] = 0;
-        release_end(l.inner, f);
+        release_end(&self.map, l.inner, f);
         wake_waiters(&self.map, l.inner);
         Ok((0, 0))
+    }
+
+    /// For the FDRING call: descriptor `fd`'s (ring index, end).
+    pub fn fd_ring(&self, fd: u64) -> CallResult {
+        let l = lock(&self.map);
+        match l.inner.members[self.me].fds.get(fd as usize).and_then(|&f| fd_pipe(f)) {
+            Some((pipe, end)) => Ok((pipe as i64, end as u64)),
+            None => Err(EBADF),
+        }
+    }
+
+    /// The ring of the pipe behind descriptor `fd` if it is open on `end`
+    /// (what a blocked call watches; the attempts look again under the lock).
+    fn ring_for(&self, fd: u64, end: u16) -> Option<&PipeRing> {
+        let p = Self::pipe_of(lock(&self.map).inner, self.me, fd, end).ok()?;
+        Some(&rings(&self.map).pipes[p])
     }
 
     /// The pipe behind descriptor `fd` if it is open on `end`.
@@ -46,26 +74,32 @@ impl Family {
     /// Read up to `max` bytes from descriptor `fd`; `out` receives them.
     pub fn read(&self, fd: u64, max: usize, nowait: bool, w: &Waiter, out: &mut Vec<u8>) -> CallResult {
         out.clear();
-        self.blocking(nowait.then_some(EAGAIN), w, |inner, me| {
+        out.resize(max.min(PIPE_CAPACITY), 0);
+        let ring = self.ring_for(fd, 0);
+        let r = self.blocking_on(nowait.then_some(EAGAIN), w, ring.map(|r| &r.tail), |inner, me, last| {
             let p = match Self::pipe_of(inner, me, fd, 0) {
                 Ok(p) => p,
-                Err(e) => return Some(Err(e)),
+                Err(e) => return Attempt::Done(Err(e)),
             };
-            let pipe = &mut inner.pipes[p];
-            pipe.len = pipe.len.min(PIPE_CAPACITY as u32); // never trust shared state blindly
-            if pipe.len == 0 {
-                return (pipe.writers == 0 || max == 0).then_some(Ok((0, 0)));
+            let ring = &rings(&self.map).pipes[p];
+            if last {
+                // Going to sleep: say so on the ring, then look once more (a
+                // writer that filled it before it saw the bit wakes nobody).
+                ring.waiters.fetch_or(WAIT_READER, Ordering::SeqCst);
             }
-            let n = max.min(pipe.len as usize);
-            let head = pipe.head as usize % PIPE_CAPACITY;
-            let first = n.min(PIPE_CAPACITY - head);
-            out.extend_from_slice(&pipe.buf[head..head + first]);
-            out.extend_from_slice(&pipe.buf[..n - first]);
-            pipe.head = ((head + n) % PIPE_CAPACITY) as u32;
-            pipe.len -= n as u32;
-            wake_waiters(&self.map, inner);
-            Some(Ok((n as i64, 0)))
-        })
+            let eof = inner.pipes[p].writers == 0 || out.is_empty();
+            Attempt::from_ring(self.with_ring(inner, ring, |r| r.take(out)), |r| match r {
+                Ok(n) => Some(Ok(n)),
+                Err(Blocked::Corrupt) => {
+                    ring.reset();
+                    Some(Err(EIO))
+                }
+                Err(Blocked::Wait) => eof.then_some(Ok(0)),
+            })
+        });
+        let n = *r.as_ref().unwrap_or(&0);
+        out.truncate(n);
+        r.map(|n| (n as i64, 0))
     }
 
     /// Write `data` to descriptor `fd`: all of it (blocking as needed), or
@@ -73,30 +107,27 @@ impl Family {
     pub fn write(&self, fd: u64, data: &[u8], nowait: bool, w: &Waiter) -> CallResult {
         let mut done = 0usize;
         loop {
-            let r = self.blocking(nowait.then_some(EAGAIN), w, |inner, me| {
+            let ring = self.ring_for(fd, 1);
+            let r = self.blocking_on(nowait.then_some(EAGAIN), w, ring.map(|r| &r.head), |inner, me, last| {
                 let p = match Self::pipe_of(inner, me, fd, 1) {
                     Ok(p) => p,
-                    Err(e) => return Some(Err(e)),
+                    Err(e) => return Attempt::Done(Err(e)),
                 };
-                let pipe = &mut inner.pipes[p];
-                if pipe.readers == 0 {
-                    return Some(Err(EPIPE));
+                if inner.pipes[p].readers == 0 {
+                    return Attempt::Done(Err(EPIPE));
                 }
-                let rest = &data[done..];
-                pipe.len = pipe.len.min(PIPE_CAPACITY as u32);
-                let space = PIPE_CAPACITY - pipe.len as usize;
-                let need = if rest.len() <= PIPE_BUF { rest.len() } else { 1 };
-                if space < need.max(1) {
-                    return None;
+                let ring = &rings(&self.map).pipes[p];
+                if last {
+                    ring.waiters.fetch_or(WAIT_WRITER, Ordering::SeqCst);
                 }
-                let n = rest.len().min(space);
-                let tail = (pipe.head as usize + pipe.len as usize) % PIPE_CAPACITY;
-                let first = n.min(PIPE_CAPACITY - tail);
-                pipe.buf[tail..tail + first].copy_from_slice(&rest[..first]);
-                pipe.buf[..n - first].copy_from_slice(&rest[first..n]);
-                pipe.len += n as u32;
-                wake_waiters(&self.map, inner);
-                Some(Ok(n))
+                Attempt::from_ring(self.with_ring(inner, ring, |r| r.put(&data[done..])), |r| match r {
+                    Ok(n) => Some(Ok(n)),
+                    Err(Blocked::Corrupt) => {
+                        ring.reset();
+                        Some(Err(EIO))
+                    }
+                    Err(Blocked::Wait) => None,
+                })
             });
             match r {
                 Ok(n) => {

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use wisp_abi::family::limits::*;
 use wisp_abi::family::{signal, status};
 
+use wisp_abi::family::rings::{self, Rings, NO_READERS, NO_WRITERS};
+
 use super::shared::{self, SharedMap};
 use crate::sys::futex_wake;
 
@@ -30,8 +32,6 @@ pub struct Bell {
     _pad: u32,
     /// `wisp_abi::events` bits for the next idle hypercall.
     pub events: AtomicU64,
-    /// Pending signals.
-    pub signals: AtomicU64,
     /// Held by the member's vCPU thread while the member lives: a robust
     /// mutex, so the kernel marks it when that thread dies, however it
     /// dies. Others find dead members with a `trylock`.
@@ -101,33 +101,23 @@ pub(super) fn alloc_fpid(inner: &mut Inner) -> i32 {
     p
 }
 
+/// A pipe's bookkeeping; its bytes are in its ring on the guest-visible
+/// page (`wisp_abi::family::rings`), the same index.
 #[repr(C)]
 pub(super) struct Pipe {
     pub(super) used: u32,
     pub(super) readers: u32,
     pub(super) writers: u32,
-    pub(super) head: u32,
-    pub(super) len: u32,
     _pad: u32,
-    pub(super) buf: [u8; PIPE_CAPACITY],
 }
 
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(super) struct MsgEntry {
-    pub(super) mtype: i64,
-    pub(super) len: u64,
-}
-
+/// A message queue's identity; its messages are in its ring on the
+/// guest-visible page, the same index.
 #[repr(C)]
 pub(super) struct Queue {
     pub(super) used: u32,
     pub(super) gen: u32,
     pub(super) key: i64,
-    pub(super) count: u32,
-    pub(super) bytes: u32,
-    pub(super) entries: [MsgEntry; QUEUE_MESSAGES],
-    pub(super) data: [u8; QUEUE_BYTES],
 }
 
 #[repr(C)]
@@ -174,10 +164,14 @@ impl BellRef {
     }
 }
 
+/// Where the guest-visible page starts in the family's mapping: after the
+/// monitors' part, on a page of its own (only it is ever mapped into a VM).
+pub(super) const RINGS_OFF: usize = size_of::<Region>().next_multiple_of(rings::RINGS_SIZE as usize);
+
 /// Map a new family region: zero-filled (no members, no objects), its lock
-/// ready.
+/// ready; the guest-visible page follows it ([`RINGS_OFF`]).
 pub(super) fn create() -> std::io::Result<SharedMap> {
-    let map = SharedMap::new(size_of::<Region>())?;
+    let map = SharedMap::new(RINGS_OFF + rings::RINGS_SIZE as usize)?;
     let r = map.as_ptr() as *mut Region;
     // SAFETY: the region was just mapped, zero-filled and is private to
     // this thread until the first fork.
@@ -230,6 +224,16 @@ pub(super) fn reap_dead(map: &SharedMap, inner: &mut Inner, me: usize) -> bool {
     any
 }
 
+/// The family's guest-visible page. Guests write it too: everything read
+/// from it is checked before use.
+pub(super) fn rings(map: &SharedMap) -> &Rings {
+    // SAFETY: the map is `RINGS_OFF + RINGS_SIZE` bytes (made by `create`),
+    // `RINGS_OFF` is page-aligned, zeroed memory is a valid `Rings` (atomics
+    // only, any bit pattern valid), and it is only accessed through shared
+    // references to atomics, by monitors and guests alike.
+    unsafe { &*(map.as_ptr().add(RINGS_OFF) as *const Rings) }
+}
+
 pub(super) fn bell(map: &SharedMap, idx: usize) -> &Bell {
     let r = map.as_ptr() as *const Region;
     // SAFETY: the map is at least `size_of::<Region>()` bytes (made by
@@ -264,6 +268,16 @@ impl Drop for Locked<'_> {
     }
 }
 
+/// Make signal `sig` (not `SIGKILL`) pending for member `idx` and wake it:
+/// in its cell on the guest-visible page, where its guest may find it
+/// without an exit, and as an event for its idle hypercall.
+pub(super) fn raise(map: &SharedMap, idx: usize, sig: u32) {
+    rings(map).cells[idx.min(MAX_MEMBERS - 1)].raise(sig);
+    let b = bell(map, idx);
+    b.events.fetch_or(wisp_abi::events::FAMILY, Ordering::AcqRel);
+    b.ring();
+}
+
 /// Ring every member blocked in a family call.
 pub(super) fn wake_waiters(map: &SharedMap, inner: &mut Inner) {
     for (i, m) in inner.members.iter_mut().enumerate() {
@@ -294,22 +308,27 @@ pub(super) fn end_refs(p: &mut Pipe, end: u16) -> &mut u32 {
     }
 }
 
-/// Drop one reference to a pipe end (`f` as stored in a descriptor table).
-pub(super) fn release_end(inner: &mut Inner, f: u16) {
+/// Drop one reference to a pipe end (`f` as stored in a descriptor table);
+/// the last one of an end says so on the pipe's ring (guests then ask the
+/// monitor, which answers end of file or `EPIPE`).
+pub(super) fn release_end(map: &SharedMap, inner: &mut Inner, f: u16) {
     let Some((pipe, end)) = fd_pipe(f) else { return };
     let p = &mut inner.pipes[pipe];
     let refs = end_refs(p, end);
     *refs = refs.saturating_sub(1);
+    if *refs == 0 {
+        rings(map).pipes[pipe].closed.fetch_or(if end == 0 { NO_READERS } else { NO_WRITERS }, Ordering::SeqCst);
+    }
     if p.readers == 0 && p.writers == 0 {
         p.used = 0;
     }
 }
 
 /// Close a member's descriptors and drop its segment attachments.
-pub(super) fn release_member(inner: &mut Inner, idx: usize) {
+pub(super) fn release_member(map: &SharedMap, inner: &mut Inner, idx: usize) {
     let fds = std::mem::replace(&mut inner.members[idx].fds, [0; MAX_FDS]);
     for f in fds.into_iter().filter(|&f| f != 0) {
-        release_end(inner, f);
+        release_end(map, inner, f);
     }
     // No arena handle here (a reaper may be ending someone else's
     // membership): freed pages are discarded when the offset is handed out
@@ -339,14 +358,16 @@ pub(super) fn free_segment(arena: Option<&SharedMap>, s: &mut Segment) {
 
 /// End member `idx` with wait status `st`.
 pub(super) fn exit_member(map: &SharedMap, inner: &mut Inner, idx: usize, st: u64) {
-    release_member(inner, idx);
+    release_member(map, inner, idx);
+    rings(map).cells[idx].fpid.store(0, Ordering::SeqCst);
     let (fpid, ppid) = (inner.members[idx].fpid, inner.members[idx].ppid);
     // Orphans: zombies go away, running children lose their parent.
-    for m in inner.members.iter_mut().filter(|m| m.state != FREE && m.ppid == fpid && fpid > 0) {
+    for (i, m) in inner.members.iter_mut().enumerate().filter(|(_, m)| m.state != FREE && m.ppid == fpid && fpid > 0) {
         if m.state == ZOMBIE {
             m.state = FREE;
         } else {
             m.ppid = 0;
+            rings(map).cells[i].ppid.store(0, Ordering::SeqCst);
         }
     }
     let parent = (ppid > 0).then(|| inner.members.iter().position(|m| m.state == RUNNING && m.fpid == ppid)).flatten();
@@ -354,10 +375,7 @@ pub(super) fn exit_member(map: &SharedMap, inner: &mut Inner, idx: usize, st: u6
     m.status = st;
     m.state = if parent.is_some() { ZOMBIE } else { FREE };
     if let Some(p) = parent {
-        let b = bell(map, p);
-        b.signals.fetch_or(1 << signal::SIGCHLD, Ordering::AcqRel);
-        b.events.fetch_or(wisp_abi::events::FAMILY, Ordering::AcqRel);
-        b.ring();
+        raise(map, p, signal::SIGCHLD);
     }
     wake_waiters(map, inner);
 }

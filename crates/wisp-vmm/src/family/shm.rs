@@ -126,15 +126,16 @@ impl Family {
 
     /// Segments attached here, to map again in a forked child's new VM:
     /// (slot, guest address, host address, size).
+    /// The family's guest-visible page comes first (a child always has it).
     pub fn attachments(&self) -> Vec<(u32, u64, u64, u64)> {
-        let Some(arena) = &self.arena else { return Vec::new() };
+        use wisp_abi::family::rings::{RINGS_GPA, RINGS_SIZE};
+        let page = (super::RINGS_SLOT, RINGS_GPA, super::region::rings(&self.map) as *const _ as u64, RINGS_SIZE);
+        let Some(arena) = &self.arena else { return vec![page] };
         let l = lock(&self.map);
-        self.attached
-            .iter()
-            .filter_map(|&(i, _)| {
-                let s = l.inner.segments.get(i)?;
-                Some((1 + i as u32, SHM_BASE + s.off, arena.as_ptr() as u64 + s.off, s.size))
-            })
-            .collect()
+        let segments = self.attached.iter().filter_map(|&(i, _)| {
+            let s = l.inner.segments.get(i)?;
+            Some((1 + i as u32, SHM_BASE + s.off, arena.as_ptr() as u64 + s.off, s.size))
+        });
+        std::iter::once(page).chain(segments).collect()
     }
 }

@@ -136,12 +136,18 @@ impl Vm {
                     crate::sys::spin_on(&bell.seq, seq, wait);
                 }
                 // The sequence read before the events were checked: a ring
-                // since then ends the wait at once.
-                crate::sys::futex_wait(&bell.seq, seq, Some(wait));
+                // since then ends the wait at once. A signal raised on the
+                // family's page before it learnt of the park wakes nobody:
+                // looked for here.
+                if !self.family.park_cell(true) {
+                    crate::sys::futex_wait(&bell.seq, seq, Some(wait));
+                }
+                self.family.park_cell(false);
             }
         }
         self.control.set_parked(false);
-        self.control.take_events()
+        let signals = if self.family.signals_pending() { wisp_abi::events::FAMILY } else { 0 };
+        self.control.take_events() | signals
     }
 
     /// The park of a VM without relatives (only this process rings its

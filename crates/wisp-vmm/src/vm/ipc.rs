@@ -86,6 +86,9 @@ impl Vm {
             op::SHMRMID => fam.shmrmid(a0),
             op::SIGNALS => Ok((0, 0)),
             op::PAUSE => fam.pause(&w),
+            op::RINGS => fam.rings_info(&mut |slot, gpa, host, size| map_slot(vm, slot, gpa, host, size)),
+            op::WAKE => fam.wake(a0, a1),
+            op::FDRING => fam.fd_ring(a0),
             _ => Err(ENOSYS),
         };
         (c.ret, c.ret2) = match r {

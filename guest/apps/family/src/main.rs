@@ -4,8 +4,9 @@
 //!
 //! Modes: cow, tree, many N, pipe KIB, siblings, signals, msgq, shm,
 //! shm-after-detach, crash, bomb, hog MIB, victim, nap N, idle-wait, orphan-eof,
-//! daemonize, pids HOSTPID, hold KEY, cross HOSTPID KEY, and `bench ROUNDS`
-//! (round-trip latencies for `make bench-fork`).
+//! daemonize, pids HOSTPID, hold KEY, cross HOSTPID KEY, writers K N,
+//! corrupt (`rings.rs`), and `bench ROUNDS` (round-trip latencies for
+//! `make bench-fork`).
 #![no_std]
 #![no_main]
 
@@ -57,6 +58,8 @@ fn main() -> i32 {
         "cross" => cross(n(2, 0) as u32, n(3, 77) as i64),
         "pids" => pids(n(2, 0) as u32),
         "bench" => bench(n(2, 1000)),
+        "writers" => rings::writers(n(2, 4) as u8, n(3, 200) as u32),
+        "corrupt" => rings::corrupt(),
         _ => {
             println!("usage: family MODE (see the source)");
             return 2;
@@ -80,6 +83,8 @@ macro_rules! ensure {
         }
     };
 }
+
+mod rings;
 
 fn e(x: Errno) -> alloc::string::String {
     alloc::format!("{x}")

@@ -21,6 +21,8 @@
 
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
+pub mod rings;
+
 /// Argument block of the family hypercall.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
@@ -85,6 +87,18 @@ pub mod op {
     /// Park until a signal is pending (or a stop request): ret = `EINTR`,
     /// with the signals taken in `Call::signals`.
     pub const PAUSE: u32 = 16;
+    /// Map the family's IPC page ([`rings`]) into this VM: ret = this VM's
+    /// cell index in it, ret2 = its guest address ([`rings::RINGS_GPA`]).
+    /// `ENOSYS` from a monitor without it (the guest then uses the calls
+    /// above only). Again after a fork: the child's index differs.
+    pub const RINGS: u32 = 17;
+    /// Wake what sleeps in the monitor on the rings page: a[0] = 0 wakes the
+    /// members waiting in a family call (pipe a[1]'s sleepers among them),
+    /// a[0] = 1 wakes the member of cell a[1] (a signal was raised for it).
+    pub const WAKE: u32 = 18;
+    /// Descriptor a[0]'s pipe: ret = its ring index in [`rings::Rings::pipes`],
+    /// ret2 = the end (0 read, 1 write).
+    pub const FDRING: u32 = 19;
 }
 
 /// `Call::flags` bits, and the flag operand of MSGGET/SHMGET.
