@@ -70,13 +70,17 @@ pub enum Action {
     Version,
     /// `GET /v1/vms`.
     ListVms,
-    /// `POST /v1/vms[?attach=true]`: create and start a VM; with `attach`
-    /// the response streams its console until it ends.
+    /// `POST /v1/vms[?attach=true|?wait_line=true]`: create and start a
+    /// VM; with `attach` the response streams its console until it ends,
+    /// with `wait_line` it is sent once the guest has printed its first
+    /// complete console line (and says when: `VmInfo::first_line_us`).
     CreateVm {
         /// What to start.
         vm: CreateVm,
         /// Stream the console in the response.
         attach: bool,
+        /// Answer only after the guest's first console line.
+        wait_line: bool,
     },
     /// `GET /v1/vms/{vm}`.
     GetVm(String),
@@ -129,6 +133,8 @@ pub enum InvalidCreate {
     RateWithoutNic,
     /// `net_peers` for a VM without a NIC.
     PeersWithoutNic,
+    /// `attach` and `wait_line` in one request.
+    AttachAndWaitLine,
 }
 
 impl std::fmt::Display for InvalidCreate {
@@ -136,6 +142,7 @@ impl std::fmt::Display for InvalidCreate {
         f.write_str(match self {
             InvalidCreate::RateWithoutNic => "net_rate needs a NIC: ask for net or ports too",
             InvalidCreate::PeersWithoutNic => "net_peers needs a NIC: ask for net or ports too",
+            InvalidCreate::AttachAndWaitLine => "attach and wait_line do not go together: the console stream starts at once",
         })
     }
 }
@@ -202,8 +209,13 @@ impl Action {
         match self {
             Action::Version => call("GET", format!("{API_PREFIX}/version"), None),
             Action::ListVms => call("GET", format!("{API_PREFIX}/vms"), None),
-            Action::CreateVm { vm, attach } => {
-                let q = if *attach { "?attach=true" } else { "" };
+            Action::CreateVm { vm, attach, wait_line } => {
+                let q = match (*attach, *wait_line) {
+                    (false, false) => "",
+                    (true, false) => "?attach=true",
+                    (false, true) => "?wait_line=true",
+                    (true, true) => "?attach=true&wait_line=true",
+                };
                 call("POST", format!("{API_PREFIX}/vms{q}"), json(vm))
             }
             Action::GetVm(vm) => call("GET", vm_target(vm, ""), None),
@@ -242,9 +254,13 @@ impl Action {
             ("GET", ["vms"]) => Action::ListVms,
             ("POST", ["vms"]) => {
                 let attach = flag(req, "attach")?;
+                let wait_line = flag(req, "wait_line")?;
+                if attach && wait_line {
+                    return Err(HttpError::new(400, InvalidCreate::AttachAndWaitLine.to_string()));
+                }
                 let vm: CreateVm = req.json()?;
                 vm.check().map_err(|e| HttpError::new(400, e.to_string()))?;
-                Action::CreateVm { vm, attach }
+                Action::CreateVm { vm, attach, wait_line }
             }
             ("GET", ["vms", id]) => Action::GetVm(vm(id)),
             ("DELETE", ["vms", id]) => Action::RemoveVm { vm: vm(id), force: flag(req, "force")?, family: flag(req, "family")? },
@@ -309,8 +325,9 @@ mod tests {
         let all = [
             Action::Version,
             Action::ListVms,
-            Action::CreateVm { vm: create.clone(), attach: false },
-            Action::CreateVm { vm: create, attach: true },
+            Action::CreateVm { vm: create.clone(), attach: false, wait_line: false },
+            Action::CreateVm { vm: create.clone(), attach: true, wait_line: false },
+            Action::CreateVm { vm: create, attach: false, wait_line: true },
             Action::GetVm("abc".into()),
             Action::PauseVm("abc".into()),
             Action::ResumeVm("abc".into()),
@@ -347,6 +364,11 @@ mod tests {
         assert_eq!(status("GET", "/v1/vms/x/logs?follow=maybe", "").unwrap_err(), (400, "query parameter follow=maybe: expected true or false".into()));
         // The attach flag is checked before the body.
         assert_eq!(status("POST", "/v1/vms?attach=2", "{").unwrap_err().1, "query parameter attach=2: expected true or false");
+        assert_eq!(status("POST", "/v1/vms?wait_line=no", "{").unwrap_err().1, "query parameter wait_line=no: expected true or false");
+        assert_eq!(
+            status("POST", "/v1/vms?attach=true&wait_line=true", r#"{"image":"x"}"#).unwrap_err(),
+            (400, "attach and wait_line do not go together: the console stream starts at once".into())
+        );
         assert_eq!(status("POST", "/v1/vms", "").unwrap_err(), (400, "missing JSON body".into()));
         assert!(status("POST", "/v1/vms", "{\"image\": 5}").unwrap_err().1.contains("invalid type"));
         assert!(status("PUT", "/v1/pool", "{\"bogus\": 1}").unwrap_err().1.contains("missing field"));
@@ -365,7 +387,7 @@ mod tests {
         // A request that does not ask for it is isolated, and says nothing of it.
         let Action::CreateVm { vm, .. } = parse("POST", "/v1/vms", r#"{"image":"x","net":true}"#).unwrap() else { panic!() };
         assert!(!vm.net_peers);
-        assert!(!String::from_utf8(Action::CreateVm { vm, attach: false }.to_request().body.unwrap()).unwrap().contains("peers"));
+        assert!(!String::from_utf8(Action::CreateVm { vm, attach: false, wait_line: false }.to_request().body.unwrap()).unwrap().contains("peers"));
         // An empty stop body is the default grace; a bare flag is true.
         assert_eq!(parse("POST", "/v1/vms/x/stop", "").unwrap(), Action::StopVm { vm: "x".into(), grace_ms: None });
         assert_eq!(parse("DELETE", "/v1/vms/x?force", "").unwrap(), Action::RemoveVm { vm: "x".into(), force: true, family: false });

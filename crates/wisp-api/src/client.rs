@@ -89,13 +89,20 @@ impl Client {
 
     /// `POST /v1/vms`.
     pub fn create(&mut self, req: &CreateVm) -> Result<VmInfo> {
-        self.call(&Action::CreateVm { vm: req.clone(), attach: false })
+        self.call(&Action::CreateVm { vm: req.clone(), attach: false, wait_line: false })
+    }
+
+    /// `POST /v1/vms?wait_line=true`: create a VM and answer once its
+    /// console has printed its first complete line (`first_line_us` says
+    /// when); an error if the VM ends or the daemon's deadline passes first.
+    pub fn create_wait_line(&mut self, req: &CreateVm) -> Result<VmInfo> {
+        self.call(&Action::CreateVm { vm: req.clone(), attach: false, wait_line: true })
     }
 
     /// `POST /v1/vms?attach=true`: create a VM and deliver its console
     /// output as it comes, until the VM ends. Returns the VM's id.
     pub fn create_attached(&mut self, req: &CreateVm, on_data: &mut dyn FnMut(&[u8]) -> bool) -> Result<String> {
-        self.call_streaming(&Action::CreateVm { vm: req.clone(), attach: true }, on_data)?;
+        self.call_streaming(&Action::CreateVm { vm: req.clone(), attach: true, wait_line: false }, on_data)?;
         self.http
             .last_header(VM_ID_HEADER)
             .map(str::to_string)

@@ -192,6 +192,11 @@ pub struct VmInfo {
     pub exit: Option<ExitInfo>,
     /// Microseconds the execute phase took (request → guest running).
     pub boot_us: Option<u64>,
+    /// Microseconds from the create request's arrival at the daemon to the
+    /// guest's first complete console line, as the daemon saw it; set by a
+    /// create with `wait_line` (none otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_line_us: Option<u64>,
     /// IPv4 address of its NIC, if it has one.
     #[serde(default)]
     pub ip: Option<String>,

@@ -146,6 +146,46 @@ fn names_and_bad_requests_get_4xx() {
 }
 
 #[test]
+fn wait_line_answers_at_the_guests_first_complete_line() {
+    let d = Daemon::start("waitline", &["--pool", "16M=2"]);
+    let mut c = d.client();
+    let late = |ms: &str| CreateVm { image: "hostile".into(), args: vec!["late-line".into(), ms.into()], ..Default::default() };
+    // Half a line at once, its end 300 ms later: the answer waits for the end.
+    let t = Instant::now();
+    let vm = c.create_wait_line(&late("300")).unwrap();
+    let waited = t.elapsed();
+    let first = vm.first_line_us.expect("first_line_us in the answer");
+    let boot = vm.boot_us.expect("boot_us in the answer");
+    assert!(first >= 300_000, "first line after {first} µs, printed 300 ms after boot");
+    assert!(first > boot, "first line {first} µs before the image was loaded ({boot} µs)");
+    assert!(waited >= Duration::from_millis(300) && waited.as_micros() as u64 >= first, "{waited:?}, {first} µs");
+    // The line is on the console by the time the answer arrives, and the VM runs on.
+    assert!(console(&mut c, &vm.id).contains("late-line: after 300 ms\n"), "{}", console(&mut c, &vm.id));
+    let got = c.get(&vm.id).unwrap();
+    assert_eq!((got.state, got.first_line_us), (VmState::Running, Some(first)));
+    // A guest that prints at once: the line comes soon after the image is loaded.
+    let hello = c.create_wait_line(&CreateVm { image: "hello".into(), ..Default::default() }).unwrap();
+    let first = hello.first_line_us.unwrap();
+    assert!(first >= hello.boot_us.unwrap() && first < 5_000_000, "{hello:?}");
+    // Without the option the answer does not wait and says nothing of a line.
+    let plain = c.create(&late("5000")).unwrap();
+    assert_eq!(plain.first_line_us, None);
+    assert!(!console(&mut c, &plain.id).contains("after"), "the plain create waited for the line");
+    // A VM that ends without a line: a clear error naming it, not a hang.
+    let r = c.create_wait_line(&CreateVm { image: "noop".into(), ..Default::default() });
+    assert!(matches!(&r, Err(ApiError::Status(409, m)) if m.contains("ended before its first console line")), "{r:?}");
+    // One that stays silent: the daemon's deadline (10 s) ends the wait; the VM runs on.
+    let t = Instant::now();
+    let r = c.create_wait_line(&late("60000"));
+    assert!(matches!(&r, Err(ApiError::Status(504, m)) if m.contains("no complete console line within 10 s")), "{r:?}");
+    assert!(t.elapsed() >= Duration::from_secs(10) && t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    // Both options at once are refused; the connection still serves.
+    let r = c.raw("POST", "/v1/vms?attach=true&wait_line=true", Some(b"{\"image\":\"hello\"}")).unwrap();
+    assert_eq!(r.status, 400, "{}", r.error_message());
+    assert_eq!(c.version().unwrap().abi, wisp_abi::ABI_VERSION);
+}
+
+#[test]
 fn pool_refills_after_a_burst_larger_than_the_pool() {
     let d = Daemon::start("pool", &["--pool", "16M=2"]);
     let mut c = d.client();

@@ -151,6 +151,8 @@ fn connection(d: Arc<Daemon>, conn: UnixStream, cfg: &Config) {
         if !r.fill_buf().is_ok_and(|b| !b.is_empty()) {
             return;
         }
+        // The request has arrived (its first byte): what `first_line_us` counts from.
+        let arrived = Instant::now();
         r.get_mut().arm(cfg.read_timeout);
         let req = match http::read_request_with(&mut r, &mut w) {
             Ok(Some(req)) => req,
@@ -166,7 +168,7 @@ fn connection(d: Arc<Daemon>, conn: UnixStream, cfg: &Config) {
             }
         };
         let keep = req.keep_alive();
-        match route(&d, &req, &mut w, keep) {
+        match route(&d, &req, &mut w, keep, arrived) {
             Ok(true) => {}
             Ok(false) => return, // streamed: connection used up
             Err(e) => {
@@ -196,7 +198,8 @@ fn status(e: &ActionError) -> u16 {
         // A host address that is not this host's cannot be listened on: the request was wrong.
         PortInUse { source, .. } if source.kind() == io::ErrorKind::AddrNotAvailable => 400,
         NameInUse(_) | Ambiguous(_) | Exited(_) | Running(_) | Refused(_) | Unreachable { .. } | PortInUse { .. } => 409,
-        Timeout(_) => 504,
+        EndedBeforeLine { .. } => 409,
+        Timeout(_) | NoLineInTime { .. } => 504,
         Prepare(_) | Network(_) | Record(_) | Vmm(_) | Contain(_) => 500,
     }
 }
@@ -227,9 +230,9 @@ impl From<io::Error> for Failure {
 
 /// Handle one request. Ok(true): answered, connection reusable; Ok(false):
 /// answered with a stream that ended the connection.
-fn route(d: &Daemon, req: &Request, w: &mut UnixStream, keep: bool) -> Result<bool, Failure> {
+fn route(d: &Daemon, req: &Request, w: &mut UnixStream, keep: bool, arrived: Instant) -> Result<bool, Failure> {
     let action = Action::from_request(req)?;
-    let outcome = d.handle(action)?;
+    let outcome = d.handle(action, arrived)?;
     match outcome {
         Outcome::Version(v) => json(w, 200, &v, keep),
         Outcome::Vms(v) => json(w, 200, &v, keep),
@@ -331,6 +334,16 @@ mod tests {
                 "cannot forward host port 8013: Cannot assign",
             ),
             (ActionError::Timeout("x".into()), 504, "VM x did not exit in time"),
+            (
+                ActionError::EndedBeforeLine { id: "x".into(), reason: "exit 0: exited".into() },
+                409,
+                "VM x ended before its first console line (exit 0: exited)",
+            ),
+            (
+                ActionError::NoLineInTime { id: "x".into(), waited: Duration::from_secs(10) },
+                504,
+                "VM x printed no complete console line within 10 s; it is still running",
+            ),
             (ActionError::Record(io()), 500, "cannot record the VM: Address in use"),
             (ActionError::Vmm(io()), 500, "VMM process: Address in use"),
             (

@@ -5,11 +5,11 @@
 //! acquired when a step fails is given back by one guard ([`Rollback`]),
 //! so every failure is just `?`.
 
-use std::io::BufReader;
+use std::io::{self, BufReader, Read};
 use std::net::Ipv4Addr;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use wisp_api::{CreateVm, VmInfo, VmState};
 use wisp_vmm::{check_mem_size, DEFAULT_MEM};
@@ -100,6 +100,42 @@ impl Daemon {
         Ok((info, Console::Live(stream.expect("attached start returns its stream"))))
     }
 
+    /// Create and start a VM and answer once its console has printed its
+    /// first complete line: the VM with `first_line_us`, the time from
+    /// `arrived` (the request's arrival) to that line reaching the daemon.
+    /// The line is awaited on the same stream an attached create reads (the
+    /// vCPU thread writes the guest's output straight into it), blocking
+    /// until it comes, the VM ends (its end of the stream closes) or
+    /// [`FIRST_LINE_DEADLINE`] after `arrived` passes; the stream is then
+    /// closed, which the VMM process takes as a reader gone.
+    pub(super) fn create_wait_line(&self, req: CreateVm, arrived: Instant) -> Result<VmInfo, ActionError> {
+        let (info, stream) = self.create_inner(req, true)?;
+        let mut stream = stream.expect("attached start returns its stream");
+        let line_at = match first_line(&mut stream, arrived + FIRST_LINE_DEADLINE) {
+            Ok(at) => at,
+            Err(NoLine::Ended) => {
+                drop(stream);
+                let reason = match self.wait(&info.id, Some(Duration::from_secs(2))) {
+                    Ok(x) => format!("exit {}: {}", x.code, x.reason),
+                    Err(_) => "its console closed".into(),
+                };
+                return Err(ActionError::EndedBeforeLine { id: info.id, reason });
+            }
+            Err(NoLine::Deadline) => return Err(ActionError::NoLineInTime { id: info.id, waited: FIRST_LINE_DEADLINE }),
+            Err(NoLine::Io(e)) => return Err(ActionError::Vmm(e)),
+        };
+        drop(stream);
+        let us = line_at.saturating_duration_since(arrived).as_micros() as u64;
+        let mut t = self.vms.lock();
+        match t.by_id.get_mut(&info.id) {
+            Some(e) => {
+                e.info.first_line_us = Some(us);
+                Ok(e.info.clone())
+            }
+            None => Ok(VmInfo { first_line_us: Some(us), ..info }),
+        }
+    }
+
     fn create_inner(&self, req: CreateVm, attach: bool) -> Result<(VmInfo, Option<BufReader<UnixStream>>), ActionError> {
         let mem = check_mem_size(req.mem.unwrap_or(DEFAULT_MEM)).map_err(ActionError::BadMemory)?;
         if let Some(n) = &req.name {
@@ -163,6 +199,7 @@ impl Daemon {
             created_ms: now_ms(),
             exit: None,
             boot_us: None,
+            first_line_us: None,
             parent: None,
             family: None,
             limits: self.cgroups.as_ref().map(|_| quota::shown(&limits, req.family_limit)),
@@ -223,5 +260,84 @@ impl Daemon {
             return Ok((e.info.clone(), stream));
         }
         Ok((info, stream))
+    }
+}
+
+/// Longest a create with `wait_line` waits for the guest's first console
+/// line, from the request's arrival.
+pub(super) const FIRST_LINE_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Why no first line came.
+#[derive(Debug)]
+enum NoLine {
+    /// The stream ended: the VM ended (or its VMM process went away).
+    Ended,
+    /// The deadline passed.
+    Deadline,
+    /// Reading the stream failed otherwise.
+    Io(io::Error),
+}
+
+/// Read a console stream until its first complete line (a `\n`) and
+/// return when it arrived; nothing read is kept. Every read ends by
+/// `deadline`.
+fn first_line(stream: &mut BufReader<UnixStream>, deadline: Instant) -> Result<Instant, NoLine> {
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(NoLine::Deadline);
+        }
+        stream.get_ref().set_read_timeout(Some(left)).map_err(NoLine::Io)?;
+        match stream.read(&mut buf) {
+            Ok(0) => return Err(NoLine::Ended),
+            Ok(n) if buf[..n].contains(&b'\n') => return Ok(Instant::now()),
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                return Err(NoLine::Deadline)
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(NoLine::Io(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn pair() -> (UnixStream, BufReader<UnixStream>) {
+        let (a, b) = UnixStream::pair().unwrap();
+        (a, BufReader::new(b))
+    }
+
+    #[test]
+    fn the_first_line_is_the_first_newline_wherever_it_falls() {
+        let (mut w, mut r) = pair();
+        w.write_all(b"part of a line, ").unwrap();
+        let before = Instant::now();
+        let writer = std::thread::spawn(move || {
+            w.write_all(b"its end\nmore").unwrap();
+            w
+        });
+        let at = first_line(&mut r, Instant::now() + Duration::from_secs(10)).unwrap();
+        assert!(at >= before);
+        drop(writer.join().unwrap());
+    }
+
+    #[test]
+    fn an_end_or_the_deadline_is_no_line() {
+        let (mut w, mut r) = pair();
+        w.write_all(b"no newline").unwrap();
+        drop(w);
+        assert!(matches!(first_line(&mut r, Instant::now() + Duration::from_secs(10)), Err(NoLine::Ended)));
+        // A writer that keeps quiet: the deadline ends the wait.
+        let (w, mut r) = pair();
+        let t = Instant::now();
+        assert!(matches!(first_line(&mut r, t + Duration::from_millis(50)), Err(NoLine::Deadline)));
+        assert!(t.elapsed() >= Duration::from_millis(50));
+        assert!(matches!(first_line(&mut r, t), Err(NoLine::Deadline)));
+        drop(w);
     }
 }

@@ -77,6 +77,13 @@ pub enum ActionError {
     /// The VM did not exit in time.
     #[error("VM {0} did not exit in time")]
     Timeout(String),
+    /// A create with `wait_line`: the VM ended before its first console line.
+    #[error("VM {id} ended before its first console line ({reason})")]
+    EndedBeforeLine { id: String, reason: String },
+    /// A create with `wait_line`: no complete console line within the
+    /// deadline. The VM is left running.
+    #[error("VM {id} printed no complete console line within {} s; it is still running", waited.as_secs())]
+    NoLineInTime { id: String, waited: std::time::Duration },
     /// No VMM process could be prepared.
     #[error("cannot prepare a VM: {0}")]
     Prepare(SpawnError),

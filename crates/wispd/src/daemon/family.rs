@@ -249,6 +249,7 @@ impl Daemon {
                 created_ms: now_ms(),
                 exit: None,
                 boot_us: None,
+                first_line_us: None,
                 ip: None,
                 ports: Vec::new(),
                 // The NIC stays with the parent: a forked VM has none.

@@ -26,7 +26,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rustix::event::epoll;
 use wisp_api::action::Action;
@@ -191,15 +191,16 @@ impl Daemon {
         Ok(d)
     }
 
-    /// Execute one action.
-    pub fn handle(&self, action: Action) -> Result<Outcome, ActionError> {
+    /// Execute one action, whose request arrived at `arrived`.
+    pub fn handle(&self, action: Action, arrived: Instant) -> Result<Outcome, ActionError> {
         Ok(match action {
             Action::Version => {
                 Outcome::Version(Version { version: env!("CARGO_PKG_VERSION").into(), abi: wisp_abi::ABI_VERSION })
             }
             Action::ListVms => Outcome::Vms(self.vms.lock().list()),
-            Action::CreateVm { vm, attach: false } => Outcome::Created(self.create(vm)?),
-            Action::CreateVm { vm, attach: true } => {
+            Action::CreateVm { vm, attach: false, wait_line: false } => Outcome::Created(self.create(vm)?),
+            Action::CreateVm { vm, attach: false, wait_line: true } => Outcome::Created(self.create_wait_line(vm, arrived)?),
+            Action::CreateVm { vm, attach: true, .. } => {
                 let (info, console) = self.create_attached(vm)?;
                 Outcome::Attached(info, console)
             }

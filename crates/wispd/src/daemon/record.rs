@@ -209,6 +209,7 @@ mod tests {
             created_ms: 1,
             exit: None,
             boot_us: None,
+            first_line_us: None,
             ip: Some("10.99.0.2".into()),
             ports: vec![PortMap { host: 8080, vm: 80, addr: None }],
             net_peers: false,

@@ -197,6 +197,7 @@ pub(crate) mod tests {
             created_ms: 0,
             exit: None,
             boot_us: None,
+            first_line_us: None,
             ip: None,
             ports: vec![],
             net_peers: false,

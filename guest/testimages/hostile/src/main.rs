@@ -20,6 +20,9 @@ wisp::main!(main, wisp::Manifest::new().features(wisp::features::ALL).nic(false)
 fn main() -> i32 {
     let mode = wisp::env::arg(1).unwrap_or("");
     let mem = wisp::env::mem_size();
+    if mode == "late-line" {
+        return late_line();
+    }
     wisp::println!("hostile: {}", mode);
     // SAFETY (all asm below): deliberately invalid operations; the monitor
     // must stop the VM. None of them returns normally.
@@ -373,4 +376,17 @@ fn family_abuse(mem: u64) -> i32 {
     }
     wisp::println!("family-abuse: {} cases, {} wrong", cases.len(), bad);
     if bad == 0 { 0 } else { 1 }
+}
+
+/// `late-line [MS]`: a first console line that comes late and in two
+/// pieces — "late-line: " at once, its end MS ms (default 300) later —
+/// then parks until stopped (tests of `POST /v1/vms?wait_line=true`).
+fn late_line() -> i32 {
+    let ms = wisp::env::arg(2).and_then(|s| s.parse().ok()).unwrap_or(300);
+    wisp::print!("late-line: ");
+    wisp::time::sleep(Duration::from_millis(ms));
+    wisp::println!("after {} ms", ms);
+    loop {
+        wisp::time::sleep(Duration::from_secs(3600));
+    }
 }
