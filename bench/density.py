@@ -3,12 +3,24 @@
 
 Starts `sleeper` VMs one after another through a private wispd up to N
 (default 10,000), and records:
-- the boot time of the n-th VM: API request (POST /v1/vms) -> guest running,
-  and, every 100th VM, request -> first console line (attach);
+- the boot time of the n-th VM, stopped at a sign from the guest: each VM
+  is created with `POST /v1/vms?wait_line=true`, whose answer wispd sends
+  only once the guest's first complete console line ("sleeper: sleeping
+  ...") has reached it. The client's clock runs from just before the
+  request to the answer (`boot_us`); the answer's `first_line_us` is the
+  daemon's own figure (the request's arrival -> the first line), and its
+  `boot_us` the VMM process's execute phase (image loaded, before the
+  guest's first instruction), both kept per VM;
 - host memory per VM: drop of MemAvailable / VMs, at 1,000 and at N;
 - host CPU while they all idle (from /proc/stat over 10 s);
 - pause and resume latency (API round trip) on a sample of VMs.
-Writes bench/results/density.json and density.png.
+Writes bench/results/density.json and density.png (`--plot-from JSON`
+redraws the plot from a result file).
+
+Results without a `boot_us.stop` field (before wait_line) stopped the
+clock earlier: at the plain create's answer, sent once the image was
+loaded and before the guest had run; they also timed request -> first line
+(`first_line_us`, attached `hello`) on every 100th VM only.
 
     python3 bench/density.py --wisp target/release/wisp [--n 10000]
 """
@@ -91,13 +103,26 @@ def pct(vals, p):
     return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
 
 
+METHOD = ("Each VM is created with POST /v1/vms?wait_line=true (sleeper 24h 60s, 16 MiB, one request at a time, "
+          "after the pool has refilled): wispd answers once the guest's first complete console line has reached it, "
+          "so a VM's boot time runs from just before the request to that answer and stops at a sign from the guest "
+          "itself, for every VM. The answer's first_line_us (the request's arrival at wispd -> first line) and "
+          "boot_us (the VMM process's execute phase: image loaded, before the guest runs) are kept per VM.")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--wisp", default="target/release/wisp")
     ap.add_argument("--n", type=int, default=10000)
     ap.add_argument("--pool", type=int, default=16)
     ap.add_argument("--out", default=os.path.join(BENCH, "results", "density.json"))
+    ap.add_argument("--plot-from", metavar="JSON", help="only redraw the plot of an existing result file")
+    ap.add_argument("--plot", help="PNG path (default: next to --out, or to --plot-from)")
     args = ap.parse_args()
+    if args.plot_from:
+        with open(args.plot_from) as f:
+            plot(json.load(f), args.plot or os.path.splitext(args.plot_from)[0] + ".png")
+        return
     wispd = os.path.join(os.path.dirname(os.path.abspath(args.wisp)), "wispd")
     # Each VM is a VMM process with two threads: make room for them.
     need = 3 * args.n + 10000
@@ -112,32 +137,29 @@ def main():
     quotas = ["--max-vms", str(args.n), "--max-guest-memory", "%dM" % (16 * args.n)]
     d = wispapi.Daemon(wispd, os.path.join(ROOT, "build", "images"), pool="16M=%d" % args.pool, extra=quotas)
     api = d.api()
-    attach = d.api()
     d.wait_pool(api, args.pool)
     pool_avail = meminfo("MemAvailable")
-    boots = []          # (n, us) request -> running
-    first_lines = []    # (n, us) request -> first console line
+    boots = []          # (n, us) request -> answer after the first console line (client clock)
+    daemon_lines = []   # the answer's first_line_us: arrival at wispd -> first line
+    loaded = []         # the answer's boot_us: execute phase in the VMM process (image loaded)
     mem = {}
     ids = []
     t_start = time.time()
     try:
         for n in range(1, args.n + 1):
-            if n % 100 == 0:
-                # request -> first console line, on a VM that prints at once and exits
-                ns, vm = wispapi.boot_to_first_line(attach, {"image": "hello"})
-                first_lines.append((n, ns / 1e3))
-                api.call("DELETE", "/v1/vms/%s?force=true" % vm)
             # Measure the execute phase at N: give the pool time to refill
             # (the prepare phase is not what this curve is about).
             d.wait_pool(api, args.pool)
             t0 = wispapi.now_ns()
-            status, vm = api.call("POST", "/v1/vms", {"image": "sleeper", "args": ["24h", "60s"]})
+            status, vm = api.call("POST", "/v1/vms?wait_line=true", {"image": "sleeper", "args": ["24h", "60s"]})
             t1 = wispapi.now_ns()
-            if status != 201:
+            if status != 201 or vm.get("first_line_us") is None:
                 print("VM %d: %s %s" % (n, status, vm), file=sys.stderr)
                 break
             ids.append(vm["id"])
             boots.append((n, (t1 - t0) / 1e3))
+            daemon_lines.append(vm["first_line_us"])
+            loaded.append(vm.get("boot_us"))
             if n in (1000, args.n):
                 time.sleep(2)
                 mem[n] = round((pool_avail - meminfo("MemAvailable")) / n, 1)
@@ -175,12 +197,15 @@ def main():
         "n_target": args.n,
         "n_reached": reached,
         "pool": args.pool,
-        "boot_us": {"what": "POST /v1/vms (sleeper) -> guest running, per VM in start order",
+        "method": METHOD,
+        "boot_us": {"what": "POST /v1/vms?wait_line=true (sleeper) -> its answer, sent once the guest's first console "
+                            "line has reached wispd; client clock, per VM in start order",
+                    "stop": "first_line",
                     "first_100_median": S.median(first), "last_100_median": S.median(last),
                     "median": S.median([b for _, b in boots]), "p99": pct([b for _, b in boots], 99),
-                    "series": [round(b, 1) for _, b in boots]},
-        "first_line_us": {"what": "POST /v1/vms?attach=true (hello) -> first console line, every 100th VM",
-                          "series": [[n, round(us, 1)] for n, us in first_lines]},
+                    "series": [round(b, 1) for _, b in boots],
+                    "daemon_first_line_series": daemon_lines,
+                    "image_loaded_series": loaded},
         "mem_per_vm_kb": {str(k): v for k, v in mem.items()},
         "idle_cpu_percent": round(idle, 2),
         "idle_cpu_percent_wisp": round(idle_wisp, 3),
@@ -196,10 +221,10 @@ def main():
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
-    summary = {k: v for k, v in doc.items() if k not in ("boot_us", "first_line_us")}
-    summary["boot_us"] = {k: v for k, v in doc["boot_us"].items() if k != "series"}
+    summary = {k: v for k, v in doc.items() if k not in ("boot_us", "method")}
+    summary["boot_us"] = {k: v for k, v in doc["boot_us"].items() if not k.endswith("series")}
     print(json.dumps(summary, indent=1))
-    plot(doc, os.path.splitext(args.out)[0] + ".png")
+    plot(doc, args.plot or os.path.splitext(args.out)[0] + ".png")
 
 
 def plot(doc, png):
@@ -208,21 +233,35 @@ def plot(doc, png):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        # matplotlib from Debian's python3 (python3-matplotlib), given the document itself.
         import subprocess
+        import tempfile
         if os.path.exists("/usr/bin/python3") and os.path.realpath(sys.executable) != "/usr/bin/python3":
-            subprocess.run(["/usr/bin/python3", "-c",
-                            "import sys,json; sys.path.insert(0,%r); import density; density.plot(json.load(open(%r)), %r)"
-                            % (BENCH, os.path.splitext(png)[0] + ".json", png)])
+            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+                json.dump(doc, f)
+            try:
+                subprocess.run(["/usr/bin/python3", "-c",
+                                "import sys,json; sys.path.insert(0,%r); import density; density.plot(json.load(open(%r)), %r)"
+                                % (BENCH, f.name, png)])
+            finally:
+                os.unlink(f.name)
         return
     s = doc["boot_us"]["series"]
     fig, ax = plt.subplots(figsize=(8, 4))
-    ax.plot(range(1, len(s) + 1), [v / 1000 for v in s], ",", alpha=0.4, label="request -> running (each VM)")
+    stop = ("request -> first console line (each VM)" if doc["boot_us"].get("stop") == "first_line"
+            else "request -> image loaded, before the guest runs (each VM)")
+    ax.plot(range(1, len(s) + 1), [v / 1000 for v in s], ",", alpha=0.4, label=stop)
     w = 100
     roll = [S.median(s[max(0, i - w):i + 1]) / 1000 for i in range(len(s))]
     ax.plot(range(1, len(s) + 1), roll, "-", color="C1", label="rolling median (100)")
-    fl = doc["first_line_us"]["series"]
+    ld = [v for v in doc["boot_us"].get("image_loaded_series", []) if v is not None]
+    if ld:
+        lroll = [S.median(ld[max(0, i - w):i + 1]) / 1000 for i in range(len(ld))]
+        ax.plot(range(1, len(ld) + 1), lroll, "--", color="C2",
+                label="of which: execute phase in the VMM process, image loaded (rolling median)")
+    fl = doc.get("first_line_us", {}).get("series")  # results before wait_line: every 100th VM
     if fl:
-        ax.plot([n for n, _ in fl], [us / 1000 for _, us in fl], "o", ms=3, color="C2", label="request -> first line (hello)")
+        ax.plot([n for n, _ in fl], [us / 1000 for _, us in fl], "o", ms=3, color="C2", label="request -> first line (attached hello, every 100th VM)")
     ax.set_xlabel("VMs already running")
     ax.set_ylabel("boot time, ms")
     ax.set_ylim(0, max(roll) * 3 if roll else 5)
