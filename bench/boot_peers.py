@@ -397,7 +397,8 @@ class ContainerCrun(Peer):
 
 class LinuxVM(Peer):
     name = "linux_vm"
-    description = ("qemu-system-x86_64 -accel tcg -M microvm: Debian cloud kernel + busybox "
+    description = ("Linux VM under QEMU TCG (software emulation: KVM on this host cannot boot a stock Linux "
+                   "kernel): qemu-system-x86_64 -accel tcg -M microvm, Debian cloud kernel + busybox "
                    "initramfs whose /init prints a marker and powers off (no disk, no network)")
     slow = True
     timeout_s = 120

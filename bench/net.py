@@ -500,6 +500,15 @@ HELPERS = {}  # name -> path, filled by main() (helpers())
 ENVS = [("wisp", env_wisp, False), ("container", env_container, False),
         ("native", env_native, False), ("linux_vm", env_linux_vm, True)]
 
+DESCRIPTIONS = {
+    "wisp": "wisp's guest apps iperf (iperf3-compatible) and echo, one VM each on a tap",
+    "container": "iperf3 -s and echosrv in a child network namespace behind a veth pair",
+    "native": "iperf3 -s and echosrv as plain processes on the namespace's loopback",
+    "linux_vm": "Linux VM under QEMU TCG (software emulation: KVM on this host cannot boot a stock Linux kernel): "
+                "qemu-system-x86_64 -accel tcg -M microvm, Debian cloud kernel, virtio-net on a tap, iperf3 -s and "
+                "echosrv in its initramfs",
+}
+
 
 # --------------------------------------------------------------------------
 # report
@@ -930,7 +939,8 @@ def main():
             procs = {}
             try:
                 host, echo_host, procs, cmds = fn(net, args)
-                results[name] = throughput(net, name, host, slow, args)
+                results[name] = {"description": DESCRIPTIONS[name]}
+                results[name].update(throughput(net, name, host, slow, args))
                 results[name]["commands"] = cmds
             except Skip as e:
                 log("  skipped: %s" % e)
