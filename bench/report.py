@@ -87,7 +87,8 @@ def density_section(d):
            "`sleeper` VMs (one wake-up a minute) started one after another through a private `wispd`",
            "(pool of %d), up to N = %d (reached: %d). Before each start the pool is allowed to refill,"
            % (d["pool"], d["n_target"], d["n_reached"]),
-           "so the curve shows the execute phase against the number of VMs already running."] + how + [
+           "so the curve shows a VM's start, without the pool's prepare phase, against the number of VMs",
+           "already running."] + how + [
            "Run of %s:" % d["date"][:16], "",
            "| metric | value | target |", "|---|---|---|",
            "| boot time, first 100 VMs (%s), median | %.2f ms | |" % (stop, bu["first_100_median"] / 1e3),
