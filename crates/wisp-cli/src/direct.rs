@@ -52,10 +52,11 @@ pub fn run(a: &RunArgs, t_main: u64) -> Result<(u8, Option<Vm>), String> {
             s.hypercalls
         );
         eprintln!(
-            "wisp-stats: {{\"t_main_ns\":{t_main},\"t_done_ns\":{t_done},\"exits\":{},\"hypercalls\":{},\"forks_prepared\":{},\"phases_us\":{}}}",
+            "wisp-stats: {{\"t_main_ns\":{t_main},\"t_done_ns\":{t_done},\"exits\":{},\"hypercalls\":{},\"forks_prepared\":{},\"forks_recycled\":{},\"phases_us\":{}}}",
             s.exits,
             s.hypercalls,
             s.forks_prepared,
+            s.forks_recycled,
             s.phases_json()
         );
     }

@@ -70,6 +70,21 @@ fn forks_handed_to_a_prepared_spare_copy_memory_as_at_the_fork() {
         .max()
         .map(|(_, p)| p);
     assert_eq!(prepared, Some(3), "the forks after the first should go to a spare:\n{}", r.stderr);
+    // Each child's guest ends before the next fork, so its process comes
+    // back as a spare (RAM back to the file, its writes gone): the children
+    // above saw the parent's memory through recycled spares too.
+    let recycled = r
+        .stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("wisp-stats: "))
+        .filter_map(|j| {
+            let exits = j.split("\"exits\":").nth(1)?.split(',').next()?.parse::<u64>().ok()?;
+            let n = j.split("\"forks_recycled\":").nth(1)?.split(',').next()?.parse::<u64>().ok()?;
+            Some((exits, n))
+        })
+        .max()
+        .map(|(_, n)| n);
+    assert!(recycled.is_some_and(|n| n >= 1), "later forks should reuse an ended child's process:\n{}", r.stderr);
 }
 
 #[test]

@@ -13,6 +13,9 @@ pub struct Stats {
     pub hypercalls: u64,
     /// Forks handed to a spare monitor process (`vm/spare.rs`).
     pub forks_prepared: u64,
+    /// Of those, forks handed to a spare that had served an earlier fork
+    /// (its child's guest ended and it came back: `vm/spare.rs`).
+    pub forks_recycled: u64,
 }
 
 impl Stats {

@@ -58,7 +58,14 @@ impl Reaper {
                     let raw = wait_child(pid).unwrap_or(libc::SIGKILL);
                     child_ended(&map, idx, pid, raw);
                 }
-                kids.extend(rx.try_iter());
+                // A child made from a recycled spare is the same process as
+                // an earlier one: one watch, for its latest membership.
+                for (pid, idx, fd) in rx.try_iter() {
+                    match kids.iter_mut().find(|k| k.0 == pid) {
+                        Some(k) => k.1 = idx,
+                        None => kids.push((pid, idx, fd)),
+                    }
+                }
             }
         })?;
         Ok(Reaper { tx, wake })

@@ -39,8 +39,9 @@ impl Vm {
     pub(super) fn finish_fork(&mut self) {
         if let Some((spare, slot, pid)) = self.after_fork.take() {
             self.family.watch_child(&slot, pid);
-            drop(spare);
+            self.lend(spare);
         }
+        self.reclaim_spare();
     }
 
     /// Fork this VM (`gpa`: the call's argument block). Returns the child's
@@ -66,12 +67,14 @@ impl Vm {
         };
         let t = Instant::now();
         self.forks += 1;
+        self.reclaim_spare();
         if let Some(mut spare) = self.spare.take() {
             let attached = self.family.attached_list();
             let saved = t.duration_since(self.boot);
             match spare.hand_off(&self.shell.ram, gpa, &st.vcpu, &slot, &attached, saved) {
                 Ok(pid) => {
                     self.shell.stats.forks_prepared += 1;
+                    self.shell.stats.forks_recycled += spare.reused as u64;
                     self.family.fork_parent_done(&slot, pid);
                     // Its handle (a descriptor, a mapping) and the child's
                     // watch cost system calls the guest need not wait for:
@@ -98,8 +101,11 @@ impl Vm {
                 EAGAIN
             }
             Ok(0) => {
-                // The parent's spare stays the parent's.
+                // The parent's spares stay the parent's.
                 std::mem::forget(self.spare.take());
+                std::mem::forget(std::mem::take(&mut self.lent));
+                // And this process is nobody's spare.
+                self.recycle = None;
                 self.enter_child(&slot, st.vcpu, t.elapsed(), None);
                 0
             }

@@ -63,6 +63,11 @@ pub struct Vm {
     spare: Option<spare::Spare>,
     /// A fork handed to a spare, to finish at the next exit.
     after_fork: Option<(spare::Spare, crate::family::ForkSlot, i32)>,
+    /// Spares handed a fork whose children run: each is a spare again once
+    /// its child's guest ends.
+    lent: Vec<spare::Spare>,
+    /// In a child made from a spare: what makes it a spare again.
+    recycle: Option<spare::Recycle>,
     /// Forks so far, and their count when a spare was last made.
     forks: u32,
     spare_round: u32,
@@ -161,6 +166,8 @@ impl Shell {
             buf: Vec::new(),
             spare: None,
             after_fork: None,
+            lent: Vec::new(),
+            recycle: None,
             forks: 0,
             spare_round: 0,
         })
@@ -268,15 +275,18 @@ impl Vm {
             }
         };
         drop(watchdog);
-        // No more forks: the spare goes.
+        // No more forks: the spare goes (lent ones: their children run on).
         self.finish_fork();
         drop(self.spare.take());
+        self.lent.clear();
         self.control.set_vcpu_thread(None);
         // What the runner says about the end comes first: once the family
         // knows, the parent may act (and end this process, in `wisp run`).
         if let Some(f) = self.on_end {
             f(&outcome);
         }
+        // A child made from a spare may serve its parent's next fork.
+        let recycled = self.recycle_begin(&outcome);
         use wisp_abi::family::{signal as sig, status};
         self.family.exit(match &outcome {
             Outcome::Exited(c) => status::exited(*c),
@@ -286,6 +296,12 @@ impl Vm {
         let run_us = start.elapsed().as_secs_f64() * 1e6 - self.shell.stats.get("guest_init").unwrap_or(0.0);
         self.shell.stats.add("guest_run", run_us);
         let _ = console.flush();
+        if let Some(r) = recycled {
+            // As after a fork: the caller runs the next child.
+            self.recycle(r);
+            self.forked = false;
+            return None;
+        }
         Some(outcome)
     }
 

@@ -39,6 +39,13 @@ const READY: u32 = 1;
 const FAILED: u32 = 2;
 const GO: u32 = 3;
 const CANCEL: u32 = 4;
+/// The parent let go of a spare whose child runs: the child ends as a
+/// process, not as a spare again.
+const RELEASED: u32 = 5;
+
+/// Most spares a parent keeps lent to running children (each comes back as
+/// a spare when its child's guest ends: `Vm::recycle_begin`).
+const MAX_LENT: usize = 4;
 
 /// Where [`Hand`] sits in the shared page.
 const HAND_OFFSET: usize = 64;
@@ -71,6 +78,15 @@ pub(super) struct Spare {
     page: SharedMap,
     /// Scratch space for the list of pages to copy.
     scratch: Vec<u8>,
+    /// It served an earlier fork (its child's guest ended and it came back).
+    pub(super) reused: bool,
+}
+
+/// In a child made from a spare: what it needs to become its parent's
+/// spare again when its guest ends (its RAM file and the shared page).
+pub(super) struct Recycle {
+    mem: OwnedFd,
+    page: SharedMap,
 }
 
 /// The hand-over word of `page`.
@@ -145,12 +161,20 @@ impl Spare {
     }
 }
 
+impl Spare {
+    /// Ready to take a fork (again: its last child's guest ended).
+    fn ready(&self) -> bool {
+        word(&self.page).load(Ordering::Acquire) == READY
+    }
+}
+
 impl Drop for Spare {
-    /// Not handed a guest: tell the spare to go, and reap it.
+    /// Not handed a guest: tell the spare to go, and reap it. Handed one (a
+    /// lent spare): its child runs on and ends as a process.
     fn drop(&mut self) {
         let w = word(&self.page);
         if w.swap(CANCEL, Ordering::AcqRel) == GO {
-            w.store(GO, Ordering::Release); // it is a VM now, watched as one
+            w.store(RELEASED, Ordering::Release); // it is a VM now, watched as one
             return;
         }
         crate::sys::futex_wake(w);
@@ -226,6 +250,8 @@ impl Vm {
         // devices let go of what their threads own (`on_fork_child`).
         match unsafe { crate::sys::fork() } {
             Ok(0) => {
+                // The parent's lent spares stay the parent's.
+                std::mem::forget(std::mem::take(&mut self.lent));
                 // Told apart from VMs in `ps` until it is one.
                 crate::sys::set_thread_name(b"wisp-spare\0\0\0\0\0\0");
                 self.serve_as_spare(mem, page, parent);
@@ -236,7 +262,7 @@ impl Vm {
                 crate::sys::set_batch(false);
                 let _ = self.shell.ram.set_inherited(true);
                 if let Ok(pid) = r {
-                    self.spare = Some(Spare { pid, mem, page, scratch });
+                    self.spare = Some(Spare { pid, mem, page, scratch, reused: false });
                 }
                 Made::Parent
             }
@@ -254,18 +280,19 @@ impl Vm {
             .and_then(|()| self.shell.renew_warm())
             // The warm-up's pages go: the file's are the child's.
             .and_then(|()| self.shell.ram.map_private(mem.as_fd()));
-        drop(mem);
         let w = word(&page);
-        let mut cur = match w.compare_exchange(
-            PREPARING,
-            if prep.is_ok() { READY } else { FAILED },
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
+        match w.compare_exchange(PREPARING, if prep.is_ok() { READY } else { FAILED }, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) if prep.is_err() => crate::sys::exit_now(0),
-            Ok(_) => READY,
-            Err(v) => v,
-        };
+            _ => {}
+        }
+        self.await_guest(Recycle { mem, page }, prep);
+    }
+
+    /// In a spare that is ready: wait for a fork's guest (or to be told to
+    /// go), become that fork's child.
+    fn await_guest(&mut self, r: Recycle, prep: crate::error::Result<()>) {
+        let w = word(&r.page);
+        let mut cur = w.load(Ordering::Acquire);
         while cur != GO {
             if cur == CANCEL {
                 crate::sys::exit_now(0);
@@ -275,7 +302,7 @@ impl Vm {
         }
         // SAFETY: written by the parent before it stored GO (release), read
         // after GO was seen (acquire); inside the page, aligned.
-        let h: Hand = unsafe { std::ptr::read(page.as_ptr().add(HAND_OFFSET).cast::<Hand>()) };
+        let h: Hand = unsafe { std::ptr::read(r.page.as_ptr().add(HAND_OFFSET).cast::<Hand>()) };
         if h.idx as usize >= wisp_abi::family::limits::MAX_MEMBERS {
             crate::sys::stderr_line("wisp: a spare was handed a member slot out of range");
             crate::sys::exit_now(125);
@@ -285,6 +312,63 @@ impl Vm {
         self.family.set_attached(h.attached[..n].iter().map(|&[s, c]| (s as usize, c)).collect());
         let st = VcpuState { regs: h.regs, sregs: h.sregs, fpu: h.fpu, tsc: h.tsc };
         let ago = self.boot.elapsed().saturating_sub(Duration::from_nanos(h.saved_ns));
+        self.recycle = Some(r);
         self.enter_child(&slot, st, ago, Some(prep));
+    }
+
+    /// The parent: a fork was handed to `spare`; keep it for when the
+    /// child's guest ends (it then is a spare again).
+    pub(super) fn lend(&mut self, spare: Spare) {
+        if self.lent.len() >= MAX_LENT {
+            drop(self.lent.remove(0));
+        }
+        self.lent.push(spare);
+    }
+
+    /// The parent: take back a lent spare that is ready again, if this VM
+    /// has none.
+    pub(super) fn reclaim_spare(&mut self) {
+        if self.spare.is_none() {
+            if let Some(i) = self.lent.iter().position(Spare::ready) {
+                let mut s = self.lent.swap_remove(i);
+                s.reused = true;
+                self.spare = Some(s);
+            }
+        }
+    }
+
+    /// In a child made from a spare whose guest ended (`outcome`), before
+    /// its family learns of it: if it can serve its parent again, reset to
+    /// a spare's state (RAM back to the file's contents, the segments it
+    /// attached gone) and say it is ready. Not a child that forked (its own
+    /// children and spares end with it), nor one stopped from outside.
+    pub(super) fn recycle_begin(&mut self, outcome: &super::Outcome) -> Option<Recycle> {
+        let r = self.recycle.take()?;
+        if !matches!(outcome, super::Outcome::Exited(_))
+            || self.forks != 0
+            || self.spare.is_some()
+            || !self.lent.is_empty()
+            || self.after_fork.is_some()
+        {
+            return None;
+        }
+        for (slot, gpa, _, _) in self.family.attachments() {
+            if slot != crate::family::RINGS_SLOT {
+                super::ipc::map_slot(&self.shell.vm, slot, gpa, 0, 0);
+            }
+        }
+        self.shell.ram.map_private(r.mem.as_fd()).ok()?;
+        word(&r.page).compare_exchange(GO, READY, Ordering::AcqRel, Ordering::Acquire).ok()?;
+        Some(r)
+    }
+
+    /// In a child that `recycle_begin` made a spare again, after its end was
+    /// told: wait for the parent's next fork and become its child.
+    pub(super) fn recycle(&mut self, r: Recycle) {
+        let name = crate::sys::thread_name();
+        crate::sys::set_thread_name(b"wisp-spare\0\0\0\0\0\0");
+        crate::sys::set_batch(true);
+        self.await_guest(r, Ok(()));
+        crate::sys::set_thread_name(&name);
     }
 }
