@@ -153,22 +153,28 @@ impl GuestRam {
         Ok(Some(runs))
     }
 
-    /// Write the guest RAM of `runs` into file `fd` at the same offsets.
-    pub fn write_runs(&self, fd: BorrowedFd<'_>, runs: &[(u64, u64)]) -> Result<()> {
-        use std::os::fd::AsRawFd;
+    /// Copy the guest RAM of `runs` to the same offsets of `dst` (a mapping
+    /// of at least the RAM's size: a spare's RAM file), page by page, leaving
+    /// pages that already hold the same bytes alone (a recycled spare's file
+    /// holds the last fork's copy: most pages have not changed since).
+    pub fn copy_runs(&self, dst: &crate::family::SharedMap, runs: &[(u64, u64)]) -> Result<()> {
+        let page = wisp_abi::layout::PAGE_SIZE as usize;
+        if dst.len() < self.size() as usize {
+            return Err(Error::OutOfRange { addr: 0, len: self.size() });
+        }
         for &(gpa, len) in runs {
-            let ptr = self.host_ptr(gpa, len as usize)?;
-            let mut done = 0u64;
-            while done < len {
-                // SAFETY: `ptr..ptr + len` lies in guest RAM (checked by
-                // `host_ptr`); the kernel reads it, no Rust reference is made.
-                let n = unsafe {
-                    libc::pwrite(fd.as_raw_fd(), ptr.add(done as usize).cast(), (len - done) as usize, (gpa + done) as i64)
-                };
-                if n <= 0 {
-                    return Err(Error::Host("copy guest RAM", std::io::Error::last_os_error()));
+            let src = self.host_ptr(gpa, len as usize)?;
+            for off in (0..len as usize).step_by(page) {
+                // SAFETY: `src..src + len` lies in guest RAM (`host_ptr`) and
+                // `dst` is at least the RAM's size (checked above), so both
+                // pages are inside live mappings; raw pointers only, no
+                // references (guest RAM may change under a device thread).
+                unsafe {
+                    let (s, d) = (src.add(off), dst.as_ptr().add(gpa as usize + off));
+                    if libc::memcmp(s.cast(), d.cast(), page) != 0 {
+                        std::ptr::copy_nonoverlapping(s, d, page);
+                    }
                 }
-                done += n as u64;
             }
         }
         Ok(())

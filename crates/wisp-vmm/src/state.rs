@@ -73,14 +73,32 @@ pub fn complete_exit(vcpu: &mut VcpuFd) -> Result<()> {
 }
 
 /// Save the vCPU at an exit (completing the exiting instruction first).
-pub fn save_vcpu(vcpu: &mut VcpuFd) -> Result<VcpuState> {
-    complete_exit(vcpu)?;
-    Ok(VcpuState {
-        regs: vcpu.get_regs().map_err(|e| Error::Kvm("get registers", e.into()))?,
-        sregs: vcpu.get_sregs().map_err(|e| Error::Kvm("get sregs", e.into()))?,
-        fpu: vcpu.get_fpu().map_err(|e| Error::Kvm("get FPU", e.into()))?,
-        tsc: read_tsc(vcpu)?,
-    })
+/// `kvm`: where KVM can copy the registers out with that completion
+/// (`KVM_CAP_SYNC_REGS`), two ioctls are saved (~5 µs each on PVM hosts).
+pub fn save_vcpu(vcpu: &mut VcpuFd, kvm: Option<&kvm_ioctls::Kvm>) -> Result<VcpuState> {
+    use kvm_ioctls::SyncReg;
+    static SYNC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let sync = kvm.is_some_and(|k| *SYNC.get_or_init(|| k.check_extension(kvm_ioctls::Cap::SyncRegs)));
+    if sync {
+        vcpu.set_sync_valid_reg(SyncReg::Register);
+        vcpu.set_sync_valid_reg(SyncReg::SystemRegister);
+    }
+    let done = complete_exit(vcpu);
+    let synced = sync.then(|| {
+        vcpu.clear_sync_valid_reg(SyncReg::Register);
+        vcpu.clear_sync_valid_reg(SyncReg::SystemRegister);
+        let s = vcpu.sync_regs();
+        (s.regs, s.sregs)
+    });
+    done?;
+    let (regs, sregs) = match synced {
+        Some(rs) => rs,
+        None => (
+            vcpu.get_regs().map_err(|e| Error::Kvm("get registers", e.into()))?,
+            vcpu.get_sregs().map_err(|e| Error::Kvm("get sregs", e.into()))?,
+        ),
+    };
+    Ok(VcpuState { regs, sregs, fpu: vcpu.get_fpu().map_err(|e| Error::Kvm("get FPU", e.into()))?, tsc: read_tsc(vcpu)? })
 }
 
 /// Give a vCPU saved state.

@@ -39,6 +39,30 @@ impl SharedMap {
         Ok(SharedMap { ptr: p.cast(), len })
     }
 
+    /// A `MAP_SHARED` mapping of the first `len` bytes of file `fd`, left
+    /// out of processes forked later (`MADV_DONTFORK`).
+    pub fn of_file(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> io::Result<SharedMap> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a fresh mapping chosen by the kernel; nothing else is
+        // replaced.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the mapping just made, whole.
+        unsafe { libc::madvise(p, len, libc::MADV_DONTFORK) };
+        Ok(SharedMap { ptr: p.cast(), len })
+    }
+
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr
     }

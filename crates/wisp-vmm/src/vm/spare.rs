@@ -73,8 +73,9 @@ struct Hand {
 /// The parent's handle on its spare.
 pub(super) struct Spare {
     pid: i32,
-    /// The child's guest RAM, written at the fork.
+    /// The child's guest RAM, written at the fork (through `view`).
     mem: OwnedFd,
+    view: SharedMap,
     page: SharedMap,
     /// Scratch space for the list of pages to copy.
     scratch: Vec<u8>,
@@ -121,7 +122,7 @@ impl Spare {
             Ok(None) => return Err(true),
             Err(_) => return Err(false),
         };
-        ram.write_runs(self.mem.as_fd(), &runs).map_err(|_| false)?;
+        ram.copy_runs(&self.view, &runs).map_err(|_| false)?;
         // In the child, fork returns 0.
         let ret = args::Fork { ret: 0 };
         if rustix::io::pwrite(&self.mem, zerocopy::IntoBytes::as_bytes(&ret), gpa).is_err() {
@@ -223,16 +224,17 @@ impl Vm {
         // their memory now, so the copy only copies.
         let mut scratch = Vec::new();
         let Ok(Some(likely)) = self.shell.ram.resident(COPY_LIMIT, &mut scratch) else { return Made::Parent };
-        let kit = (|| -> std::io::Result<(OwnedFd, SharedMap)> {
+        let kit = (|| -> std::io::Result<(OwnedFd, SharedMap, SharedMap)> {
             self.family.ensure_arena()?;
             let mem = rustix::fs::memfd_create("wisp-fork", rustix::fs::MemfdFlags::CLOEXEC)?;
             rustix::fs::ftruncate(&mem, self.shell.ram.size())?;
             for &(off, len) in &likely {
                 rustix::fs::fallocate(&mem, rustix::fs::FallocateFlags::KEEP_SIZE, off, len)?;
             }
-            Ok((mem, SharedMap::new(PAGE)?))
+            let view = SharedMap::of_file(mem.as_fd(), self.shell.ram.size() as usize)?;
+            Ok((mem, view, SharedMap::new(PAGE)?))
         })();
-        let Ok((mem, page)) = kit else {
+        let Ok((mem, view, page)) = kit else {
             return Made::Parent;
         };
         if self.shell.ram.set_inherited(false).is_err() {
@@ -250,6 +252,8 @@ impl Vm {
         // devices let go of what their threads own (`on_fork_child`).
         match unsafe { crate::sys::fork() } {
             Ok(0) => {
+                // Left out of this process (MADV_DONTFORK): not to unmap.
+                std::mem::forget(view);
                 // The parent's lent spares stay the parent's.
                 std::mem::forget(std::mem::take(&mut self.lent));
                 // Told apart from VMs in `ps` until it is one.
@@ -262,7 +266,7 @@ impl Vm {
                 crate::sys::set_batch(false);
                 let _ = self.shell.ram.set_inherited(true);
                 if let Ok(pid) = r {
-                    self.spare = Some(Spare { pid, mem, page, scratch, reused: false });
+                    self.spare = Some(Spare { pid, mem, view, page, scratch, reused: false });
                 }
                 Made::Parent
             }
