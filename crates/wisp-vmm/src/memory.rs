@@ -18,6 +18,10 @@ use crate::error::{Error, Result};
 pub struct GuestRam {
     view: RamView,
     host_addr: u64,
+    /// Ranges mapped copy-on-write from an image file: their pages may be
+    /// dropped from memory while unmodified (the kernel reads them back from
+    /// the file), so `mincore` may not count them; [`Self::resident`] does.
+    file_ranges: std::sync::Mutex<Vec<(u64, u64)>>,
 }
 
 /// Bounds-checked access to guest RAM, cheap to clone and to hand to I/O
@@ -50,7 +54,7 @@ impl GuestRam {
             .ok_or_else(|| Error::Host("guest region", std::io::Error::other("overflow")))?;
         let mem = GuestMemoryMmap::from_regions(vec![region])
             .map_err(|e| Error::Host("guest memory", std::io::Error::other(e.to_string())))?;
-        Ok(GuestRam { view: RamView { mem, size }, host_addr })
+        Ok(GuestRam { view: RamView { mem, size }, host_addr, file_ranges: Default::default() })
     }
 
     /// Host virtual address of guest-physical 0 (for KVM's memory slot).
@@ -87,7 +91,9 @@ impl GuestRam {
                 offset,
             )
         };
-        r.map(drop).map_err(|e| Error::Host("mmap image copy-on-write", e.into()))
+        r.map_err(|e| Error::Host("mmap image copy-on-write", e.into()))?;
+        self.file_ranges.lock().unwrap_or_else(|e| e.into_inner()).push((gpa, len));
+        Ok(())
     }
 
     /// Whether `fork(2)` copies guest RAM into the child process (it does
@@ -136,6 +142,9 @@ impl GuestRam {
         let r = unsafe { libc::mincore(self.host_addr as *mut libc::c_void, self.size() as usize, vec.as_mut_ptr()) };
         if r != 0 {
             return Err(Error::Host("mincore guest RAM", std::io::Error::last_os_error()));
+        }
+        for &(gpa, len) in self.file_ranges.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            vec[(gpa / page) as usize..((gpa + len) / page) as usize].fill(1);
         }
         let mut runs: Vec<(u64, u64)> = Vec::new();
         let mut total = 0;
