@@ -360,6 +360,90 @@ fn forked_vms_are_vms_of_the_toolstack() {
 }
 
 #[test]
+fn a_readopted_family_forks_vms_of_the_restarted_daemon() {
+    let mut d = Daemon::start("late", &["--pool", "16M=1"]);
+    let mut c = d.client();
+    // The root forks a member at once; each forks a successor (and exits)
+    // only when told to stop.
+    let root = create(&mut c, "family", &["late"], None);
+    let ten = Duration::from_secs(10);
+    let child_of = |c: &mut Client, parent: &str, not: &str| {
+        c.list().unwrap().into_iter().find(|v| v.parent.as_deref() == Some(parent) && v.id != not)
+    };
+    let member = eventually(ten, || "the member was not registered".into(), || child_of(&mut c, &root.id, ""));
+    wait_console(&mut c, &root.id, "late: root 1 waiting");
+    wait_console(&mut c, &member.id, "late: member 2 waiting");
+    drop(c);
+
+    // The uplink the first daemon made dies with it; the new one makes
+    // another and hands it to both running members.
+    d.sigkill_and_restart();
+    let mut c = d.client();
+    // A member forked under the old daemon forks under the new one, and so
+    // does the root.
+    let mut kids = Vec::new();
+    for (parent, says) in [(&member, "late: 3 forked by 2"), (&root, "late: 4 forked by 1")] {
+        let x = c.stop(&parent.id, Some(10_000)).unwrap().exit;
+        assert_eq!(x.as_ref().map(|x| x.code), Some(0), "{x:?}: {}", console(&mut c, &parent.id));
+        let what = || format!("{}'s child was not registered; wispd says:\n{}", parent.id, d.log());
+        let kid = eventually(ten, what, || child_of(&mut c, &parent.id, &member.id));
+        assert_eq!((kid.family.as_deref(), kid.state), (Some(root.id.as_str()), VmState::Running), "{kid:?}");
+        assert!(kid.pid != parent.pid && kid.pid != 0, "{kid:?}");
+        wait_console(&mut c, &kid.id, says);
+        kids.push((kid, parent));
+    }
+    // Listed with their parents.
+    let (ps, _) = text(&d.wisp(&["ps", "-a"]));
+    for (kid, parent) in &kids {
+        let line = ps.lines().find(|l| l.starts_with(&kid.id)).unwrap_or_else(|| panic!("{} not in ps:\n{ps}", kid.id));
+        assert!(line.split_whitespace().any(|w| w == parent.id), "{line}");
+    }
+    // Stopped, killed, waited for and removed like any VM.
+    let (grandchild, kid) = (&kids[0].0, &kids[1].0);
+    assert_eq!(d.wisp(&["stop", &grandchild.id]).status.code(), Some(0));
+    assert_eq!(d.wisp(&["wait", &grandchild.id]).status.code(), Some(143));
+    assert_eq!(d.wisp(&["kill", &kid.id]).status.code(), Some(0));
+    assert_eq!(d.wisp(&["wait", &kid.id]).status.code(), Some(137));
+    for v in [grandchild, kid] {
+        assert_eq!(d.wisp(&["rm", &v.id]).status.code(), Some(0));
+        assert!(matches!(c.get(&v.id), Err(ApiError::Status(404, _))), "{} still listed", v.id);
+    }
+}
+
+#[test]
+fn a_vmm_process_takes_only_a_seqpacket_uplink_and_only_if_its_vm_forks() {
+    use std::os::fd::OwnedFd;
+    use std::os::unix::net::UnixStream;
+    use wisp_vmm_process::proto::{self, Request, NO_FORK};
+    let d = Daemon::start("uplink", &["--pool", "16M=1"]);
+    let mut c = d.client();
+    let forks = create(&mut c, "family", &["late"], None);
+    let plain = create(&mut c, "sleeper", &["1h"], None);
+    let ask = |id: &str, fd: Option<&OwnedFd>| {
+        let sock = d.vm_dir(id).join("ctl.sock");
+        proto::call(&sock, &Request::Uplink, fd, Some(Duration::from_secs(5))).unwrap().0
+    };
+    let seqpacket = || {
+        use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+        socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).unwrap().0
+    };
+    let stream: OwnedFd = UnixStream::pair().unwrap().0.into();
+    let file: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
+    for (fd, why) in [(None, "needs"), (Some(&stream), "SEQPACKET"), (Some(&file), "SEQPACKET")] {
+        let r = ask(&forks.id, fd);
+        assert!(!r.ok && r.error.as_deref().is_some_and(|e| e.contains(why)), "{r:?}");
+    }
+    let r = ask(&plain.id, Some(&seqpacket()));
+    assert_eq!(r.error.as_deref(), Some(NO_FORK), "{r:?}");
+    assert!(ask(&forks.id, Some(&seqpacket())).ok);
+    // Both still run and answer.
+    for v in [&forks, &plain] {
+        assert_eq!(c.pause(&v.id).unwrap().state, VmState::Paused);
+        assert_eq!(c.resume(&v.id).unwrap().state, VmState::Running);
+    }
+}
+
+#[test]
 fn a_forked_vm_outlives_a_parent_that_exits_at_once() {
     let d = Daemon::start("daemonize", &["--pool", "16M=1"]);
     let mut c = d.client();

@@ -221,8 +221,20 @@ fn sockets(r: &mut Rules) {
     for sys in [libc::SYS_setsockopt, libc::SYS_getsockopt] {
         r.insert(sys, opts.iter().map(|&o| rule(vec![dword(1, libc::SOL_SOCKET as u64), dword(2, o)])).collect());
     }
+    // What a descriptor handed over is (the uplink must be a Unix SEQPACKET socket).
+    for o in [libc::SO_TYPE as u64, libc::SO_DOMAIN as u64] {
+        r.entry(libc::SYS_getsockopt).or_default().push(rule(vec![dword(1, libc::SOL_SOCKET as u64), dword(2, o)]));
+    }
     let cmds = [libc::F_GETFL, libc::F_SETFL, libc::F_GETFD, libc::F_SETFD, libc::F_DUPFD_CLOEXEC];
     one_of(r, libc::SYS_fcntl, 1, &cmds.map(|c| c as u64));
+}
+
+/// Putting a new family uplink in place of the old one (`dup3` onto its
+/// number, close-on-exec), when a restarted daemon sends one: the control
+/// thread does it, and in a forked VM that thread is the vCPU thread's
+/// (its filter stacks on that one's).
+fn swap_uplink(r: &mut Rules) {
+    r.insert(libc::SYS_dup3, vec![rule(vec![dword(2, libc::O_CLOEXEC as u64)])]);
 }
 
 fn threads(r: &mut Rules) {
@@ -272,12 +284,14 @@ fn role_rules(role: Role, kick_signal: i32) -> Rules {
             ioctls(&mut r, true, fork);
             if fork {
                 forking(&mut r);
+                swap_uplink(&mut r);
             }
         }
         Role::Control => {
             sockets(&mut r);
             threads(&mut r);
             ioctls(&mut r, false, false);
+            swap_uplink(&mut r);
         }
         Role::Io => {
             any(&mut r, &[libc::SYS_readv, libc::SYS_writev, libc::SYS_eventfd2]);

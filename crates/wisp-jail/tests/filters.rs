@@ -164,3 +164,45 @@ fn each_thread_role_is_narrower_than_the_process() {
     // The watchdog: no sockets.
     assert_eq!(try_call(&with_role(Role::Watchdog), || sys(libc::SYS_recvmsg, [0; 6])), SIGSYS);
 }
+
+#[test]
+fn only_the_control_and_forking_threads_swap_a_descriptor_and_only_close_on_exec() {
+    // dup3 onto a descriptor number, close-on-exec: how a new family uplink
+    // takes the old one's place (the control thread; in a forked VM that
+    // thread's filter stacks on the forking vCPU thread's).
+    let dup3 = |flags: i32| move || sys(libc::SYS_dup3, [1, 100, flags as u64, 0, 0, 0]);
+    let mut both = with_role(Role::VcpuFork);
+    both.push(seccomp::role_filter(Role::Control, KICK).unwrap());
+    for filters in [with_role(Role::Control), with_role(Role::VcpuFork), both] {
+        assert_eq!(try_call(&filters, dup3(libc::O_CLOEXEC)), End::Returned(0));
+        assert_eq!(try_call(&filters, dup3(0)), SIGSYS, "without close-on-exec");
+    }
+    for role in [Role::Vcpu, Role::Io, Role::Reaper, Role::Watchdog] {
+        assert_eq!(try_call(&with_role(role), dup3(libc::O_CLOEXEC)), SIGSYS, "{role:?}");
+    }
+    assert_eq!(try_call(&process(), || sys(libc::SYS_dup2, [1, 100, 0, 0, 0, 0])), SIGSYS);
+    // What a descriptor is may be read (SO_TYPE, SO_DOMAIN), not set.
+    let pair_then = |opt: i32, set: bool| {
+        move || {
+            let mut fds = [0; 2];
+            // SAFETY: `fds`, `v` and `len` are ours.
+            if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, fds.as_mut_ptr()) } < 0 {
+                return -1;
+            }
+            let mut v: libc::c_int = 0;
+            let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+            let p = (&raw mut v).cast();
+            unsafe {
+                if set {
+                    libc::setsockopt(fds[0], libc::SOL_SOCKET, opt, p, len) as i64
+                } else {
+                    libc::getsockopt(fds[0], libc::SOL_SOCKET, opt, p, &mut len) as i64
+                }
+            }
+        }
+    };
+    for opt in [libc::SO_TYPE, libc::SO_DOMAIN] {
+        assert_eq!(try_call(&process(), pair_then(opt, false)), End::Returned(0), "get {opt}");
+        assert_eq!(try_call(&process(), pair_then(opt, true)), SIGSYS, "set {opt}");
+    }
+}

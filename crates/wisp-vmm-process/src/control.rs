@@ -66,7 +66,7 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(St
             let _ = send_line(&conn, &Reply::ok(WorkerState::Pooled), None);
             std::process::exit(0)
         }
-        Request::Pause | Request::Resume | Request::Stop { .. } | Request::Kill | Request::Wait => {
+        Request::Pause | Request::Resume | Request::Stop { .. } | Request::Kill | Request::Wait | Request::Uplink => {
             Reply::err("the VM has not been started")
         }
     };
@@ -142,7 +142,7 @@ fn read_request(conn: &UnixStream) -> Option<(Request, Vec<OwnedFd>)> {
 
 /// Read and answer one request; give the connection back if it can carry more.
 fn serve_one(shared: &Arc<Shared>, conn: UnixStream) -> Option<UnixStream> {
-    let (req, _fd) = read_request(&conn)?;
+    let (req, fds) = read_request(&conn)?;
     let reply_conn = conn.try_clone().ok()?;
     // Counted while served, so the process does not exit (the VM may end
     // meanwhile, e.g. on a stop request) before the reply is sent.
@@ -151,9 +151,24 @@ fn serve_one(shared: &Arc<Shared>, conn: UnixStream) -> Option<UnixStream> {
         spawn_conn(shared, move |s| serve(s, reply_conn, req));
         return None;
     }
-    let r = serve(shared, reply_conn, req);
+    let r = match req {
+        Request::Uplink => send_line(&reply_conn, &uplink(shared, fds), None),
+        req => serve(shared, reply_conn, req),
+    };
     shared.release_conn();
     r.ok().map(|_| conn)
+}
+
+/// A new family uplink from a daemon that re-adopted the VM (the first
+/// descriptor of the request; any other is closed).
+fn uplink(shared: &Arc<Shared>, fds: Vec<OwnedFd>) -> Reply {
+    let Some(fd) = fds.into_iter().next() else {
+        return Reply::err("uplink needs the socket's descriptor");
+    };
+    match crate::fork::replace_uplink(fd) {
+        Ok(()) => shared.state.lock().unwrap().status(),
+        Err(e) => Reply::err(e),
+    }
 }
 
 fn probe_open(path: &str) -> Reply {
@@ -223,6 +238,7 @@ fn serve(shared: &Arc<Shared>, conn: UnixStream, req: Request) -> io::Result<()>
             return shared.stream_logs(conn, follow, None);
         }
         Request::ProbeOpen { path } => probe_open(&path),
+        Request::Uplink => Reply::err("uplink needs its descriptor"),
     };
     send_line(&conn, &reply, None)
 }

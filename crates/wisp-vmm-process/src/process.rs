@@ -81,6 +81,10 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
         // From here this is the vCPU thread: it keeps what the VM needs (and
         // the calls that make a forked child only if the VM may fork).
         crate::narrow::narrow(if vm.may_fork() { Role::VcpuFork } else { Role::Vcpu });
+        // The uplink goes in its slot if the VM may fork, or goes.
+        if let Some(u) = cmd.uplink.take().filter(|_| vm.may_fork()) {
+            crate::fork::set_uplink(u);
+        }
         {
             let mut st = shared.state.lock().unwrap();
             st.phase = WorkerState::Running;
@@ -103,7 +107,7 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
             // parent VM (and to threads that do not exist here): leave it
             // untouched and become a VM of our own.
             sink.forget_in_child();
-            shared = match become_child_vm(cmd.uplink.as_ref(), &vm) {
+            shared = match become_child_vm(&vm) {
                 Ok(s) => s,
                 Err(e) => {
                     wisp_vmm::stderr_line(&format!("wisp-vmm: forked VM: {e}"));

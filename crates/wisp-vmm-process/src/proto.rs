@@ -67,7 +67,15 @@ pub enum Request {
     ProbeOpen { path: String },
     /// End the VMM process (its VM is killed first).
     Shutdown,
+    /// A new family uplink (the descriptor passed with the request) in
+    /// place of the one the VM was started with: a daemon that re-adopted
+    /// the VM sends it (the old one's daemon end died with the previous
+    /// daemon). Refused with [`NO_FORK`] by a VM that does not fork.
+    Uplink,
 }
+
+/// The error a VM that does not fork answers an [`Request::Uplink`] with.
+pub const NO_FORK: &str = "this VM does not fork: it has no uplink";
 
 /// Addresses of a VM's NIC.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]

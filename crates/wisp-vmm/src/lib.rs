@@ -42,5 +42,5 @@ pub use devices::{Device, DeviceState, Devices};
 pub use shell::{check_mem_size, open_kvm, Shell, DEFAULT_MEM};
 pub use state::{VcpuState, VmState};
 pub use signal::kick_signal;
-pub use sys::{set_thread_hook, stderr_line, ThreadRole};
+pub use sys::{replace_fd, set_thread_hook, stderr_line, ThreadRole};
 pub use vm::{Vm, FEATURES};

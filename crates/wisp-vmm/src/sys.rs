@@ -1,9 +1,11 @@
 //! Host helpers the monitor needs that the standard library lacks: futex
 //! waits and wakes across processes, short spins, thread ids and kicks,
-//! `fork(2)` and waiting for children, parent-death signals. Each is one
-//! system call (or a loop around one) and knows nothing of its users.
+//! `fork(2)` and waiting for children, parent-death signals, replacing a
+//! descriptor in place. Each is one system call (or a loop around one) and
+//! knows nothing of its users.
 
 use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -83,6 +85,24 @@ pub(crate) unsafe fn close_orphaned_fd(fd: i32) {
     unsafe {
         libc::close(fd);
     }
+}
+
+/// Make descriptor `slot` refer to the file `new` refers to, in one step
+/// (`dup3`, close-on-exec): its number stays `slot`'s throughout, so a
+/// thread using it, or a process forked meanwhile, sees the old file or the
+/// new one, never a closed or reused number. The old file is closed here
+/// (this process's reference to it).
+pub fn replace_fd(slot: &OwnedFd, new: BorrowedFd<'_>) -> io::Result<()> {
+    if slot.as_raw_fd() == new.as_raw_fd() {
+        return Ok(());
+    }
+    // SAFETY: dup3 onto a descriptor `slot` owns (borrowed for the call):
+    // the number stays open and `slot`'s; only the file behind it changes.
+    // `new` is only read.
+    if unsafe { libc::dup3(new.as_raw_fd(), slot.as_raw_fd(), libc::O_CLOEXEC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Ask for SIGKILL when the parent process ends (direct mode: a family

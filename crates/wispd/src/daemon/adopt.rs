@@ -1,8 +1,8 @@
 //! Re-adoption: a daemon started again finds the VMs a previous one left,
 //! from its own records (`meta/<id>.json`, see `record`). Running ones are
 //! adopted (state asked over the control socket, exit watched, address and
-//! host ports taken again), exited ones are listed with their status,
-//! pooled shells are stopped.
+//! host ports taken again, a new family uplink sent), exited ones are
+//! listed with their status, pooled shells are stopped.
 //!
 //! Nothing is taken on trust, not even the daemon's own records: a record
 //! must name its file and its VM's directory (a real directory owned by the
@@ -20,11 +20,11 @@
 //! names its directory becomes a record of the daemon's, with the same
 //! checks before anything is signalled, bound or forwarded.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use wisp_api::{VmInfo, VmState};
@@ -63,6 +63,7 @@ impl Daemon {
         for id in self.records.ids() {
             self.adopt_one(&id, &mut seen);
         }
+        self.renew_uplinks();
         // Families none of whose VMs runs: their (empty) groups go.
         let roots: HashSet<String> = self.vms.lock().by_id.values().map(|e| e.info.family.clone().unwrap_or_else(|| e.info.id.clone())).collect();
         for root in roots {
@@ -185,6 +186,56 @@ impl Daemon {
             let fw = Forward::restore(id, &restore, ip);
             if let Some(e) = self.vms.lock().by_id.get_mut(id) {
                 e.forwards = fw;
+            }
+        }
+    }
+
+    /// Give each family with running VMs a new uplink: the old one's
+    /// daemon end died with the previous daemon, and its forks would end at
+    /// once. The daemon keeps one end (on the root's entry, watched as at
+    /// create) and sends the other to every running member (`uplink`
+    /// request), which puts it in the old one's place: a VM forked from
+    /// then on becomes a VM of this daemon. A family with no forking
+    /// member, or whose root is no longer listed, gets none.
+    fn renew_uplinks(&self) {
+        let mut families: HashMap<String, Vec<(String, PathBuf)>> = HashMap::new();
+        {
+            let t = self.vms.lock();
+            for e in t.by_id.values().filter(|e| e.pidfd.is_some() && e.info.exit.is_none()) {
+                let root = e.info.family.clone().unwrap_or_else(|| e.info.id.clone());
+                if t.by_id.get(&root).is_some_and(|r| r.uplink.is_none()) {
+                    families.entry(root).or_default().push((e.info.id.clone(), e.dir.clone()));
+                }
+            }
+        }
+        for (root, members) in families {
+            let pair = rustix::net::socketpair(
+                rustix::net::AddressFamily::UNIX,
+                rustix::net::SocketType::SEQPACKET,
+                rustix::net::SocketFlags::CLOEXEC,
+                None,
+            );
+            let Ok((mine, theirs)) = pair else {
+                eprintln!("wispd: family {root}: no new uplink (socketpair failed): its forks will not be registered");
+                continue;
+            };
+            let mut taken = 0;
+            for (id, dir) in members {
+                let r = proto::call(&dir.join("ctl.sock"), &Request::Uplink, Some(&theirs), Some(Duration::from_secs(2)));
+                match r {
+                    Ok((r, _)) if r.ok => taken += 1,
+                    Ok((r, _)) if r.error.as_deref() == Some(proto::NO_FORK) => {}
+                    Ok((r, _)) => eprintln!("wispd: VM {id}: new uplink refused: {}", r.error.unwrap_or_default()),
+                    Err(e) => eprintln!("wispd: VM {id}: new uplink not sent: {e}"),
+                }
+            }
+            if taken == 0 {
+                continue;
+            }
+            let mut t = self.vms.lock();
+            if let Some(e) = t.by_id.get_mut(&root) {
+                self.watch_uplink(&root, mine.as_fd());
+                e.uplink = Some(mine);
             }
         }
     }

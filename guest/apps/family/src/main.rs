@@ -4,7 +4,7 @@
 //!
 //! Modes: cow, tree, many N, pipe KIB, siblings, signals, msgq, shm,
 //! shm-after-detach, crash, bomb, hog MIB, victim, nap N, idle-wait, orphan-eof,
-//! daemonize, pids HOSTPID, hold KEY, cross HOSTPID KEY, writers K N,
+//! daemonize, late, pids HOSTPID, hold KEY, cross HOSTPID KEY, writers K N,
 //! corrupt (`rings.rs`), and `bench ROUNDS` (round-trip latencies for
 //! `make bench-fork`).
 #![no_std]
@@ -54,6 +54,7 @@ fn main() -> i32 {
         "idle-wait" => idle_wait(),
         "orphan-eof" => orphan_eof(),
         "daemonize" => daemonize(),
+        "late" => late(),
         "hold" => hold(n(2, 77) as i64),
         "cross" => cross(n(2, 0) as u32, n(3, 77) as i64),
         "pids" => pids(n(2, 0) as u32),
@@ -436,6 +437,45 @@ fn daemonize() -> R {
         wisp::exit(0);
     }
     Ok(())
+}
+
+/// Forks when told to: the root forks a member at once, then each of the
+/// two waits (a signal-like wait, no timer) for a stop request
+/// (`wisp stop`) and, told to stop, forks a successor and exits 0; the
+/// successor says who forked it and waits for a stop of its own (which ends
+/// it with 143). So a test decides when a VM forks (e.g. after a daemon
+/// restart).
+fn late() -> R {
+    wisp::process::on_stop(late_fork);
+    if f::fork().map_err(e)? == 0 {
+        println!("late: member {} waiting", f::getpid());
+    } else {
+        println!("late: root {} waiting", f::getpid());
+    }
+    loop {
+        f::pause();
+    }
+}
+
+fn late_fork() {
+    let me = f::getpid();
+    match f::fork() {
+        Ok(0) => {
+            wisp::process::on_stop(|| wisp::exit(143));
+            println!("late: {} forked by {}", f::getpid(), me);
+            loop {
+                f::pause();
+            }
+        }
+        Ok(c) => {
+            println!("late: {} forked {} and exits", me, c);
+            wisp::exit(0)
+        }
+        Err(x) => {
+            println!("late: {} could not fork: {}", me, x.name());
+            wisp::exit(1)
+        }
+    }
 }
 
 fn shm() -> R {
