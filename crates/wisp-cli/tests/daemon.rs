@@ -444,6 +444,57 @@ fn a_vmm_process_takes_only_a_seqpacket_uplink_and_only_if_its_vm_forks() {
 }
 
 #[test]
+fn a_forked_vm_holds_only_its_own_descriptors() {
+    use std::process::{Command, Stdio};
+    let d = Daemon::start("fds", &["--pool", "16M=1"]);
+    let mut c = d.client();
+    let root = create(&mut c, "family", &["late"], None);
+    let ten = Duration::from_secs(10);
+    let child_of = |c: &mut Client, parent: &str| c.list().unwrap().into_iter().find(|v| v.parent.as_deref() == Some(parent));
+    let member = eventually(ten, || "the member was not registered".into(), || child_of(&mut c, &root.id));
+    wait_console(&mut c, &member.id, "late: member 2 waiting");
+    // The member's control socket serves a kept session (pause, resume)
+    // and a console stream when it forks.
+    c.pause(&member.id).unwrap();
+    c.resume(&member.id).unwrap();
+    let mut follow = Command::new(env!("CARGO_BIN_EXE_wisp"))
+        .args(["logs", "-f", &member.id])
+        .env("WISP_SOCKET", &d.socket)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let sockets = |pid: u32| -> Vec<String> { common::fds(pid).into_iter().map(|f| f.1).filter(|t| t.starts_with("socket:")).collect() };
+    let streams = |pid: u32| sockets(pid).len();
+    eventually(ten, || "the console stream did not reach the member".into(), || (streams(member.pid) >= 4).then_some(()));
+    let (of_root, of_member) = (sockets(root.pid), sockets(member.pid));
+    let uplink: Vec<&String> = of_member.iter().filter(|s| of_root.contains(s)).collect();
+    assert_eq!(uplink.len(), 1, "root {of_root:?}, member {of_member:?}");
+    // Told to stop, the member forks and exits.
+    assert_eq!(c.stop(&member.id, Some(10_000)).unwrap().exit.map(|x| x.code), Some(0));
+    let kid = eventually(ten, || format!("the member's child was not registered: {}", d.log()), || child_of(&mut c, &member.id));
+    wait_console(&mut c, &kid.id, "late: 3 forked by 2");
+    // The member's console stream ended with it: no child holds it open.
+    eventually(ten, || "`wisp logs -f` of the ended member did not end".into(), || follow.try_wait().unwrap());
+    // Its own files, control socket and the family's uplink; nothing of
+    // the member's (control sockets, files) or the root's.
+    let dir = d.vm_dir(&kid.id).to_string_lossy().into_owned();
+    let in_dir = |t: &str| t.starts_with(&format!("{dir}/"));
+    let a_socket = |t: &str| t.starts_with("socket:[");
+    common::assert_only_own_fds(kid.pid, &[&in_dir, &a_socket]);
+    let of_kid = sockets(kid.pid);
+    assert_eq!(of_kid.len(), 2, "{of_kid:?}");
+    assert!(of_kid.contains(uplink[0]), "no uplink: {of_kid:?}");
+    assert!(of_kid.iter().all(|s| s == uplink[0] || !of_member.contains(s)), "the member's sockets: {of_kid:?} {of_member:?}");
+    let files: Vec<_> = common::fds(kid.pid).into_iter().filter(|f| in_dir(&f.1)).map(|f| f.1).collect();
+    assert_eq!(files.len(), 2, "{files:?}");
+    // It works: console (above), its control socket, family calls (its
+    // pause), a stop.
+    assert_eq!(c.pause(&kid.id).unwrap().state, VmState::Paused);
+    assert_eq!(c.resume(&kid.id).unwrap().state, VmState::Running);
+    assert_eq!(c.stop(&kid.id, Some(10_000)).unwrap().exit.map(|x| x.code), Some(143));
+}
+
+#[test]
 fn a_forked_vm_outlives_a_parent_that_exits_at_once() {
     let d = Daemon::start("daemonize", &["--pool", "16M=1"]);
     let mut c = d.client();

@@ -297,6 +297,55 @@ fn a_child_killed_from_outside_is_reaped_and_reported() {
 }
 
 #[test]
+fn a_forked_child_drops_its_parents_descriptors() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::{Command, Stdio};
+    // The root forks (its spare for later forks holds a memfd, its reaper
+    // a pidfd and an eventfd) and is started with one more descriptor of
+    // its own, as from a shell: none of them is the child's.
+    let extra = std::fs::File::open("/dev/zero").unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wisp"));
+    cmd.args(["run", "--timeout", "30s", "family", "--", "victim"]);
+    let extra_fd = std::os::fd::AsRawFd::as_raw_fd(&extra);
+    // SAFETY: between fork and exec only clears close-on-exec on a
+    // descriptor of ours (fcntl is async-signal-safe).
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            if libc::fcntl(extra_fd, libc::F_SETFD, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut root = common::direct(&mut cmd).stdout(Stdio::piped()).spawn().unwrap();
+    drop(extra);
+    let mut out = BufReader::new(root.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "victim: child pid 2");
+    let o = Command::new("pgrep").args(["-P", &root.id().to_string(), "-x", "wisp"]).output().unwrap();
+    let kids = String::from_utf8_lossy(&o.stdout).into_owned();
+    let pid: u32 = match kids.split_whitespace().collect::<Vec<_>>()[..] {
+        [one] => one.parse().unwrap(),
+        _ => panic!("the root's monitor should have one child process: {kids:?}"),
+    };
+    let theirs = common::fds(root.id());
+    assert!(theirs.iter().any(|(_, t)| t == "/dev/zero"), "{theirs:?}");
+    // Standard output and error stay (the family's console).
+    let mine = common::fds(pid);
+    for n in [1, 2] {
+        assert_eq!(mine.iter().find(|f| f.0 == n), theirs.iter().find(|f| f.0 == n), "{mine:?}");
+    }
+    common::assert_only_own_fds(pid, &[]);
+    // It still works: its parent sees it end when it is killed.
+    assert!(Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert_eq!(root.wait().unwrap().code(), Some(0), "{rest}");
+    assert!(rest.contains("victim: parent saw the child end by signal Some(9)"), "{rest}");
+}
+
+#[test]
 fn blocked_vms_use_no_cpu() {
     // A parent blocked in read, then wait, for a second while its child
     // sleeps: both VMs are parked.

@@ -260,6 +260,8 @@ fn ioctls(r: &mut Rules, kvm: bool, create: bool) {
 fn forking(r: &mut Rules) {
     r.entry(libc::SYS_clone).or_default().push(rule(vec![cond(0, Op::Eq, CLONE_FORK_FLAGS)]));
     any(r, &[libc::SYS_socketpair, libc::SYS_wait4, libc::SYS_waitid, libc::SYS_pidfd_open, libc::SYS_getppid]);
+    // The child closes the parent's descriptors (plain `close_range`, no flags).
+    r.insert(libc::SYS_close_range, vec![rule(vec![dword(2, 0)])]);
     // A forked child of `wisp run` dies with its parent.
     one_of(r, libc::SYS_prctl, 0, &[libc::PR_SET_PDEATHSIG as u64]);
     // A spare monitor process for the next fork (wisp-vmm `vm/spare.rs`):

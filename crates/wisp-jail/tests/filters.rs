@@ -166,7 +166,7 @@ fn each_thread_role_is_narrower_than_the_process() {
 }
 
 #[test]
-fn only_the_control_and_forking_threads_swap_a_descriptor_and_only_close_on_exec() {
+fn only_the_control_and_forking_threads_swap_a_descriptor_and_only_a_forking_one_closes_ranges() {
     // dup3 onto a descriptor number, close-on-exec: how a new family uplink
     // takes the old one's place (the control thread; in a forked VM that
     // thread's filter stacks on the forking vCPU thread's).
@@ -181,6 +181,12 @@ fn only_the_control_and_forking_threads_swap_a_descriptor_and_only_close_on_exec
         assert_eq!(try_call(&with_role(role), dup3(libc::O_CLOEXEC)), SIGSYS, "{role:?}");
     }
     assert_eq!(try_call(&process(), || sys(libc::SYS_dup2, [1, 100, 0, 0, 0, 0])), SIGSYS);
+    // A forked child closes its parent's descriptors: close_range, no flags
+    // (CLOSE_RANGE_UNSHARE = 2 is not allowed), by a forking vCPU thread.
+    let close_range = |flags: u64| move || sys(libc::SYS_close_range, [100, 200, flags, 0, 0, 0]);
+    assert_eq!(try_call(&with_role(Role::VcpuFork), close_range(0)), End::Returned(0));
+    assert_eq!(try_call(&with_role(Role::VcpuFork), close_range(2)), SIGSYS);
+    assert_eq!(try_call(&with_role(Role::Vcpu), close_range(0)), SIGSYS);
     // What a descriptor is may be read (SO_TYPE, SO_DOMAIN), not set.
     let pair_then = |opt: i32, set: bool| {
         move || {

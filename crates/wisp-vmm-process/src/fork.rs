@@ -26,9 +26,10 @@ use crate::state::Shared;
 /// threads held), and never taken out: only what it refers to changes.
 static UPLINK: OnceLock<OwnedFd> = OnceLock::new();
 
-/// Keep `fd` as the family's uplink (once, when the VM starts).
-pub(crate) fn set_uplink(fd: OwnedFd) {
+/// Keep `fd` as the family's uplink (once, when the VM starts); the slot.
+pub(crate) fn set_uplink(fd: OwnedFd) -> Option<std::os::fd::BorrowedFd<'static>> {
     let _ = UPLINK.set(fd);
+    UPLINK.get().map(|f| f.as_fd())
 }
 
 /// Put `new`, sent by the daemon, in the uplink's place: it must be a Unix

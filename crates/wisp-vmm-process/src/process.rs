@@ -81,10 +81,15 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
         // From here this is the vCPU thread: it keeps what the VM needs (and
         // the calls that make a forked child only if the VM may fork).
         crate::narrow::narrow(if vm.may_fork() { Role::VcpuFork } else { Role::Vcpu });
-        // The uplink goes in its slot if the VM may fork, or goes.
+        // The uplink goes in its slot if the VM may fork (and forked
+        // children keep it), or goes.
         if let Some(u) = cmd.uplink.take().filter(|_| vm.may_fork()) {
-            crate::fork::set_uplink(u);
+            if let Some(fd) = crate::fork::set_uplink(u) {
+                vm.keep_in_children(fd);
+            }
         }
+        // The image's pages are mapped: its descriptor is needed no more.
+        cmd.image.file = None;
         {
             let mut st = shared.state.lock().unwrap();
             st.phase = WorkerState::Running;

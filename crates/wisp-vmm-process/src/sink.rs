@@ -39,10 +39,11 @@ impl Sink {
     }
 
     /// In a forked child process: forget this sink without a word. The
-    /// attached connection is the parent VM's (only our copy of it is
-    /// closed), and so is the bookkeeping, which must not be touched.
-    pub fn forget_in_child(mut self) {
-        drop(self.direct.take());
+    /// attached connection is the parent VM's (the child's monitor closed
+    /// its copy with every descriptor the VM does not own, before the
+    /// guest ran: `Vm::keep_in_children`), and so is the bookkeeping,
+    /// which must not be touched.
+    pub fn forget_in_child(self) {
         std::mem::forget(self);
     }
 }

@@ -105,6 +105,31 @@ pub fn replace_fd(slot: &OwnedFd, new: BorrowedFd<'_>) -> io::Result<()> {
     Ok(())
 }
 
+/// In a forked process: close every descriptor above 2 except those in
+/// `keep` (one `close_range` per gap between them).
+///
+/// # Safety
+/// Every descriptor closed must belong to nothing this process will use or
+/// drop again: objects of the parent's other threads (which do not exist
+/// here) or forgotten ones. Whatever the caller still owns must be in `keep`.
+pub(crate) unsafe fn close_all_but(keep: &[i32]) {
+    let mut keep: Vec<u32> = keep.iter().filter(|&&fd| fd > 2).map(|&fd| fd as u32).collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut from = 3u32;
+    for k in keep.into_iter().map(Some).chain([None]) {
+        let to = k.map_or(u32::MAX, |k| k.wrapping_sub(1));
+        if k.is_none_or(|k| k > from) {
+            // SAFETY: per the caller's contract; close_range touches no
+            // memory of this process.
+            unsafe { libc::syscall(libc::SYS_close_range, from, to, 0u32) };
+        }
+        if let Some(k) = k {
+            from = k + 1;
+        }
+    }
+}
+
 /// Ask for SIGKILL when the parent process ends (direct mode: a family
 /// lives and dies with `wisp run`). Returns the parent's pid afterwards, to
 /// compare with the expected one (the parent may have died already).

@@ -137,3 +137,34 @@ pub fn wait_console(c: &mut wisp_api::client::Client, id: &str, needle: &str) {
     let what = || format!("'{needle}' never appeared on {id}'s console");
     eventually(Duration::from_secs(20), what, || console(c, id).contains(needle).then_some(()));
 }
+
+/// The open descriptors of process `pid`: number and what it refers to
+/// (`/dev/kvm`, `anon_inode:kvm-vm`, `socket:[123]`, a path...).
+pub fn fds(pid: u32) -> Vec<(i32, String)> {
+    let mut v: Vec<(i32, String)> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/fd: {e}"))
+        .flatten()
+        .filter_map(|e| {
+            let n = e.file_name().to_string_lossy().parse().ok()?;
+            Some((n, std::fs::read_link(e.path()).ok()?.to_string_lossy().into_owned()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// What a forked VM's monitor process may hold besides standard input,
+/// output and error and `extra`: its KVM handle, VM and vCPU, and its
+/// control block's eventfd. Panics with the list otherwise.
+pub fn assert_only_own_fds(pid: u32, extra: &[&dyn Fn(&str) -> bool]) {
+    let all = fds(pid);
+    let own = |t: &str| {
+        ["/dev/kvm", "anon_inode:kvm-vm", "anon_inode:kvm-vcpu:0", "anon_inode:[eventfd]"].contains(&t) || extra.iter().any(|f| f(t))
+    };
+    let foreign: Vec<_> = all.iter().filter(|(n, t)| *n > 2 && !own(t)).collect();
+    assert!(foreign.is_empty(), "process {pid} holds descriptors that are not its own: {foreign:?} (all: {all:?})");
+    for one in ["/dev/kvm", "anon_inode:kvm-vm", "anon_inode:kvm-vcpu:0", "anon_inode:[eventfd]"] {
+        let n = all.iter().filter(|(_, t)| t == one).count();
+        assert_eq!(n, 1, "process {pid}: {n} of {one}: {all:?}");
+    }
+}

@@ -56,7 +56,9 @@ pub trait Device: Send {
     /// its work sooner than the device's own thread would.
     fn park_ended(&self, _woken: bool, _parked: std::time::Duration) {}
     /// In a forked child process: let go of what stays with the parent.
-    /// Later kicks from the child are ignored.
+    /// Later kicks from the child are ignored. A device keeps no
+    /// descriptor afterwards: the child's monitor closes every descriptor
+    /// its VM does not own (`Vm::keep_in_children`).
     fn on_fork_child(&mut self);
     /// Take over saved parameters (a restored or migrated VM keeps its
     /// identity, e.g. a NIC its MAC and addresses).

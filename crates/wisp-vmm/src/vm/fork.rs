@@ -20,6 +20,37 @@ use crate::signal::ThreadId;
 use crate::state::VcpuState;
 
 impl Vm {
+    /// Keep descriptor `fd` in forked children (and spares). A forked
+    /// child's monitor process closes, before its guest runs, every
+    /// descriptor above 2 that its VM does not own (KVM, its VM and vCPU,
+    /// its control block's) and that was not kept here: the parent's
+    /// control sockets, files, tap, image, spare, reaper and I/O-thread
+    /// handles are the parent's. Whatever the embedder uses or drops in a
+    /// child must be kept (e.g. the toolstack's uplink), and stay open as
+    /// long as this VM.
+    pub fn keep_in_children(&mut self, fd: std::os::fd::BorrowedFd<'_>) {
+        self.keep.push(std::os::fd::AsRawFd::as_raw_fd(&fd));
+    }
+
+    /// In a forked child or a spare: close what the parent's objects held
+    /// (see [`Vm::keep_in_children`]).
+    pub(super) fn close_inherited(&self, also: &[i32]) {
+        use std::os::fd::AsRawFd;
+        let mut keep = self.keep.clone();
+        keep.extend_from_slice(also);
+        keep.extend([self.shell.vm.as_raw_fd(), self.shell.vcpu.as_raw_fd()]);
+        keep.extend(self.shell.kvm.as_ref().map(AsRawFd::as_raw_fd));
+        keep.extend(self.control.idle_fd().map(|f| f.as_raw_fd()));
+        // SAFETY: in this process only the vCPU thread exists; what the
+        // VM owns (its shell's descriptors, its control block's) and what
+        // the embedder kept stay. Everything else belonged to threads of
+        // the parent (control server and its connections, the NIC's I/O
+        // thread, the reaper) or to objects forgotten here (the parent's
+        // spare, reaper, NIC state, watchdog), or to devices, which let go
+        // of theirs in `on_fork_child`: none is used or dropped here.
+        unsafe { crate::sys::close_all_but(&keep) };
+    }
+
     /// The fork hypercall (`declared`: the image declared the feature).
     pub(super) fn fork_call(&mut self, gpa: u64, declared: bool) -> Served {
         let ram = self.shell.ram.view();
@@ -168,6 +199,10 @@ impl Vm {
         (self.forks, self.spare_round) = (0, 0);
         self.boot = self.boot.min(Instant::now());
         self.forked = true;
+        // Before the guest runs: only what this VM needs stays open.
+        // (A child made from a spare keeps its RAM file: `recycle_begin`.)
+        let file = self.recycle.as_ref().map(super::spare::Recycle::file);
+        self.close_inherited(file.as_slice());
         Ok(())
     }
 }

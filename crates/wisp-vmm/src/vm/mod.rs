@@ -71,6 +71,9 @@ pub struct Vm {
     /// Forks so far, and their count when a spare was last made.
     forks: u32,
     spare_round: u32,
+    /// Descriptors of the embedder's that a forked child keeps
+    /// ([`Vm::keep_in_children`]).
+    keep: Vec<i32>,
 }
 
 /// What the run loop saw at one exit, copied out of the `kvm_run` page.
@@ -170,6 +173,7 @@ impl Shell {
             recycle: None,
             forks: 0,
             spare_round: 0,
+            keep: Vec::new(),
         })
     }
 }

@@ -90,6 +90,13 @@ pub(super) struct Recycle {
     page: SharedMap,
 }
 
+impl Recycle {
+    /// The RAM file's descriptor (kept open in the child).
+    pub(super) fn file(&self) -> i32 {
+        std::os::fd::AsRawFd::as_raw_fd(&self.mem)
+    }
+}
+
 /// The hand-over word of `page`.
 fn word(page: &SharedMap) -> &AtomicU32 {
     // SAFETY: the mapping is at least a page long and page aligned, so
@@ -284,6 +291,10 @@ impl Vm {
             .and_then(|()| self.shell.renew_warm())
             // The warm-up's pages go: the file's are the child's.
             .and_then(|()| self.shell.ram.map_private(mem.as_fd()));
+        // The parent's descriptors are not the spare's: they go now, not
+        // when (if ever) it becomes a VM. Its RAM file stays: it serves again
+        // when its child's guest ends (`recycle_begin`).
+        self.close_inherited(&[std::os::fd::AsRawFd::as_raw_fd(&mem)]);
         let w = word(&page);
         match w.compare_exchange(PREPARING, if prep.is_ok() { READY } else { FAILED }, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) if prep.is_err() => crate::sys::exit_now(0),
