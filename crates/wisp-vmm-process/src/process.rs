@@ -82,8 +82,8 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
         // the calls that make a forked child only if the VM may fork).
         crate::narrow::narrow(if vm.may_fork() { Role::VcpuFork } else { Role::Vcpu });
         // The uplink goes in its slot if the VM may fork (and forked
-        // children keep it), or goes.
-        if let Some(u) = cmd.uplink.take().filter(|_| vm.may_fork()) {
+        // children keep it); a VM that cannot fork just holds it.
+        if let Some(u) = cmd.uplink.take_if(|_| vm.may_fork()) {
             if let Some(fd) = crate::fork::set_uplink(u) {
                 vm.keep_in_children(fd);
             }
