@@ -54,6 +54,9 @@ pub struct Shell {
     pub(crate) warmed: bool,
     /// Our own handle on `/dev/kvm`, to make a forked child's VM.
     pub(crate) kvm: Option<Kvm>,
+    /// KVM copies registers out at an exit when asked (`KVM_CAP_SYNC_REGS`;
+    /// asked here, before any sandbox forbids the question).
+    pub(crate) sync_regs: bool,
 }
 
 /// A second handle on the same `/dev/kvm` open file.
@@ -93,7 +96,8 @@ impl Shell {
         vcpu.set_sregs(&sregs).map_err(|e| Error::Kvm("set sregs", e.into()))?;
         stats.phase("arch_setup", t);
 
-        Ok(Shell { vm, vcpu, ram, tsc_hz, stats, warmed: false, kvm: dup_kvm(kvm) })
+        let sync_regs = kvm.check_extension(kvm_ioctls::Cap::SyncRegs);
+        Ok(Shell { vm, vcpu, ram, tsc_hz, stats, warmed: false, kvm: dup_kvm(kvm), sync_regs })
     }
 
     /// Enter the guest once, before any image is loaded, so the expensive

@@ -73,12 +73,10 @@ pub fn complete_exit(vcpu: &mut VcpuFd) -> Result<()> {
 }
 
 /// Save the vCPU at an exit (completing the exiting instruction first).
-/// `kvm`: where KVM can copy the registers out with that completion
-/// (`KVM_CAP_SYNC_REGS`), two ioctls are saved (~5 µs each on PVM hosts).
-pub fn save_vcpu(vcpu: &mut VcpuFd, kvm: Option<&kvm_ioctls::Kvm>) -> Result<VcpuState> {
+/// `sync`: KVM can copy the registers out with that completion
+/// (`KVM_CAP_SYNC_REGS`): two ioctls are saved (~5 µs each on PVM hosts).
+pub fn save_vcpu(vcpu: &mut VcpuFd, sync: bool) -> Result<VcpuState> {
     use kvm_ioctls::SyncReg;
-    static SYNC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let sync = kvm.is_some_and(|k| *SYNC.get_or_init(|| k.check_extension(kvm_ioctls::Cap::SyncRegs)));
     if sync {
         vcpu.set_sync_valid_reg(SyncReg::Register);
         vcpu.set_sync_valid_reg(SyncReg::SystemRegister);

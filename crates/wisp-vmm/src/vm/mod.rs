@@ -361,7 +361,7 @@ impl Vm {
     /// The VM's state beyond its memory, at an exit: the vCPU (with the
     /// exiting instruction completed) and the devices.
     pub(crate) fn save_state(&mut self) -> Result<VmState> {
-        Ok(VmState { vcpu: state::save_vcpu(&mut self.shell.vcpu, self.shell.kvm.as_ref())?, devices: self.devices.save_state() })
+        Ok(VmState { vcpu: state::save_vcpu(&mut self.shell.vcpu, self.shell.sync_regs)?, devices: self.devices.save_state() })
     }
 
     /// Enter the guest once and copy out what the exit needs.
