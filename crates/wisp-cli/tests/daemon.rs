@@ -505,6 +505,29 @@ fn a_forked_vm_holds_only_its_own_descriptors() {
     assert_eq!(c.stop(&kid.id, Some(10_000)).unwrap().exit.map(|x| x.code), Some(143));
 }
 
+/// Under the daemon too, forks after the first go to spare monitor
+/// processes prepared while the guest waits (sandboxed: the spare's RAM file
+/// stays within the process's file size limit), and each child is a VM of
+/// the toolstack that sees its parent's memory as at its fork.
+#[test]
+fn forks_under_the_daemon_go_to_prepared_spares() {
+    let d = Daemon::start("spares", &["--pool", "16M=1"]);
+    let mut c = d.client();
+    let root = create(&mut c, "family", &["cow-again", "4"], None);
+    let x = c.wait(&root.id).unwrap();
+    let out = console(&mut c, &root.id);
+    assert_eq!(x.code, 0, "{out}");
+    for n in 1..=4 {
+        assert!(out.contains(&format!("round {n}: child exited 7, parent sees global {} heap 0xdd", n * 10 + 1)), "{out}");
+    }
+    let kids: Vec<_> = c.list().unwrap().into_iter().filter(|v| v.parent.as_deref() == Some(&root.id)).collect();
+    assert_eq!(kids.len(), 4, "every child is a VM of the toolstack: {kids:?}");
+    assert!(kids.iter().all(|k| k.exit.as_ref().is_some_and(|x| x.code == 7)), "{kids:?}");
+    // The VMM process counted forks that went to a spare in its log.
+    let log = std::fs::read_to_string(d.dir.join("state/vms").join(&root.id).join("vmm.log")).unwrap_or_default();
+    assert!(log.contains("forks_prepared 3 "), "{log}");
+}
+
 #[test]
 fn a_forked_vm_outlives_a_parent_that_exits_at_once() {
     let d = Daemon::start("daemonize", &["--pool", "16M=1"]);

@@ -269,6 +269,9 @@ fn forking(r: &mut Rules) {
     // it, and preparing as a batch job (this thread only: pid 0).
     any(r, &[libc::SYS_memfd_create, libc::SYS_ftruncate, libc::SYS_fallocate, libc::SYS_mincore]);
     r.insert(libc::SYS_sched_setscheduler, vec![rule(vec![cond(0, Op::Eq, 0)])]);
+    // How large that memfd may grow (RLIMIT_FSIZE): reading this process's
+    // limits only (pid 0, no new limit).
+    r.insert(libc::SYS_prlimit64, vec![rule(vec![cond(0, Op::Eq, 0), cond(2, Op::Eq, 0)])]);
     // No `kill` at all: family pids are family-local, and the monitor
     // never asks the host whether a pid exists.
 }

@@ -37,12 +37,12 @@ pub fn load(shell: Shell, boot: Boot<'_>) -> wisp_vmm::Result<Vm> {
 /// their parent, the daemon manages them.
 pub fn daemon_family(uplink: bool, limit: Option<u32>) -> FamilyOptions {
     let max = wisp_abi::family::limits::MAX_MEMBERS as u32;
-    FamilyOptions { fork: uplink, limit: limit.unwrap_or(max).clamp(1, max), orphans_die: false, spares: false }
+    FamilyOptions { fork: uplink, limit: limit.unwrap_or(max).clamp(1, max), orphans_die: false, spares: true, recycle: false }
 }
 
 /// A family without a daemon: it lives in this process tree (forked VMs are
 /// child processes of this one and end when their parent does), at most
 /// `limit` VMs.
 pub fn direct_family(limit: u32) -> FamilyOptions {
-    FamilyOptions { fork: true, limit, orphans_die: true, spares: true }
+    FamilyOptions { fork: true, limit, orphans_die: true, spares: true, recycle: true }
 }

@@ -166,7 +166,14 @@ fn uplink(shared: &Arc<Shared>, fds: Vec<OwnedFd>) -> Reply {
         return Reply::err("uplink needs the socket's descriptor");
     };
     match crate::fork::replace_uplink(fd) {
-        Ok(()) => shared.state.lock().unwrap().status(),
+        Ok(()) => {
+            let st = shared.state.lock().unwrap();
+            // Spare monitor processes hold the old uplink: new ones come.
+            if let Some(c) = &st.control {
+                c.inherited_changed();
+            }
+            st.status()
+        }
         Err(e) => Reply::err(e),
     }
 }

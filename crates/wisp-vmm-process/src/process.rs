@@ -122,6 +122,14 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
             sink = Sink::new(shared.clone(), None);
         };
         drop(sink);
+        let st = vm.stats();
+        if st.forks_prepared > 0 {
+            // For the operator (and tests): how forks were served.
+            wisp_vmm::stderr_line(&format!(
+                "wisp-vmm: forks_prepared {} forks_recycled {}",
+                st.forks_prepared, st.forks_recycled
+            ));
+        }
         drop(vm);
         finish(&shared, exit_info(&outcome, Runner::Daemon));
     }

@@ -38,6 +38,9 @@ pub struct Control {
     /// Rung with the bell while the vCPU thread is parked, for a park that
     /// waits on descriptors (`poll`) rather than on the bell's futex.
     idle_fd: Option<std::os::fd::OwnedFd>,
+    /// Bumped when a descriptor forked children inherit was replaced
+    /// ([`Control::inherited_changed`]).
+    inherited: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Default)]
@@ -63,7 +66,20 @@ impl Control {
             vcpu: Mutex::new(None),
             parked: AtomicBool::new(false),
             idle_fd: rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK).ok(),
+            inherited: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// The embedder replaced a descriptor that forked children inherit (a
+    /// new family uplink): monitor processes forked before hold the old one,
+    /// so the VM's spares (`vm/spare.rs`) go and new ones are made.
+    pub fn inherited_changed(&self) {
+        self.inherited.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// How often [`Control::inherited_changed`] was called.
+    pub(crate) fn inherited_epoch(&self) -> u64 {
+        self.inherited.load(Ordering::Acquire)
     }
 
     /// The eventfd a descriptor-waiting park watches (see `idle_fd`).

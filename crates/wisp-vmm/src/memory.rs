@@ -109,24 +109,48 @@ impl GuestRam {
             .map_err(|e| Error::Host("madvise guest RAM", e.into()))
     }
 
-    /// Replace all of guest RAM by a copy-on-write mapping of `fd` (a
-    /// spare monitor process's RAM: the pages its parent wrote into the
-    /// file at the fork). No Rust reference into guest RAM exists.
-    pub fn map_private(&self, fd: BorrowedFd<'_>) -> Result<()> {
+    /// Replace all of guest RAM by fresh zero pages (a spare monitor
+    /// process's RAM before it is handed a guest, or again after one).
+    pub fn map_zero(&self) -> Result<()> {
         // SAFETY: the range is exactly the RAM mapping this struct owns (or,
         // in a spare process, the hole fork(2) left where it was), page
-        // aligned; MAP_FIXED replaces it in place and nothing else.
+        // aligned; MAP_FIXED replaces it in place and nothing else. No Rust
+        // reference into guest RAM exists.
         let r = unsafe {
-            rustix::mm::mmap(
+            rustix::mm::mmap_anonymous(
                 self.host_addr as *mut std::ffi::c_void,
                 self.size() as usize,
                 rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
                 rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::FIXED | rustix::mm::MapFlags::NORESERVE,
-                fd,
-                0,
             )
         };
-        r.map(drop).map_err(|e| Error::Host("mmap guest RAM from a file", e.into()))
+        r.map(drop).map_err(|e| Error::Host("mmap guest RAM", e.into()))
+    }
+
+    /// Map `(gpa, len, offset)` runs of file `fd` copy-on-write over guest
+    /// RAM (a spare's: the pages its parent wrote into the file at the
+    /// fork, packed). Runs must be page aligned and inside RAM.
+    pub fn map_runs(&self, fd: BorrowedFd<'_>, runs: &[(u64, u64, u64)]) -> Result<()> {
+        let page = wisp_abi::layout::PAGE_SIZE;
+        for &(gpa, len, off) in runs {
+            if !gpa.is_multiple_of(page) || !len.is_multiple_of(page) || !off.is_multiple_of(page) || !self.contains(gpa, len) {
+                return Err(Error::OutOfRange { addr: gpa, len });
+            }
+            // SAFETY: inside the RAM mapping this struct owns (checked
+            // above), page aligned; MAP_FIXED replaces those pages only.
+            let r = unsafe {
+                rustix::mm::mmap(
+                    (self.host_addr + gpa) as *mut std::ffi::c_void,
+                    len as usize,
+                    rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                    rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::FIXED,
+                    fd,
+                    off,
+                )
+            };
+            r.map_err(|e| Error::Host("mmap guest RAM from a file", e.into()))?;
+        }
+        Ok(())
     }
 
     /// The pages of guest RAM that hold anything, as (guest-physical
@@ -162,24 +186,24 @@ impl GuestRam {
         Ok(Some(runs))
     }
 
-    /// Copy the guest RAM of `runs` to the same offsets of `dst` (a mapping
-    /// of at least the RAM's size: a spare's RAM file), page by page, leaving
-    /// pages that already hold the same bytes alone (a recycled spare's file
-    /// holds the last fork's copy: most pages have not changed since).
-    pub fn copy_runs(&self, dst: &crate::family::SharedMap, runs: &[(u64, u64)]) -> Result<()> {
+    /// Copy the guest RAM of `(gpa, len, offset)` runs to their offsets in
+    /// `dst` (a mapping of a spare's RAM file), page by page, leaving pages
+    /// that already hold the same bytes alone (a recycled spare's file holds
+    /// the last fork's copy: most pages have not changed since).
+    pub fn copy_runs(&self, dst: &crate::family::SharedMap, runs: &[(u64, u64, u64)]) -> Result<()> {
         let page = wisp_abi::layout::PAGE_SIZE as usize;
-        if dst.len() < self.size() as usize {
-            return Err(Error::OutOfRange { addr: 0, len: self.size() });
-        }
-        for &(gpa, len) in runs {
+        for &(gpa, len, off) in runs {
+            if off.checked_add(len).is_none_or(|end| end > dst.len() as u64) {
+                return Err(Error::OutOfRange { addr: gpa, len });
+            }
             let src = self.host_ptr(gpa, len as usize)?;
-            for off in (0..len as usize).step_by(page) {
+            for i in (0..len as usize).step_by(page) {
                 // SAFETY: `src..src + len` lies in guest RAM (`host_ptr`) and
-                // `dst` is at least the RAM's size (checked above), so both
-                // pages are inside live mappings; raw pointers only, no
-                // references (guest RAM may change under a device thread).
+                // `off..off + len` in `dst` (checked above), so both pages
+                // are inside live mappings; raw pointers only, no references
+                // (guest RAM may change under a device thread).
                 unsafe {
-                    let (s, d) = (src.add(off), dst.as_ptr().add(gpa as usize + off));
+                    let (s, d) = (src.add(i), dst.as_ptr().add(off as usize + i));
                     if libc::memcmp(s.cast(), d.cast(), page) != 0 {
                         std::ptr::copy_nonoverlapping(s, d, page);
                     }
@@ -188,6 +212,30 @@ impl GuestRam {
         }
         Ok(())
     }
+}
+
+/// Lay `runs` (guest-physical start, length; ascending) out back to back
+/// in a file: runs closer than `gap` merge (the zeros between them are
+/// copied too: fewer mappings in the child). Returns `(gpa, len, offset)`
+/// and the file's size.
+pub fn pack_runs(runs: &[(u64, u64)], gap: u64) -> (Vec<(u64, u64, u64)>, u64) {
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for &(gpa, len) in runs {
+        match merged.last_mut() {
+            Some((s, l)) if gpa >= *s + *l && gpa - (*s + *l) <= gap => *l = gpa + len - *s,
+            _ => merged.push((gpa, len)),
+        }
+    }
+    let mut off = 0;
+    let packed = merged
+        .into_iter()
+        .map(|(gpa, len)| {
+            let r = (gpa, len, off);
+            off += len;
+            r
+        })
+        .collect();
+    (packed, off)
 }
 
 impl RamView {

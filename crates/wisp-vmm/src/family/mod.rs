@@ -62,14 +62,18 @@ pub struct FamilyOptions {
     /// Children's monitor processes end with their parent's (direct mode).
     pub orphans_die: bool,
     /// Hand later forks to a spare monitor process prepared while the guest
-    /// waits (`vm/spare.rs`); direct mode only for now: under wispd the
-    /// root's VMM process was seen killed once it held a spare (open).
+    /// waits (`vm/spare.rs`).
     pub spares: bool,
+    /// A child made from a spare whose guest exits becomes its parent's
+    /// spare again (`vm/spare.rs`): its process does not end, so an embedder
+    /// that reports each VM's end from its process (wispd's VMM process) says
+    /// no for now.
+    pub recycle: bool,
 }
 
 impl Default for FamilyOptions {
     fn default() -> Self {
-        FamilyOptions { fork: false, limit: MAX_MEMBERS as u32, orphans_die: true, spares: false }
+        FamilyOptions { fork: false, limit: MAX_MEMBERS as u32, orphans_die: true, spares: false, recycle: false }
     }
 }
 

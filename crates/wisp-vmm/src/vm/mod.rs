@@ -68,6 +68,8 @@ pub struct Vm {
     lent: Vec<spare::Spare>,
     /// In a child made from a spare: what makes it a spare again.
     recycle: Option<spare::Recycle>,
+    /// The control block's inherited-descriptor epoch the spares were made in.
+    spares_epoch: u64,
     /// Forks so far, and their count when a spare was last made.
     forks: u32,
     spare_round: u32,
@@ -171,6 +173,7 @@ impl Shell {
             after_fork: None,
             lent: Vec::new(),
             recycle: None,
+            spares_epoch: 0,
             forks: 0,
             spare_round: 0,
             keep: Vec::new(),

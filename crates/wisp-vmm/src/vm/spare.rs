@@ -28,10 +28,17 @@ use crate::memory::GuestRam;
 use crate::state::VcpuState;
 
 /// Most bytes of guest RAM a fork copies; above it the fork is `fork(2)`'s.
+/// (Less where the process may not make files that large: `RLIMIT_FSIZE`,
+/// 1 MiB in wispd's sandbox, bounds the spare's RAM file.)
 pub(super) const COPY_LIMIT: u64 = 2 << 20;
 
 /// Most attached shared-memory segments a hand-over carries.
 const MAX_ATTACHED: usize = 64;
+
+/// Most runs of copied pages a hand-over carries (runs closer than
+/// [`RUN_GAP`] merge).
+const MAX_RUNS: usize = 128;
+const RUN_GAP: u64 = 64 << 10;
 
 /// The hand-over word, at the start of the shared page.
 const PREPARING: u32 = 0;
@@ -49,7 +56,7 @@ const MAX_LENT: usize = 4;
 
 /// Where [`Hand`] sits in the shared page.
 const HAND_OFFSET: usize = 64;
-const PAGE: usize = 4096;
+const PAGE: usize = 8192;
 const _: () = assert!(HAND_OFFSET + size_of::<Hand>() <= PAGE);
 
 /// What the parent gives the spare at a fork (written before `GO`).
@@ -68,14 +75,22 @@ struct Hand {
     parent_pid: i32,
     n_attached: u32,
     attached: [[u32; 2]; MAX_ATTACHED],
+    /// The fork's argument block (the child writes its result, 0).
+    fork_gpa: u64,
+    n_runs: u32,
+    _pad: u32,
+    /// Guest RAM to map from the file: (guest-physical start, length, file
+    /// offset); the rest is zeros.
+    runs: [[u64; 3]; MAX_RUNS],
 }
 
 /// The parent's handle on its spare.
 pub(super) struct Spare {
     pid: i32,
-    /// The child's guest RAM, written at the fork (through `view`).
-    mem: OwnedFd,
+    /// The child's guest RAM file (a memfd), mapped: written at the fork
+    /// with the pages that hold anything, back to back, `cap` bytes at most.
     view: SharedMap,
+    cap: u64,
     page: SharedMap,
     /// Scratch space for the list of pages to copy.
     scratch: Vec<u8>,
@@ -124,17 +139,16 @@ impl Spare {
         if w.load(Ordering::Acquire) == FAILED || attached.len() > MAX_ATTACHED {
             return Err(false);
         }
-        let runs = match ram.resident(COPY_LIMIT, &mut self.scratch) {
+        let runs = match ram.resident(self.cap, &mut self.scratch) {
             Ok(Some(runs)) => runs,
             Ok(None) => return Err(true),
             Err(_) => return Err(false),
         };
-        ram.copy_runs(&self.view, &runs).map_err(|_| false)?;
-        // In the child, fork returns 0.
-        let ret = args::Fork { ret: 0 };
-        if rustix::io::pwrite(&self.mem, zerocopy::IntoBytes::as_bytes(&ret), gpa).is_err() {
-            return Err(false);
+        let (runs, size) = crate::memory::pack_runs(&runs, RUN_GAP);
+        if size > self.cap || runs.len() > MAX_RUNS {
+            return Err(true);
         }
+        ram.copy_runs(&self.view, &runs).map_err(|_| false)?;
         let mut h = Hand {
             regs: vcpu.regs,
             sregs: vcpu.sregs,
@@ -146,9 +160,16 @@ impl Spare {
             parent_pid: slot.parent_pid,
             n_attached: attached.len() as u32,
             attached: [[0; 2]; MAX_ATTACHED],
+            fork_gpa: gpa,
+            n_runs: runs.len() as u32,
+            _pad: 0,
+            runs: [[0; 3]; MAX_RUNS],
         };
         for (d, &(seg, n)) in h.attached.iter_mut().zip(attached) {
             *d = [seg as u32, n];
+        }
+        for (d, &(gpa, len, off)) in h.runs.iter_mut().zip(&runs) {
+            *d = [gpa, len, off];
         }
         // SAFETY: the hand lies inside the page (checked at compile time),
         // aligned; the spare reads it only after it sees GO, stored below
@@ -230,15 +251,22 @@ impl Vm {
         // What the next fork will likely copy: those pages of the file get
         // their memory now, so the copy only copies.
         let mut scratch = Vec::new();
-        let Ok(Some(likely)) = self.shell.ram.resident(COPY_LIMIT, &mut scratch) else { return Made::Parent };
+        // The file may not grow past the process's file size limit (a
+        // larger one would end the process with SIGXFSZ).
+        let page_size = wisp_abi::layout::PAGE_SIZE;
+        let fsize = rustix::process::getrlimit(rustix::process::Resource::Fsize).current.unwrap_or(u64::MAX);
+        let cap = COPY_LIMIT.min(fsize & !(page_size - 1));
+        let Ok(Some(likely)) = self.shell.ram.resident(cap, &mut scratch) else { return Made::Parent };
+        let (likely, size) = crate::memory::pack_runs(&likely, RUN_GAP);
+        if size > cap || likely.len() > MAX_RUNS {
+            return Made::Parent;
+        }
         let kit = (|| -> std::io::Result<(OwnedFd, SharedMap, SharedMap)> {
             self.family.ensure_arena()?;
             let mem = rustix::fs::memfd_create("wisp-fork", rustix::fs::MemfdFlags::CLOEXEC)?;
-            rustix::fs::ftruncate(&mem, self.shell.ram.size())?;
-            for &(off, len) in &likely {
-                rustix::fs::fallocate(&mem, rustix::fs::FallocateFlags::KEEP_SIZE, off, len)?;
-            }
-            let view = SharedMap::of_file(mem.as_fd(), self.shell.ram.size() as usize)?;
+            rustix::fs::ftruncate(&mem, cap)?;
+            rustix::fs::fallocate(&mem, rustix::fs::FallocateFlags::KEEP_SIZE, 0, size)?;
+            let view = SharedMap::of_file(mem.as_fd(), cap as usize)?;
             Ok((mem, view, SharedMap::new(PAGE)?))
         })();
         let Ok((mem, view, page)) = kit else {
@@ -273,7 +301,7 @@ impl Vm {
                 crate::sys::set_batch(false);
                 let _ = self.shell.ram.set_inherited(true);
                 if let Ok(pid) = r {
-                    self.spare = Some(Spare { pid, mem, view, page, scratch, reused: false });
+                    self.spare = Some(Spare { pid, view, cap, page, scratch, reused: false });
                 }
                 Made::Parent
             }
@@ -287,10 +315,10 @@ impl Vm {
             crate::sys::exit_now(0);
         }
         self.devices.on_fork_child();
-        let prep = (self.shell.ram.map_private(mem.as_fd()))
+        let prep = (self.shell.ram.map_zero())
             .and_then(|()| self.shell.renew_warm())
-            // The warm-up's pages go: the file's are the child's.
-            .and_then(|()| self.shell.ram.map_private(mem.as_fd()));
+            // The warm-up's pages go: the child's come from the file.
+            .and_then(|()| self.shell.ram.map_zero());
         // The parent's descriptors are not the spare's: they go now, not
         // when (if ever) it becomes a VM. Its RAM file stays: it serves again
         // when its child's guest ends (`recycle_begin`).
@@ -326,6 +354,12 @@ impl Vm {
         let n = (h.n_attached as usize).min(MAX_ATTACHED);
         self.family.set_attached(h.attached[..n].iter().map(|&[s, c]| (s as usize, c)).collect());
         let st = VcpuState { regs: h.regs, sregs: h.sregs, fpu: h.fpu, tsc: h.tsc };
+        // Guest RAM: the pages the parent copied, and fork's result, 0.
+        let runs: Vec<(u64, u64, u64)> =
+            h.runs[..(h.n_runs as usize).min(MAX_RUNS)].iter().map(|&[g, l, o]| (g, l, o)).collect();
+        let prep = prep
+            .and_then(|()| self.shell.ram.map_runs(r.mem.as_fd(), &runs))
+            .and_then(|()| self.shell.ram.write_obj(h.fork_gpa, &args::Fork { ret: 0 }));
         let ago = self.boot.elapsed().saturating_sub(Duration::from_nanos(h.saved_ns));
         self.recycle = Some(r);
         self.enter_child(&slot, st, ago, Some(prep));
@@ -343,6 +377,14 @@ impl Vm {
     /// The parent: take back a lent spare that is ready again, if this VM
     /// has none.
     pub(super) fn reclaim_spare(&mut self) {
+        // Spares forked before an inherited descriptor was replaced hold the
+        // old one: they go (lent ones' children run on and end as processes).
+        let epoch = self.control.inherited_epoch();
+        if epoch != self.spares_epoch {
+            drop(self.spare.take());
+            self.lent.clear();
+            self.spares_epoch = epoch;
+        }
         if self.spare.is_none() {
             if let Some(i) = self.lent.iter().position(Spare::ready) {
                 let mut s = self.lent.swap_remove(i);
@@ -359,7 +401,8 @@ impl Vm {
     /// children and spares end with it), nor one stopped from outside.
     pub(super) fn recycle_begin(&mut self, outcome: &super::Outcome) -> Option<Recycle> {
         let r = self.recycle.take()?;
-        if !matches!(outcome, super::Outcome::Exited(_))
+        if !self.family.opts.recycle
+            || !matches!(outcome, super::Outcome::Exited(_))
             || self.forks != 0
             || self.spare.is_some()
             || !self.lent.is_empty()
@@ -372,7 +415,7 @@ impl Vm {
                 super::ipc::map_slot(&self.shell.vm, slot, gpa, 0, 0);
             }
         }
-        self.shell.ram.map_private(r.mem.as_fd()).ok()?;
+        self.shell.ram.map_zero().ok()?;
         word(&r.page).compare_exchange(GO, READY, Ordering::AcqRel, Ordering::Acquire).ok()?;
         Some(r)
     }
