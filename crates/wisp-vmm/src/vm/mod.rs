@@ -70,6 +70,8 @@ pub struct Vm {
     recycle: Option<spare::Recycle>,
     /// The control block's inherited-descriptor epoch the spares were made in.
     spares_epoch: u64,
+    /// A recycled spare's watchdog, for its next child (same deadline).
+    kept_watchdog: Option<Watchdog>,
     /// Forks so far, and their count when a spare was last made.
     forks: u32,
     spare_round: u32,
@@ -174,6 +176,7 @@ impl Shell {
             lent: Vec::new(),
             recycle: None,
             spares_epoch: 0,
+            kept_watchdog: None,
             forks: 0,
             spare_round: 0,
             keep: Vec::new(),
@@ -233,7 +236,13 @@ impl Vm {
     /// (console, control channel) and then call this again to run it.
     pub fn run_until_fork(&mut self, console: &mut dyn Write, deadline: Option<Instant>) -> Option<Outcome> {
         self.control.set_vcpu_thread(Some(ThreadId::current()));
-        let watchdog = deadline.map(|d| Watchdog::start(d, self.control.clone()));
+        let watchdog = match (deadline, self.kept_watchdog.take()) {
+            (Some(d), Some(w)) if w.deadline() == d => {
+                w.retarget(self.control.clone());
+                Some(w)
+            }
+            (d, _) => d.map(|d| Watchdog::start(d, self.control.clone())),
+        };
         let start = Instant::now();
         let mut first_exit = true;
         let outcome = loop {
@@ -281,7 +290,7 @@ impl Vm {
                 Err(reason) => break Outcome::Stopped(reason),
             }
         };
-        drop(watchdog);
+        let mut watchdog = watchdog;
         // No more forks: the spare goes (lent ones: their children run on).
         self.finish_fork();
         drop(self.spare.take());
@@ -292,8 +301,13 @@ impl Vm {
         if let Some(f) = self.on_end {
             f(&outcome);
         }
-        // A child made from a spare may serve its parent's next fork.
+        // A child made from a spare may serve its parent's next fork (and
+        // keeps its watchdog for that child).
         let recycled = self.recycle_begin(&outcome);
+        if recycled.is_some() {
+            self.kept_watchdog = watchdog.take();
+        }
+        drop(watchdog);
         use wisp_abi::family::{signal as sig, status};
         self.family.exit(match &outcome {
             Outcome::Exited(c) => status::exited(*c),

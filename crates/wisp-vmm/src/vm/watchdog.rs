@@ -2,7 +2,7 @@
 //! and kicks the vCPU thread until the run loop acknowledges.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::control::{Control, Halt};
@@ -11,12 +11,17 @@ use crate::control::{Control, Halt};
 pub(super) struct Watchdog {
     done: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The VM it watches (another one after a recycled spare became a new
+    /// child in this process: [`Watchdog::retarget`]).
+    target: Arc<Mutex<Arc<Control>>>,
+    deadline: Instant,
 }
 
 impl Watchdog {
     pub(super) fn start(deadline: Instant, control: Arc<Control>) -> Watchdog {
         let done = Arc::new(AtomicBool::new(false));
-        let d = done.clone();
+        let target = Arc::new(Mutex::new(control));
+        let (d, t) = (done.clone(), target.clone());
         let thread = std::thread::spawn(move || {
             crate::sys::thread_started(crate::sys::ThreadRole::Watchdog);
             while !d.load(Ordering::Acquire) {
@@ -26,12 +31,27 @@ impl Watchdog {
                     continue;
                 }
                 // Repeat: a kick that lands just before KVM_RUN is entered is lost.
+                let control = t.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 control.halt(Halt::Timeout);
                 control.interrupt();
                 std::thread::park_timeout(Duration::from_millis(1));
             }
         });
-        Watchdog { done, thread: Some(thread) }
+        Watchdog { done, thread: Some(thread), target, deadline }
+    }
+
+    /// When it ends the run.
+    pub(super) fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Watch `control`'s VM from now on (a recycled spare's next child: the
+    /// same process and deadline, so no new thread on the child's path).
+    pub(super) fn retarget(&self, control: Arc<Control>) {
+        *self.target.lock().unwrap_or_else(|e| e.into_inner()) = control;
+        if let Some(t) = &self.thread {
+            t.thread().unpark();
+        }
     }
 
     /// In a forked child, where the watchdog's thread does not exist:
