@@ -182,7 +182,9 @@ pub(crate) fn msgsnd(id: u64, mtype: i64, data: &[u8]) -> bool {
     let Some((ring, fpid)) = queue_of(id) else { return false };
     let start = monotonic_ns();
     loop {
-        match locked(ring, fpid, |r| r.send(mtype, data)) {
+        // Still that queue, checked under its lock (the monitor removes a
+        // queue under it too).
+        match locked(ring, fpid, |r| if r.serves(id) { r.send(mtype, data) } else { Err(Blocked::Corrupt) }) {
             Some(Ok(())) => return true,
             Some(Err(Blocked::Corrupt)) => return false,
             _ => {}
@@ -202,7 +204,8 @@ pub(crate) fn msgrcv(id: u64, buf: &mut [u8], msgtyp: i64, truncate: bool, spin_
     loop {
         let mut seen = ring.count.load(core::sync::atomic::Ordering::Acquire);
         if seen != 0 {
-            match locked(ring, fpid, |r| r.receive(msgtyp, buf, truncate)) {
+            let recv = |r: &QueueRing| if r.serves(id) { r.receive(msgtyp, buf, truncate) } else { Err(NoMessage::Corrupt) };
+            match locked(ring, fpid, recv) {
                 Some(Ok(got)) => return Some(got),
                 Some(Err(NoMessage::Wait)) => {}
                 Some(Err(_)) => return None,

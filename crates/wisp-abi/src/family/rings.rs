@@ -177,11 +177,14 @@ impl PipeRing {
         }
     }
 
-    /// Start empty (a new pipe, or after corruption). Holds no lock.
-    pub fn reset(&self) {
+    /// Start empty: a new pipe (the lock too), or, with the lock held, a
+    /// corrupt one (`unlocked` false: the holder releases it).
+    pub fn reset(&self, unlocked: bool) {
         let t = self.tail.load(SeqCst);
         self.head.store(t, SeqCst);
-        self.lock.store(0, SeqCst);
+        if unlocked {
+            self.lock.store(0, SeqCst);
+        }
     }
 
     /// With the lock held: move up to `out.len()` bytes out. `Wait` if the
@@ -231,14 +234,17 @@ pub enum NoMessage {
 }
 
 impl QueueRing {
-    /// Empty, for queue `id` (a monitor making it). Holds no lock.
-    pub fn reset(&self, id: u64) {
+    /// Empty, for queue `id` (a monitor making it, or starting a corrupt one
+    /// over; with the lock held, `unlocked` false, the holder releases it).
+    pub fn reset(&self, id: u64, unlocked: bool) {
         self.count.store(0, SeqCst);
         self.bytes.store(0, SeqCst);
-        self.waiters.store(0, SeqCst);
-        self.lock.store(0, SeqCst);
         self.id.store(id, SeqCst);
         self.live.store(1, SeqCst);
+        if unlocked {
+            self.waiters.store(0, SeqCst);
+            self.lock.store(0, SeqCst);
+        }
     }
 
     /// This ring serves queue `id` (a hint: the monitor decides).
@@ -386,7 +392,7 @@ mod tests {
         r.tail.store(PIPE_CAPACITY as u32 + 1, SeqCst);
         assert_eq!(r.take(&mut [0u8; 8]), Err(Blocked::Corrupt));
         assert_eq!(r.put(b"x"), Err(Blocked::Corrupt));
-        r.reset();
+        r.reset(true);
         assert_eq!(r.used(), Ok(0));
         assert_eq!(r.put(b"x"), Ok(1));
     }
@@ -410,7 +416,7 @@ mod tests {
     #[test]
     fn messages_are_picked_by_type_as_system_v_says() {
         let q = queue();
-        q.reset(0x105);
+        q.reset(0x105, true);
         assert!(q.serves(0x105) && !q.serves(0x205));
         for (t, m) in [(3, &b"three"[..]), (1, b"one"), (2, b"two"), (1, b"uno")] {
             q.send(t, m).unwrap();
@@ -432,7 +438,7 @@ mod tests {
     #[test]
     fn a_full_queue_waits_and_a_spoilt_one_is_corrupt() {
         let q = queue();
-        q.reset(1);
+        q.reset(1, true);
         let big = [9u8; MSG_MAX];
         assert_eq!(q.send(1, &big), Ok(()));
         assert_eq!(q.send(1, &big), Ok(()));

@@ -27,7 +27,12 @@ impl Family {
         let q = &mut inner.queues[i];
         (q.used, q.gen, q.key) = (1, gen, key);
         let id = ipc_id(gen, i);
-        rings(&self.map).queues[i].reset(id as u64);
+        // A guest still copying into the slot's last queue (a stale id) holds
+        // its lock: the new queue starts once it let go (or was taken over).
+        let ring = &rings(&self.map).queues[i];
+        if self.with_ring(inner, ring, |r| Ok::<(), ()>(r.reset(id as u64, false))).is_none() {
+            ring.reset(id as u64, true);
+        }
         Ok((id, 0))
     }
 
@@ -100,8 +105,11 @@ impl Family {
     /// Queue `i`'s ring was written over: it starts empty again (what it
     /// held is lost) and the call that found it fails with `EIO`.
     fn spoilt(&self, inner: &mut Inner, i: usize) -> i64 {
-        let q = &inner.queues[i];
-        rings(&self.map).queues[i].reset(ipc_id(q.gen, i) as u64);
+        let id = ipc_id(inner.queues[i].gen, i) as u64;
+        let ring = &rings(&self.map).queues[i];
+        if self.with_ring(inner, ring, |r| Ok::<(), ()>(r.reset(id, false))).is_none() {
+            ring.reset(id, true);
+        }
         wake_waiters(&self.map, inner);
         EIO
     }
@@ -110,7 +118,11 @@ impl Family {
         let l = lock(&self.map);
         let Some(i) = Self::queue(l.inner, id) else { return Err(EINVAL) };
         l.inner.queues[i].used = 0;
-        rings(&self.map).queues[i].live.store(0, Ordering::SeqCst);
+        // Under the ring's lock: a guest's fast path checks the queue is
+        // still there with the lock held.
+        let ring = &rings(&self.map).queues[i];
+        let _ = self.with_ring(l.inner, ring, |r| Ok::<(), ()>(r.live.store(0, Ordering::SeqCst)));
+        ring.live.store(0, Ordering::SeqCst);
         wake_waiters(&self.map, l.inner);
         Ok((0, 0))
     }

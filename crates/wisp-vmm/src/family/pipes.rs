@@ -27,7 +27,7 @@ impl Family {
         let pipe = &mut inner.pipes[p];
         (pipe.used, pipe.readers, pipe.writers) = (1, 1, 1);
         let ring = &rings(&self.map).pipes[p];
-        ring.reset();
+        ring.reset(true);
         ring.closed.store(0, Ordering::SeqCst);
         ring.waiters.store(0, Ordering::SeqCst);
         let fds = &mut inner.members[self.me].fds;
@@ -88,12 +88,13 @@ impl Family {
                 ring.waiters.fetch_or(WAIT_READER, Ordering::SeqCst);
             }
             let eof = inner.pipes[p].writers == 0 || out.is_empty();
-            Attempt::from_ring(self.with_ring(inner, ring, |r| r.take(out)), |r| match r {
+            let r = self.with_ring(inner, ring, |r| spoilt_empty(r, r.take(out)));
+            if r == Some(Err(Blocked::Corrupt)) {
+                wake_waiters(&self.map, inner);
+            }
+            Attempt::from_ring(r, |r| match r {
                 Ok(n) => Some(Ok(n)),
-                Err(Blocked::Corrupt) => {
-                    ring.reset();
-                    Some(Err(EIO))
-                }
+                Err(Blocked::Corrupt) => Some(Err(EIO)),
                 Err(Blocked::Wait) => eof.then_some(Ok(0)),
             })
         });
@@ -120,12 +121,13 @@ impl Family {
                 if last {
                     ring.waiters.fetch_or(WAIT_WRITER, Ordering::SeqCst);
                 }
-                Attempt::from_ring(self.with_ring(inner, ring, |r| r.put(&data[done..])), |r| match r {
+                let r = self.with_ring(inner, ring, |r| spoilt_empty(r, r.put(&data[done..])));
+                if r == Some(Err(Blocked::Corrupt)) {
+                    wake_waiters(&self.map, inner);
+                }
+                Attempt::from_ring(r, |r| match r {
                     Ok(n) => Some(Ok(n)),
-                    Err(Blocked::Corrupt) => {
-                        ring.reset();
-                        Some(Err(EIO))
-                    }
+                    Err(Blocked::Corrupt) => Some(Err(EIO)),
                     Err(Blocked::Wait) => None,
                 })
             });
@@ -142,4 +144,13 @@ impl Family {
             }
         }
     }
+}
+
+/// With `ring`'s lock held: after `r`, a ring found corrupt starts empty
+/// (what it held is lost; the call fails with `EIO`).
+fn spoilt_empty<T>(ring: &PipeRing, r: Result<T, Blocked>) -> Result<T, Blocked> {
+    if matches!(r, Err(Blocked::Corrupt)) {
+        ring.reset(false);
+    }
+    r
 }

@@ -201,8 +201,11 @@ impl Vm {
         self.forked = true;
         // Before the guest runs: only what this VM needs stays open.
         // (A child made from a spare keeps its RAM file: `recycle_begin`.)
-        let file = self.recycle.as_ref().map(super::spare::Recycle::file);
-        self.close_inherited(file.as_slice());
+        // (Nor the control block a recycled process's watchdog still holds:
+        // it closes that descriptor when it is retargeted.)
+        let mut keep: Vec<i32> = self.recycle.as_ref().map(super::spare::Recycle::file).into_iter().collect();
+        keep.extend(self.kept_watchdog.as_ref().and_then(|w| w.target_fd()));
+        self.close_inherited(&keep);
         Ok(())
     }
 }

@@ -96,6 +96,11 @@ pub(super) struct Spare {
     scratch: Vec<u8>,
     /// It served an earlier fork (its child's guest ended and it came back).
     pub(super) reused: bool,
+    /// Its process, to tell a spare that died while it waited (killed from
+    /// outside) from a ready one.
+    pidfd: Option<OwnedFd>,
+    /// Handed a fork once: the child's watch (the reaper) reaps the process.
+    lent: bool,
 }
 
 /// In a child made from a spare: what it needs to become its parent's
@@ -136,7 +141,7 @@ impl Spare {
         saved: Duration,
     ) -> Result<i32, bool> {
         let w = word(&self.page);
-        if w.load(Ordering::Acquire) == FAILED || attached.len() > MAX_ATTACHED {
+        if w.load(Ordering::Acquire) == FAILED || attached.len() > MAX_ATTACHED || !self.alive() {
             return Err(false);
         }
         let runs = match ram.resident(self.cap, &mut self.scratch) {
@@ -193,7 +198,16 @@ impl Spare {
 impl Spare {
     /// Ready to take a fork (again: its last child's guest ended).
     fn ready(&self) -> bool {
-        word(&self.page).load(Ordering::Acquire) == READY
+        word(&self.page).load(Ordering::Acquire) == READY && self.alive()
+    }
+
+    /// Its process has not ended (as far as a pidfd tells; without one,
+    /// assumed).
+    fn alive(&self) -> bool {
+        use rustix::event::{poll, PollFd, PollFlags};
+        let Some(fd) = &self.pidfd else { return true };
+        let mut fds = [PollFd::new(fd, PollFlags::IN)];
+        poll(&mut fds, Some(&rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 })).is_ok_and(|n| n == 0)
     }
 }
 
@@ -207,7 +221,11 @@ impl Drop for Spare {
             return;
         }
         crate::sys::futex_wake(w);
-        let _ = crate::sys::wait_child(self.pid);
+        // A lent one's process is its last child's: the reaper reaps it (a
+        // wait here could even take another child that got its pid).
+        if !self.lent {
+            let _ = crate::sys::wait_child(self.pid);
+        }
     }
 }
 
@@ -301,7 +319,9 @@ impl Vm {
                 crate::sys::set_batch(false);
                 let _ = self.shell.ram.set_inherited(true);
                 if let Ok(pid) = r {
-                    self.spare = Some(Spare { pid, view, cap, page, scratch, reused: false });
+                    let pidfd = rustix::process::Pid::from_raw(pid)
+                        .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
+                    self.spare = Some(Spare { pid, view, cap, page, scratch, reused: false, pidfd, lent: false });
                 }
                 Made::Parent
             }
@@ -367,7 +387,8 @@ impl Vm {
 
     /// The parent: a fork was handed to `spare`; keep it for when the
     /// child's guest ends (it then is a spare again).
-    pub(super) fn lend(&mut self, spare: Spare) {
+    pub(super) fn lend(&mut self, mut spare: Spare) {
+        spare.lent = true;
         if self.lent.len() >= MAX_LENT {
             drop(self.lent.remove(0));
         }

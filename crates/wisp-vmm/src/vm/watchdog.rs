@@ -40,6 +40,13 @@ impl Watchdog {
         Watchdog { done, thread: Some(thread), target, deadline }
     }
 
+    /// The descriptor of the control block it watches (kept open in a
+    /// child until the watchdog lets go of that block).
+    pub(super) fn target_fd(&self) -> Option<i32> {
+        use std::os::fd::AsRawFd;
+        self.target.lock().unwrap_or_else(|e| e.into_inner()).idle_fd().map(|f| f.as_raw_fd())
+    }
+
     /// When it ends the run.
     pub(super) fn deadline(&self) -> Instant {
         self.deadline
