@@ -56,35 +56,26 @@ fn forks_handed_to_a_prepared_spare_copy_memory_as_at_the_fork() {
     let mut lines: Vec<&str> = rounds.iter().map(String::as_str).collect();
     lines.push("cow-again ok");
     assert_ok(&r, &lines);
-    // The root's stats (the line with the most exits: its children print
-    // theirs too) count the forks that went to a spare.
-    let prepared = r
-        .stderr
-        .lines()
-        .filter_map(|l| l.strip_prefix("wisp-stats: "))
-        .filter_map(|j| {
-            let exits = j.split("\"exits\":").nth(1)?.split(',').next()?.parse::<u64>().ok()?;
-            let prepared = j.split("\"forks_prepared\":").nth(1)?.split(',').next()?.parse::<u64>().ok()?;
-            Some((exits, prepared))
-        })
-        .max()
-        .map(|(_, p)| p);
+    // The root's stats count the forks that went to a spare.
+    let prepared = root_stat(&r.stderr, "forks_prepared");
     assert_eq!(prepared, Some(3), "the forks after the first should go to a spare:\n{}", r.stderr);
     // Each child's guest ends before the next fork, so its process comes
-    // back as a spare (RAM back to the file, its writes gone): the children
-    // above saw the parent's memory through recycled spares too.
-    let recycled = r
-        .stderr
+    // back as a spare (zero RAM again, its writes gone): the children above
+    // saw the parent's memory through recycled spares too.
+    let recycled = root_stat(&r.stderr, "forks_recycled");
+    assert!(recycled.is_some_and(|n| n >= 1), "later forks should reuse an ended child's process:\n{}", r.stderr);
+}
+
+/// Field `key` of the root's `wisp-stats` line (the one with the most
+/// exits: its children print theirs too).
+fn root_stat(stderr: &str, key: &str) -> Option<u64> {
+    let field = |j: &str, k: &str| j.split(&format!("\"{k}\":")).nth(1)?.split(',').next()?.parse::<u64>().ok();
+    stderr
         .lines()
         .filter_map(|l| l.strip_prefix("wisp-stats: "))
-        .filter_map(|j| {
-            let exits = j.split("\"exits\":").nth(1)?.split(',').next()?.parse::<u64>().ok()?;
-            let n = j.split("\"forks_recycled\":").nth(1)?.split(',').next()?.parse::<u64>().ok()?;
-            Some((exits, n))
-        })
+        .filter_map(|j| Some((field(j, "exits")?, field(j, key)?)))
         .max()
-        .map(|(_, n)| n);
-    assert!(recycled.is_some_and(|n| n >= 1), "later forks should reuse an ended child's process:\n{}", r.stderr);
+        .map(|(_, v)| v)
 }
 
 #[test]

@@ -76,22 +76,7 @@ impl GuestRam {
         if !gpa.is_multiple_of(page) || !len.is_multiple_of(page) || !offset.is_multiple_of(page) || !self.contains(gpa, len) {
             return Err(Error::OutOfRange { addr: gpa, len });
         }
-        // SAFETY: the target range lies inside the RAM mapping this struct
-        // owns (checked above) and is page aligned; MAP_FIXED replaces those
-        // pages in place, so no other mapping is touched and the RAM mapping
-        // keeps its size. No Rust reference into guest RAM is held across
-        // this call (all accesses copy through vm-memory).
-        let r = unsafe {
-            rustix::mm::mmap(
-                (self.host_addr + gpa) as *mut std::ffi::c_void,
-                len as usize,
-                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
-                rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::FIXED,
-                fd,
-                offset,
-            )
-        };
-        r.map_err(|e| Error::Host("mmap image copy-on-write", e.into()))?;
+        self.map_cow(gpa, len, fd, offset).map_err(|e| Error::Host("mmap image copy-on-write", e.into()))?;
         self.file_ranges.lock().unwrap_or_else(|e| e.into_inner()).push((gpa, len));
         Ok(())
     }
@@ -136,21 +121,31 @@ impl GuestRam {
             if !gpa.is_multiple_of(page) || !len.is_multiple_of(page) || !off.is_multiple_of(page) || !self.contains(gpa, len) {
                 return Err(Error::OutOfRange { addr: gpa, len });
             }
-            // SAFETY: inside the RAM mapping this struct owns (checked
-            // above), page aligned; MAP_FIXED replaces those pages only.
-            let r = unsafe {
-                rustix::mm::mmap(
-                    (self.host_addr + gpa) as *mut std::ffi::c_void,
-                    len as usize,
-                    rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
-                    rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::FIXED,
-                    fd,
-                    off,
-                )
-            };
-            r.map_err(|e| Error::Host("mmap guest RAM from a file", e.into()))?;
+            self.map_cow(gpa, len, fd, off).map_err(|e| Error::Host("mmap guest RAM from a file", e.into()))?;
         }
         Ok(())
+    }
+
+    /// Map `len` bytes of `fd` at `offset` copy-on-write over guest RAM at
+    /// `gpa`; the caller checked that the range is page aligned and inside
+    /// RAM.
+    fn map_cow(&self, gpa: u64, len: u64, fd: BorrowedFd<'_>, offset: u64) -> rustix::io::Result<()> {
+        // SAFETY: the target range lies inside the RAM mapping this struct
+        // owns (checked by the callers) and is page aligned; MAP_FIXED
+        // replaces those pages in place, so no other mapping is touched and
+        // the RAM mapping keeps its size. No Rust reference into guest RAM is
+        // held across this call (all accesses copy through vm-memory).
+        let r = unsafe {
+            rustix::mm::mmap(
+                (self.host_addr + gpa) as *mut std::ffi::c_void,
+                len as usize,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::FIXED,
+                fd,
+                offset,
+            )
+        };
+        r.map(drop)
     }
 
     /// The pages of guest RAM that hold anything, as (guest-physical
