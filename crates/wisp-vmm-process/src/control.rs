@@ -165,7 +165,7 @@ fn uplink(shared: &Arc<Shared>, fds: Vec<OwnedFd>) -> Reply {
     let Some(fd) = fds.into_iter().next() else {
         return Reply::err("uplink needs the socket's descriptor");
     };
-    match crate::fork::replace_uplink(fd) {
+    match crate::uplink::replace_uplink(fd) {
         Ok(()) => {
             let st = shared.state.lock().unwrap();
             // Spare monitor processes hold the old uplink: new ones come.

@@ -35,6 +35,7 @@ pub mod proto;
 mod sink;
 mod state;
 pub mod units;
+mod uplink;
 
 pub use console::CONSOLE_RING;
 pub use process::main;

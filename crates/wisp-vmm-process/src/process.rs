@@ -84,7 +84,7 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
         // The uplink goes in its slot if the VM may fork (and forked
         // children keep it); a VM that cannot fork just holds it.
         if let Some(u) = cmd.uplink.take_if(|_| vm.may_fork()) {
-            if let Some(fd) = crate::fork::set_uplink(u) {
+            if let Some(fd) = crate::uplink::set_uplink(u) {
                 vm.keep_in_children(fd);
             }
         }

@@ -176,7 +176,7 @@ pub fn signal(sig: u32, handler: fn(u32)) {
 /// when it next talks to the monitor.
 pub fn kill(pid: Pid, sig: u32) -> Result<()> {
     if crate::rings::kill(pid, sig) {
-        crate::signals::poll_page();
+        crate::rings::poll_page();
         return Ok(());
     }
     call(op::KILL, 0, [pid as u64, sig as u64, 0, 0]).map(drop)
@@ -219,7 +219,7 @@ pub fn close(fd: u32) -> Result<()> {
 /// (every write end is closed).
 pub fn read(fd: u32, buf: &mut [u8]) -> Result<usize> {
     if let Some(n) = crate::rings::read(fd, buf, crate::rings::SPIN_NS) {
-        crate::signals::poll_page();
+        crate::rings::poll_page();
         return Ok(n);
     }
     call(op::READ, 0, [fd as u64, buf.as_mut_ptr() as u64, buf.len() as u64, 0]).map(|r| r.0 as usize)
@@ -228,7 +228,7 @@ pub fn read(fd: u32, buf: &mut [u8]) -> Result<usize> {
 /// [`read`] without blocking (`EAGAIN` if the pipe is empty).
 pub fn read_nowait(fd: u32, buf: &mut [u8]) -> Result<usize> {
     if let Some(n) = crate::rings::read(fd, buf, 0) {
-        crate::signals::poll_page();
+        crate::rings::poll_page();
         return Ok(n);
     }
     call(op::READ, flags::NOWAIT, [fd as u64, buf.as_mut_ptr() as u64, buf.len() as u64, 0]).map(|r| r.0 as usize)
@@ -238,7 +238,7 @@ pub fn read_nowait(fd: u32, buf: &mut [u8]) -> Result<usize> {
 /// reader is left.
 pub fn write(fd: u32, data: &[u8]) -> Result<usize> {
     let mut done = crate::rings::write(fd, data);
-    crate::signals::poll_page();
+    crate::rings::poll_page();
     while done < data.len() {
         let rest = &data[done..];
         done += call(op::WRITE, 0, [fd as u64, rest.as_ptr() as u64, rest.len() as u64, 0])?.0 as usize;
@@ -267,7 +267,7 @@ pub fn msgget(key: i64, flg: u64) -> Result<u64> {
 /// Queue `data` with type `mtype` (> 0); blocks while the queue is full.
 pub fn msgsnd(id: u64, mtype: i64, data: &[u8]) -> Result<()> {
     if crate::rings::msgsnd(id, mtype, data) {
-        crate::signals::poll_page();
+        crate::rings::poll_page();
         return Ok(());
     }
     call(op::MSGSND, 0, [id, data.as_ptr() as u64, data.len() as u64, mtype as u64]).map(drop)
@@ -280,7 +280,7 @@ pub fn msgsnd(id: u64, mtype: i64, data: &[u8]) -> Result<()> {
 pub fn msgrcv(id: u64, buf: &mut [u8], msgtyp: i64, nowait: bool) -> Result<(usize, i64)> {
     let spin = if nowait { 0 } else { crate::rings::SPIN_NS };
     if let Some((n, t)) = crate::rings::msgrcv(id, buf, msgtyp, false, spin) {
-        crate::signals::poll_page();
+        crate::rings::poll_page();
         return Ok((n, t));
     }
     let flg = if nowait { flags::NOWAIT } else { 0 };

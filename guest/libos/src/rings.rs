@@ -247,6 +247,12 @@ pub(crate) fn pids() -> Option<(u32, u32)> {
     Some((fpid, r.cells[me].ppid.load(core::sync::atomic::Ordering::Acquire).max(0) as u32))
 }
 
+/// Deliver the signals raised for this VM on the page, without an exit
+/// (after a fast-path call).
+pub(crate) fn poll_page() {
+    crate::signals::deliver(take_signals());
+}
+
 /// Take the signals raised for this VM on the page (0 if none, or no page).
 pub(crate) fn take_signals() -> u64 {
     if PAGE.with(|p| p.state) != 1 {

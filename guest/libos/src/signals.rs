@@ -39,12 +39,6 @@ pub(crate) fn poll() {
     family_call(op::SIGNALS, 0, [0; 4]);
 }
 
-/// Deliver the signals raised for this VM on the family's page, without
-/// an exit (after a fast-path call).
-pub(crate) fn poll_page() {
-    deliver(crate::rings::take_signals());
-}
-
 /// Run handlers (or default actions) for the signals in `bits`.
 pub(crate) fn deliver(bits: u64) {
     if bits == 0 {
