@@ -10,6 +10,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import statistics
 import tempfile
 import time
 
@@ -188,9 +189,49 @@ class WispWarm(Peer):
                 ctl.call("DELETE", "/v1/vms/%s?force=true" % vm)
                 if i >= warmup:
                     out.append(ApiRun(ns))
+            if self.prepared:
+                self.hops = self.measure_hops(d, api, ctl, wispapi, min(runs, 50))
             return out
         finally:
             d.stop()
+
+    def measure_hops(self, d, api, ctl, wispapi, n):
+        """The warm path by hop: the same request with `wait_line=true`
+        answers with the daemon's own clock (request arrival -> first line
+        reaching it, `first_line_us`) and the VMM process's (its execute
+        phase, `boot_us`); the client's clock gives the whole."""
+        rows = []
+        for _ in range(n):
+            d.wait_pool(ctl, self.pool)
+            time.sleep(0.01)
+            t0 = wispapi.now_ns()
+            status, vm = api.call("POST", "/v1/vms?wait_line=true", {"image": "hello"})
+            t1 = wispapi.now_ns()
+            if status == 201 and vm.get("first_line_us") is not None and vm.get("boot_us") is not None:
+                rows.append(((t1 - t0) / 1e3, vm["first_line_us"], vm["boot_us"]))
+                ctl.call("DELETE", "/v1/vms/%s?force=true" % vm["id"])
+        if not rows:
+            return None
+        med = lambda xs: round(statistics.median(xs), 1)  # noqa: E731
+        return {
+            "runs": len(rows),
+            "what": "medians (µs) of POST /v1/vms?wait_line=true (hello), shell from the pool",
+            "client_total": med([t for t, _, _ in rows]),
+            "client_daemon_and_back": med([t - f for t, f, _ in rows]),
+            "daemon_arrival_to_first_line": med([f for _, f, _ in rows]),
+            "vmm_execute": med([b for _, _, b in rows]),
+            "daemon_to_vmm_guest_and_back": med([f - b for _, f, b in rows]),
+            "notes": {"client_daemon_and_back": "the HTTP request over the unix socket, its parsing, the answer back",
+                      "vmm_execute": "the VMM process's execute phase (start command -> image loaded and guest "
+                                     "about to run), on its own clock",
+                      "daemon_to_vmm_guest_and_back": "the daemon taking a shell and sending the start command, the "
+                                                      "guest running to its first line, the line reaching the daemon "
+                                                      "(arrival -> first line, less the execute phase)"},
+        }
+
+    def analyse(self, ctx, runs):
+        hops = getattr(self, "hops", None)
+        return {"hops": hops} if hops else {}
 
 
 class WispApiCold(WispWarm):
