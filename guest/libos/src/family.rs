@@ -159,6 +159,9 @@ pub fn wait() -> Result<(Pid, u64)> {
 /// Wait for child `pid` (-1: any). With `nohang`, `Ok(None)` if none has
 /// ended yet.
 pub fn waitpid(pid: i64, nohang: bool) -> Result<Option<(Pid, u64)>> {
+    if !nohang {
+        crate::rings::spin_for_child(4 * crate::rings::SPIN_NS);
+    }
     let flg = if nohang { flags::NOWAIT } else { 0 };
     let (r, st) = call(op::WAIT, flg, [pid as u64, 0, 0, 0])?;
     Ok((r > 0).then_some((r as Pid, st)))

@@ -262,6 +262,20 @@ pub(crate) fn take_signals() -> u64 {
     r.cells[me].take()
 }
 
+/// Wait up to `ns` for `SIGCHLD` on the page, without taking it (a
+/// blocking `waitpid` looks for its child's end before it asks the
+/// monitor: a child that exits at once ends within a few hundred µs).
+pub(crate) fn spin_for_child(ns: u64) {
+    use wisp_abi::family::signal::SIGCHLD;
+    let Some((r, me, _)) = page() else { return };
+    let start = monotonic_ns();
+    while r.cells[me].signals.load(core::sync::atomic::Ordering::Acquire) & (1 << SIGCHLD) == 0
+        && monotonic_ns() - start < ns
+    {
+        core::hint::spin_loop();
+    }
+}
+
 /// Wait up to the spin time for a signal raised on the page; the ones taken.
 pub(crate) fn spin_for_signals() -> u64 {
     let Some((r, me, _)) = page() else { return 0 };
