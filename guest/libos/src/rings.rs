@@ -213,11 +213,10 @@ pub(crate) fn msgrcv(id: u64, buf: &mut [u8], msgtyp: i64, truncate: bool, spin_
             }
         }
         // Wait for the queue to change (or its lock to be free).
-        while ring.count.load(core::sync::atomic::Ordering::Acquire) == seen {
-            if !ring.serves(id) || monotonic_ns() - start > spin_ns {
-                return None;
-            }
-            core::hint::spin_loop();
+        let left = spin_ns.saturating_sub(monotonic_ns() - start);
+        let changed = spin(left, || ring.count.load(core::sync::atomic::Ordering::Acquire) != seen || !ring.serves(id));
+        if !changed || !ring.serves(id) {
+            return None;
         }
     }
 }
@@ -268,24 +267,30 @@ pub(crate) fn take_signals() -> u64 {
 pub(crate) fn spin_for_child(ns: u64) {
     use wisp_abi::family::signal::SIGCHLD;
     let Some((r, me, _)) = page() else { return };
-    let start = monotonic_ns();
-    while r.cells[me].signals.load(core::sync::atomic::Ordering::Acquire) & (1 << SIGCHLD) == 0
-        && monotonic_ns() - start < ns
-    {
-        core::hint::spin_loop();
-    }
+    spin(ns, || r.cells[me].signals.load(core::sync::atomic::Ordering::Acquire) & (1 << SIGCHLD) != 0);
 }
 
 /// Wait up to the spin time for a signal raised on the page; the ones taken.
 pub(crate) fn spin_for_signals() -> u64 {
     let Some((r, me, _)) = page() else { return 0 };
+    let mut s = 0;
+    spin(SPIN_NS, || {
+        s = r.cells[me].take();
+        s != 0
+    });
+    s
+}
+
+/// Look at `done` until it says yes or `ns` pass; whether it said yes.
+fn spin(ns: u64, mut done: impl FnMut() -> bool) -> bool {
     let start = monotonic_ns();
-    while monotonic_ns() - start < SPIN_NS {
-        let s = r.cells[me].take();
-        if s != 0 {
-            return s;
+    loop {
+        if done() {
+            return true;
+        }
+        if monotonic_ns() - start >= ns {
+            return false;
         }
         core::hint::spin_loop();
     }
-    0
 }

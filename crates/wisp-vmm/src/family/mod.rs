@@ -222,11 +222,7 @@ impl Family {
                 let l = lock(&self.map);
                 region::wake_waiters(&self.map, l.inner);
             }
-            1 if (idx as usize) < MAX_MEMBERS => {
-                let b = bell(&self.map, idx as usize);
-                b.events.fetch_or(wisp_abi::events::FAMILY, Ordering::AcqRel);
-                b.ring();
-            }
+            1 if (idx as usize) < MAX_MEMBERS => region::notify(&self.map, idx as usize),
             _ => return Err(EINVAL),
         }
         Ok((0, 0))
@@ -243,9 +239,8 @@ impl Family {
     /// (the caller then does not sleep): a sender sets the signal before it
     /// looks at `parked`, this side the other way round.
     pub fn park_cell(&self, parked: bool) -> bool {
-        let c = &rings(&self.map).cells[self.me];
-        c.parked.store(parked as u32, Ordering::SeqCst);
-        parked && c.signals.load(Ordering::SeqCst) & !1 != 0
+        rings(&self.map).cells[self.me].parked.store(parked as u32, Ordering::SeqCst);
+        parked && self.signals_pending()
     }
 
     // ----- fork -----

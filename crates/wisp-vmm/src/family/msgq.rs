@@ -27,12 +27,7 @@ impl Family {
         let q = &mut inner.queues[i];
         (q.used, q.gen, q.key) = (1, gen, key);
         let id = ipc_id(gen, i);
-        // A guest still copying into the slot's last queue (a stale id) holds
-        // its lock: the new queue starts once it let go (or was taken over).
-        let ring = &rings(&self.map).queues[i];
-        if self.with_ring(inner, ring, |r| Ok::<(), ()>(r.reset(id as u64, false))).is_none() {
-            ring.reset(id as u64, true);
-        }
+        self.reset_queue(inner, i, id as u64);
         Ok((id, 0))
     }
 
@@ -105,13 +100,19 @@ impl Family {
     /// Queue `i`'s ring was written over: it starts empty again (what it
     /// held is lost) and the call that found it fails with `EIO`.
     fn spoilt(&self, inner: &mut Inner, i: usize) -> i64 {
-        let id = ipc_id(inner.queues[i].gen, i) as u64;
+        self.reset_queue(inner, i, ipc_id(inner.queues[i].gen, i) as u64);
+        wake_waiters(&self.map, inner);
+        EIO
+    }
+
+    /// Queue `i`'s ring starts empty, serving `id`: under its lock, so that
+    /// a guest still copying into it (a stale id, a torn queue) finishes
+    /// first; a lock held past the monitor's wait is taken over.
+    fn reset_queue(&self, inner: &mut Inner, i: usize, id: u64) {
         let ring = &rings(&self.map).queues[i];
         if self.with_ring(inner, ring, |r| Ok::<(), ()>(r.reset(id, false))).is_none() {
             ring.reset(id, true);
         }
-        wake_waiters(&self.map, inner);
-        EIO
     }
 
     pub fn msgrmid(&self, id: u64) -> CallResult {

@@ -273,6 +273,12 @@ impl Drop for Locked<'_> {
 /// without an exit, and as an event for its idle hypercall.
 pub(super) fn raise(map: &SharedMap, idx: usize, sig: u32) {
     rings(map).cells[idx.min(MAX_MEMBERS - 1)].raise(sig);
+    notify(map, idx);
+}
+
+/// Wake member `idx` with `events::FAMILY` (its idle hypercall returns, a
+/// blocking call looks again).
+pub(super) fn notify(map: &SharedMap, idx: usize) {
     let b = bell(map, idx);
     b.events.fetch_or(wisp_abi::events::FAMILY, Ordering::AcqRel);
     b.ring();

@@ -420,15 +420,10 @@ impl Vm {
     /// a spare's state (RAM back to the file's contents, the segments it
     /// attached gone) and say it is ready. Not a child that forked (its own
     /// children and spares end with it), nor one stopped from outside.
+    /// Called once the run ended (its spares are gone by then).
     pub(super) fn recycle_begin(&mut self, outcome: &super::Outcome) -> Option<Recycle> {
         let r = self.recycle.take()?;
-        if !self.family.opts.recycle
-            || !matches!(outcome, super::Outcome::Exited(_))
-            || self.forks != 0
-            || self.spare.is_some()
-            || !self.lent.is_empty()
-            || self.after_fork.is_some()
-        {
+        if !self.family.opts.recycle || !matches!(outcome, super::Outcome::Exited(_)) || self.forks != 0 {
             return None;
         }
         for (slot, gpa, _, _) in self.family.attachments() {
