@@ -468,15 +468,7 @@ fn a_forked_vm_holds_only_its_own_descriptors() {
     eventually(ten, || "the console stream did not reach the member".into(), || (streams(member.pid) >= 4).then_some(()));
     // The uplink: the SEQPACKET socket (of the daemon's making) the root and
     // the member hold.
-    let unix = std::fs::read_to_string(format!("/proc/{}/net/unix", d.pid())).unwrap();
-    let seqpacket: Vec<String> = unix
-        .lines()
-        .skip(1)
-        .filter_map(|l| {
-            let cols: Vec<&str> = l.split_whitespace().collect();
-            (cols.len() > 6 && cols[4] == "0005").then(|| format!("socket:[{}]", cols[6]))
-        })
-        .collect();
+    let seqpacket = common::seqpacket_sockets(d.pid());
     let (of_root, of_member) = (sockets(root.pid), sockets(member.pid));
     let uplink: Vec<&String> = of_member.iter().filter(|s| of_root.contains(s) && seqpacket.contains(s)).collect();
     assert_eq!(uplink.len(), 1, "root {of_root:?}, member {of_member:?}");

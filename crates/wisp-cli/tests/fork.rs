@@ -66,6 +66,17 @@ fn forks_handed_to_a_prepared_spare_copy_memory_as_at_the_fork() {
     assert!(recycled.is_some_and(|n| n >= 1), "later forks should reuse an ended child's process:\n{}", r.stderr);
 }
 
+/// The one child process of `wisp run` process `root` that is a VM (a
+/// spare prepared for the next fork is named `wisp-spare`, not `wisp`).
+fn only_child_vm(root: u32) -> u32 {
+    let o = std::process::Command::new("pgrep").args(["-P", &root.to_string(), "-x", "wisp"]).output().unwrap();
+    let kids = String::from_utf8_lossy(&o.stdout).into_owned();
+    match kids.split_whitespace().collect::<Vec<_>>()[..] {
+        [one] => one.parse().unwrap(),
+        _ => panic!("the root's monitor should have one child process: {kids:?}"),
+    }
+}
+
 /// Field `key` of the root's `wisp-stats` line (the one with the most
 /// exits: its children print theirs too).
 fn root_stat(stderr: &str, key: &str) -> Option<u64> {
@@ -273,12 +284,7 @@ fn a_child_killed_from_outside_is_reaped_and_reported() {
     // process of the root's (the `wisp run` process) that is a VM — a
     // spare prepared for the next fork is named `wisp-spare`: kill it like
     // any.
-    let o = Command::new("pgrep").args(["-P", &root.id().to_string(), "-x", "wisp"]).output().unwrap();
-    let kids = String::from_utf8_lossy(&o.stdout).into_owned();
-    let pid: i32 = match kids.split_whitespace().collect::<Vec<_>>()[..] {
-        [one] => one.parse().unwrap(),
-        _ => panic!("the root's monitor should have one child process: {kids:?}"),
-    };
+    let pid = only_child_vm(root.id());
     assert!(Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
     let mut rest = String::new();
     out.read_to_string(&mut rest).unwrap();
@@ -314,12 +320,7 @@ fn a_forked_child_drops_its_parents_descriptors() {
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "victim: child pid 2");
-    let o = Command::new("pgrep").args(["-P", &root.id().to_string(), "-x", "wisp"]).output().unwrap();
-    let kids = String::from_utf8_lossy(&o.stdout).into_owned();
-    let pid: u32 = match kids.split_whitespace().collect::<Vec<_>>()[..] {
-        [one] => one.parse().unwrap(),
-        _ => panic!("the root's monitor should have one child process: {kids:?}"),
-    };
+    let pid = only_child_vm(root.id());
     let theirs = common::fds(root.id());
     assert!(theirs.iter().any(|(_, t)| t == "/dev/zero"), "{theirs:?}");
     // Standard output and error stay (the family's console).

@@ -317,21 +317,8 @@ fn planted_addresses_and_ports_are_never_bound_and_old_state_is_migrated_once() 
 /// The descriptor number of the family uplink (a SEQPACKET socket of the
 /// daemon's network namespace) in VMM process `vmm`.
 fn uplink_fd(vmm: u32, daemon: u32) -> i32 {
-    let unix = std::fs::read_to_string(format!("/proc/{daemon}/net/unix")).unwrap();
-    let seqpacket: Vec<String> = unix
-        .lines()
-        .skip(1)
-        .filter_map(|l| {
-            let cols: Vec<&str> = l.split_whitespace().collect();
-            (cols.len() > 6 && cols[4] == "0005").then(|| format!("socket:[{}]", cols[6]))
-        })
-        .collect();
-    let fds = std::fs::read_dir(format!("/proc/{vmm}/fd")).unwrap();
-    let found: Vec<i32> = fds
-        .flatten()
-        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| seqpacket.contains(&l.to_string_lossy().into_owned())))
-        .map(|e| e.file_name().to_string_lossy().parse().unwrap())
-        .collect();
+    let seqpacket = common::seqpacket_sockets(daemon);
+    let found: Vec<i32> = common::fds(vmm).into_iter().filter(|(_, t)| seqpacket.contains(t)).map(|(n, _)| n).collect();
     assert_eq!(found.len(), 1, "uplinks of VMM process {vmm}: {found:?}");
     found[0]
 }

@@ -138,6 +138,20 @@ pub fn wait_console(c: &mut wisp_api::client::Client, id: &str, needle: &str) {
     eventually(Duration::from_secs(20), what, || console(c, id).contains(needle).then_some(()));
 }
 
+/// The Unix SEQPACKET sockets of process `pid`'s network namespace, as
+/// `/proc/*/fd` names them (`socket:[INODE]`): family uplinks are the only
+/// ones wispd makes.
+pub fn seqpacket_sockets(pid: u32) -> Vec<String> {
+    let unix = std::fs::read_to_string(format!("/proc/{pid}/net/unix")).unwrap();
+    unix.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            (cols.len() > 6 && cols[4] == "0005").then(|| format!("socket:[{}]", cols[6]))
+        })
+        .collect()
+}
+
 /// The open descriptors of process `pid`: number and what it refers to
 /// (`/dev/kvm`, `anon_inode:kvm-vm`, `socket:[123]`, a path...).
 pub fn fds(pid: u32) -> Vec<(i32, String)> {
