@@ -9,6 +9,9 @@
 //! 0x0000_4000  exception stubs        supervisor, executable (CPL 0)
 //! 0x0000_5000  exception stack        supervisor
 //! 0x0000_6000  page tables            supervisor (PML4, PDPT, PDs, PT)
+//! 0x0000_e000  prefault page          user, read-only, executable: the
+//!              monitor's code that touches a preloaded image's pages in a
+//!              pooled shell before any request (the guest never needs it)
 //! 0x0001_0000  stack guard            unmapped (catches stack overflow)
 //! 0x0002_0000  stack                  user, read/write, no-exec; grows down from 0x10_0000
 //! 0x0010_0000  image                  user, per-segment permissions
@@ -53,6 +56,13 @@ pub const MAX_PDS: u64 = 4;
 pub const PT0: u64 = 0xC000;
 /// Page directory of the shared-memory window (2 MiB pages).
 pub const SHM_PD: u64 = 0xD000;
+/// The monitor's prefault page: code that touches the pages listed after
+/// it ([`PREFAULT_LIST`]), run in a pooled shell that holds a preloaded
+/// image, before any request (so the guest's first accesses fault no more).
+pub const PREFAULT_PAGE: u64 = 0xE000;
+/// Where in the prefault page its list of pages starts.
+pub const PREFAULT_LIST: u64 = PREFAULT_PAGE + 0x40;
+
 /// Guest address of the family shared-memory window: segment `s` attached
 /// with `shmat` is at `SHM_BASE + offset(s)` in every VM of the family.
 pub const SHM_BASE: u64 = 1 << 32;
@@ -92,7 +102,8 @@ mod tests {
             assert!(w[0] + PAGE_SIZE <= w[1]);
         }
         assert!(PD + MAX_PDS * PAGE_SIZE <= PT0);
-        assert!(PT0 + PAGE_SIZE <= SHM_PD && SHM_PD + PAGE_SIZE <= STACK_GUARD);
+        assert!(PT0 + PAGE_SIZE <= SHM_PD && SHM_PD + PAGE_SIZE <= PREFAULT_PAGE);
+        assert!(PREFAULT_PAGE + PAGE_SIZE <= STACK_GUARD && PREFAULT_LIST < PREFAULT_PAGE + PAGE_SIZE);
         assert!(MAX_MEM <= SHM_BASE && SHM_SIZE <= 1 << 30);
         assert!(TSS > GDT && TSS < GDT + PAGE_SIZE);
         assert!(STACK_BOTTOM < STACK_TOP && STACK_TOP <= IMAGE_BASE);

@@ -321,7 +321,7 @@ mod tests {
             family_limit: Some(8),
         };
         assert_eq!(check_limits(&create), Ok(()));
-        let pool = PoolInfo { target: vec![PoolTarget { mem: 16 << 20, count: 3 }], ready: vec![] };
+        let pool = PoolInfo { target: vec![PoolTarget { mem: 16 << 20, count: 3 }], ..Default::default() };
         let all = [
             Action::Version,
             Action::ListVms,

@@ -197,6 +197,9 @@ pub struct VmInfo {
     /// create with `wait_line` (none otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_line_us: Option<u64>,
+    /// Where its start's time went (a VM this daemon started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_trace: Option<BootTrace>,
     /// IPv4 address of its NIC, if it has one.
     #[serde(default)]
     pub ip: Option<String>,
@@ -220,6 +223,26 @@ pub struct VmInfo {
     pub limits: Option<VmLimits>,
 }
 
+/// A start's way through the toolstack, on the host's monotonic clock
+/// (`CLOCK_MONOTONIC`, ns; the same clock for every process of the host,
+/// so a client on the host can put its own times beside them): the
+/// request's arrival at the daemon, the start command sent to the VMM
+/// process, received there, the guest about to run, and (for an attached
+/// create, whose console the VMM process writes to the client itself) the
+/// guest's first output written to the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BootTrace {
+    pub arrived_ns: u64,
+    pub sent_ns: u64,
+    pub received_ns: u64,
+    pub entered_ns: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_output_ns: Option<u64>,
+    /// The shell held the image loaded ahead (nothing was loaded on the way).
+    #[serde(default)]
+    pub preloaded: bool,
+}
+
 /// `GET /v1/pool` and `PUT /v1/pool`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct PoolInfo {
@@ -228,6 +251,21 @@ pub struct PoolInfo {
     /// Ready shells now per memory size.
     #[serde(default)]
     pub ready: Vec<PoolTarget>,
+    /// Of those, the shells that hold an image loaded ahead (the one last
+    /// created with their size): a create of it skips loading it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub loaded: Vec<PoolImage>,
+}
+
+/// Ready shells of one memory size holding one image loaded ahead.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PoolImage {
+    /// Guest RAM in bytes.
+    pub mem: u64,
+    /// The image's name.
+    pub image: String,
+    /// How many.
+    pub count: u32,
 }
 
 /// A pool size for one memory size.

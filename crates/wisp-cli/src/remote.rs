@@ -244,7 +244,7 @@ pub fn manage(socket: &Path, cmd: Cmd) -> Result<u8, String> {
                     let (mem, count) = wisp_vmm_process::units::parse_pool_target(s)?;
                     target.push(PoolTarget { mem, count });
                 }
-                c.set_pool(&PoolInfo { target, ready: vec![] }).map_err(err)?;
+                c.set_pool(&PoolInfo { target, ..Default::default() }).map_err(err)?;
             }
             let p = c.pool().map_err(err)?;
             for t in &p.target {

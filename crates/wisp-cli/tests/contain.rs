@@ -181,7 +181,7 @@ fn quotas_are_answered_429_and_507() {
 
     // The pool: at most 4 shells in all, 16 sizes.
     let t = |mem: u64, count| PoolTarget { mem: mem * MIB, count };
-    let set = |c: &mut Client, target: Vec<PoolTarget>| c.set_pool(&PoolInfo { target, ready: vec![] });
+    let set = |c: &mut Client, target: Vec<PoolTarget>| c.set_pool(&PoolInfo { target, ..Default::default() });
     set(&mut c, vec![t(16, 2), t(32, 2)]).unwrap();
     let r = set(&mut c, vec![t(64, 1)]);
     assert!(matches!(&r, Err(ApiError::Status(429, m)) if m == "pool of 5 shells is too large (at most 4 in all: wispd --max-pool-shells)"), "{r:?}");

@@ -16,6 +16,7 @@
 //! (the daemon): a process cannot move itself into a new one.
 
 mod files;
+pub mod priority;
 pub mod seccomp;
 
 use std::path::Path;

@@ -362,7 +362,52 @@ pub fn role_filter(role: Role, kick_signal: i32) -> Result<BpfProgram, String> {
     compile(role_rules(role, kick_signal), SeccompAction::KillProcess, SeccompAction::Allow)
 }
 
+/// The rules that take a thread at role `from` to role `to` (a narrower
+/// one): the calls, and the argument rules of calls, that `from` allows and
+/// `to` does not, as a deny list. Stacked on `from`'s filter it leaves
+/// exactly `to`'s, and it is a few dozen instructions where `to`'s own
+/// filter is hundreds (installing a filter costs in proportion: the kernel
+/// runs it once per system call number to cache its answers). None if
+/// `to` is not a subset that a deny list can express (a call `from`
+/// allows with any arguments and `to` only with some).
+fn narrowing_rules(from: Role, to: Role, kick_signal: i32) -> Option<Rules> {
+    let wider = role_rules(from, kick_signal);
+    let narrower = role_rules(to, kick_signal);
+    let mut deny = Rules::new();
+    for (sys, rules) in wider {
+        match narrower.get(&sys) {
+            None => {
+                deny.insert(sys, Vec::new());
+            }
+            Some(kept) if kept.is_empty() => {}
+            Some(_) if rules.is_empty() => return None,
+            Some(kept) => {
+                // Rules test one argument for one value each: those `to`
+                // lacks match no call that a kept rule matches.
+                let gone: Vec<SeccompRule> = rules.into_iter().filter(|r| !kept.contains(r)).collect();
+                if !gone.is_empty() {
+                    deny.insert(sys, gone);
+                }
+            }
+        }
+    }
+    // Anything `to` allows must have been allowed by `from`.
+    narrower.keys().all(|sys| role_rules(from, kick_signal).contains_key(sys)).then_some(deny)
+}
+
+/// The deny-list filter that narrows a thread at role `from` to role `to`
+/// (see [`narrowing_rules`]), if there is one.
+pub fn narrowing_filter(from: Role, to: Role, kick_signal: i32) -> Result<Option<BpfProgram>, String> {
+    narrowing_rules(from, to, kick_signal)
+        .map(|deny| compile(deny, SeccompAction::Allow, SeccompAction::KillProcess))
+        .transpose()
+}
+
+/// The narrowings prepared as deny lists: (from, to).
+const NARROWINGS: [(Role, Role); 1] = [(Role::VcpuFork, Role::Vcpu)];
+
 static PREPARED: OnceLock<Vec<(Role, BpfProgram)>> = OnceLock::new();
+static PREPARED_NARROWINGS: OnceLock<Vec<((Role, Role), BpfProgram)>> = OnceLock::new();
 
 /// Compile every role's filter now (before the jail closes), for
 /// [`narrow`]. `kick_signal` is the signal the monitor's threads kick each
@@ -370,7 +415,23 @@ static PREPARED: OnceLock<Vec<(Role, BpfProgram)>> = OnceLock::new();
 pub fn prepare(kick_signal: i32) -> Result<(), String> {
     let progs = Role::ALL.iter().map(|&r| role_filter(r, kick_signal).map(|p| (r, p))).collect::<Result<Vec<_>, _>>()?;
     let _ = PREPARED.set(progs);
+    let mut narrowings = Vec::new();
+    for (from, to) in NARROWINGS {
+        if let Some(p) = narrowing_filter(from, to, kick_signal)? {
+            narrowings.push(((from, to), p));
+        }
+    }
+    let _ = PREPARED_NARROWINGS.set(narrowings);
     Ok(())
+}
+
+/// Narrow the calling thread, already narrowed to `from`, to `to`: with
+/// the small deny list if one is prepared, else with `to`'s filter.
+pub fn narrow_from(from: Role, to: Role) -> Result<(), String> {
+    match PREPARED_NARROWINGS.get().and_then(|v| v.iter().find(|(k, _)| *k == (from, to))) {
+        Some((_, prog)) => seccompiler::apply_filter(prog).map_err(|e| format!("seccomp ({from:?} -> {to:?}): {e}")),
+        None => narrow(to),
+    }
 }
 
 /// Narrow the calling thread to `role` (and the threads it creates after).

@@ -166,6 +166,44 @@ fn each_thread_role_is_narrower_than_the_process() {
 }
 
 #[test]
+fn a_forking_vcpu_thread_narrowed_by_its_deny_list_is_a_vcpu_thread() {
+    // What VcpuFork allows and Vcpu does not: each is killed once the deny
+    // list stacks on VcpuFork's filter, and what both allow still runs.
+    let deny = seccomp::narrowing_filter(Role::VcpuFork, Role::Vcpu, KICK).unwrap().expect("a deny list");
+    let mut narrowed = with_role(Role::VcpuFork);
+    narrowed.push(deny.clone());
+    assert!(deny.len() * 4 < seccomp::role_filter(Role::Vcpu, KICK).unwrap().len(), "the deny list is small");
+    let pair = || {
+        let mut fds = [0; 2];
+        unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, fds.as_mut_ptr()) as i64 }
+    };
+    let killed: Vec<(&str, Box<dyn Fn() -> i64>)> = vec![
+        ("socketpair", Box::new(pair)),
+        ("KVM_CREATE_VM", Box::new(|| sys(libc::SYS_ioctl, [1, 0xae01, 0, 0, 0, 0]))),
+        ("close_range", Box::new(|| sys(libc::SYS_close_range, [100, 200, 0, 0, 0, 0]))),
+        ("dup3", Box::new(|| sys(libc::SYS_dup3, [1, 100, libc::O_CLOEXEC as u64, 0, 0, 0]))),
+        ("fork", Box::new(|| sys(libc::SYS_clone, [seccomp::CLONE_FORK_FLAGS, 0, 0, 0, 0, 0]))),
+        ("PR_SET_PDEATHSIG", Box::new(|| sys(libc::SYS_prctl, [libc::PR_SET_PDEATHSIG as u64, 9, 0, 0, 0, 0]))),
+        ("memfd_create", Box::new(|| sys(libc::SYS_memfd_create, [0; 6]))),
+        ("wait4", Box::new(|| sys(libc::SYS_wait4, [u64::MAX, 0, libc::WNOHANG as u64, 0, 0, 0]))),
+    ];
+    for (what, call) in &killed {
+        assert_eq!(try_call(&with_role(Role::Vcpu), call), SIGSYS, "{what} under Vcpu");
+        assert_eq!(try_call(&narrowed, call), SIGSYS, "{what} under VcpuFork narrowed to Vcpu");
+    }
+    let fionbio = || {
+        let mut on: libc::c_int = 1;
+        unsafe { libc::ioctl(1, libc::FIONBIO, &mut on) as i64 }
+    };
+    assert_eq!(try_call(&narrowed, fionbio), End::Returned(0));
+    assert_eq!(try_call(&narrowed, || sys(libc::SYS_getpid, [0; 6])), End::Returned(0));
+    let name = || sys(libc::SYS_prctl, [libc::PR_GET_NAME as u64, 0, 0, 0, 0, 0]);
+    assert_eq!(try_call(&narrowed, name), End::Returned(libc::EFAULT), "PR_GET_NAME runs (and faults on a null buffer)");
+    // A role that allows more than the one it would narrow has no deny list.
+    assert!(seccomp::narrowing_filter(Role::Vcpu, Role::VcpuFork, KICK).unwrap().is_none());
+}
+
+#[test]
 fn only_the_control_and_forking_threads_swap_a_descriptor_and_only_a_forking_one_closes_ranges() {
     // dup3 onto a descriptor number, close-on-exec: how a new family uplink
     // takes the old one's place (the control thread; in a forked VM that

@@ -18,6 +18,17 @@ struct Ring {
     total: u64,
 }
 
+/// How console bytes go out on a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Framing {
+    /// As they are (to the daemon, which frames them for its client).
+    Raw,
+    /// As the chunks of an HTTP response, ended by the last chunk when the
+    /// VM ends: an attached client's own connection, handed over by the
+    /// daemon with the response's head already written.
+    Chunked,
+}
+
 /// The console ring and its readers' condition variable.
 pub(crate) struct Console {
     ring: Mutex<Ring>,
@@ -56,8 +67,19 @@ impl Console {
 
     /// Stream console output to `conn` from byte `from` (default: the oldest
     /// buffered); with `follow`, new output too until `exited` says the VM
-    /// has ended.
-    pub fn stream(&self, mut conn: UnixStream, follow: bool, from: Option<u64>, exited: impl Fn() -> bool) -> io::Result<()> {
+    /// has ended. `pending` (bytes of a frame a writer began) goes first;
+    /// with [`Framing::Chunked`] the stream ends with the last chunk.
+    pub fn stream(
+        &self,
+        mut conn: UnixStream,
+        follow: bool,
+        from: Option<u64>,
+        exited: impl Fn() -> bool,
+        framing: Framing,
+        pending: &[u8],
+    ) -> io::Result<()> {
+        conn.write_all(pending)?;
+        let mut frame = Vec::new();
         let mut pos = {
             let c = self.ring.lock().unwrap();
             from.unwrap_or(c.total - c.buf.len() as u64)
@@ -82,12 +104,22 @@ impl Console {
                         break v;
                     }
                     if !follow || exited() {
+                        drop(c);
+                        if framing == Framing::Chunked {
+                            conn.write_all(wisp_api::http::LAST_CHUNK)?;
+                        }
                         return Ok(());
                     }
                     c = self.cv.wait_timeout(c, Duration::from_millis(200)).unwrap().0;
                 }
             };
-            conn.write_all(&chunk)?;
+            match framing {
+                Framing::Raw => conn.write_all(&chunk)?,
+                Framing::Chunked => {
+                    wisp_api::http::chunk_frame(&chunk, &mut frame);
+                    conn.write_all(&frame)?;
+                }
+            }
         }
     }
 }
@@ -122,14 +154,20 @@ mod tests {
         let c = Console::new();
         c.push(b"0123456789");
         let (a, mut b) = UnixStream::pair().unwrap();
-        c.stream(a, false, Some(4), || true).unwrap();
+        c.stream(a, false, Some(4), || true, Framing::Raw, b"").unwrap();
         let mut got = String::new();
         io::Read::read_to_string(&mut b, &mut got).unwrap();
         assert_eq!(got, "456789");
         let (a, mut b) = UnixStream::pair().unwrap();
-        c.stream(a, true, None, || true).unwrap();
+        c.stream(a, true, None, || true, Framing::Raw, b"").unwrap();
         let mut got = String::new();
         io::Read::read_to_string(&mut b, &mut got).unwrap();
         assert_eq!(got, "0123456789");
+        // To a client: what a writer left of its frame, then chunks, then the end.
+        let (a, mut b) = UnixStream::pair().unwrap();
+        c.stream(a, true, Some(8), || true, Framing::Chunked, b"3\r\nxyz\r\n").unwrap();
+        let mut got = String::new();
+        io::Read::read_to_string(&mut b, &mut got).unwrap();
+        assert_eq!(got, "3\r\nxyz\r\n2\r\n89\r\n0\r\n\r\n");
     }
 }

@@ -17,7 +17,9 @@ use crate::state::{spawn_conn, Shared};
 
 /// A start request, parsed.
 pub(crate) struct StartCmd {
-    pub image: Image,
+    /// The image, or none for the shell's preloaded one (of this name).
+    pub image: Option<Image>,
+    pub image_name: String,
     pub args: Vec<String>,
     pub timeout: Option<Duration>,
     pub attach: bool,
@@ -26,19 +28,39 @@ pub(crate) struct StartCmd {
     pub uplink: Option<OwnedFd>,
     /// Most VMs in the family, if the daemon set it.
     pub family_limit: Option<u32>,
+    /// The API client's connection and the response head to write to it
+    /// (the console goes there, as HTTP chunks).
+    pub client: Option<(UnixStream, Vec<u8>)>,
+    /// When the request was read (host monotonic clock, ns).
+    pub received_ns: u64,
 }
 
-/// Serve one request while the shell waits in the pool. Returns the start
-/// command (and its connection, for the reply) when one arrives.
-pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(StartCmd, UnixStream)> {
+/// What a pooled shell is asked to do with itself.
+pub(crate) enum Pooled {
+    /// Start a VM.
+    Start(StartCmd),
+    /// Load this image ahead.
+    Preload(Image),
+}
+
+/// Serve one request while the shell waits in the pool. Returns a start
+/// command or an image to preload (and the connection, for the reply).
+pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Pooled, UnixStream)> {
     let (req, fds) = read_request(&conn)?;
+    let received_ns = crate::monotonic_ns();
     let reply = match req {
-        Request::Start { image_name, args, timeout_ms, attach, net, uplink, family_limit } => {
+        Request::Preload { image_name } => match fds.into_iter().next().map(|fd| Image::from_fd(&image_name, fd)) {
+            Some(Ok(image)) => return Some((Pooled::Preload(image), conn)),
+            Some(Err(e)) => Reply::err(e.to_string()),
+            None => Reply::err("preload needs the image descriptor"),
+        },
+        Request::Start { image_name, preloaded, args, timeout_ms, attach, net, uplink, family_limit, client_head } => {
             let mut fds = fds.into_iter();
-            let Some(fd) = fds.next() else {
+            let image_fd = if preloaded { None } else { fds.next() };
+            if !preloaded && image_fd.is_none() {
                 let _ = send_line(&conn, &Reply::err("start needs the image descriptor"), None);
                 return None;
-            };
+            }
             let net = match (net.is_some().then(|| fds.next()).flatten(), net) {
                 (_, None) => None,
                 (Some(tap), Some(n)) => Some(n.into_config(tap)),
@@ -48,13 +70,24 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(St
                 }
             };
             let uplink = if uplink { fds.next() } else { None };
+            let client = match client_head {
+                None => None,
+                Some(head) => match fds.next() {
+                    Some(fd) => Some((UnixStream::from(fd), head.into_bytes())),
+                    None => {
+                        let _ = send_line(&conn, &Reply::err("an attached client needs its connection"), None);
+                        return None;
+                    }
+                },
+            };
             // Parsed again here (the daemon is not trusted blindly); its
             // pages are mapped copy-on-write from the shared memfd.
-            match Image::from_fd(&image_name, fd) {
+            match image_fd.map(|fd| Image::from_fd(&image_name, fd)).transpose() {
                 Ok(image) => {
                     let timeout = timeout_ms.map(Duration::from_millis);
-                    let cmd = StartCmd { image, args, timeout, attach, net, uplink, family_limit };
-                    return Some((cmd, conn));
+                    let cmd =
+                        StartCmd { image, image_name, args, timeout, attach, net, uplink, family_limit, client, received_ns };
+                    return Some((Pooled::Start(cmd), conn));
                 }
                 Err(e) => Reply::err(e.to_string()),
             }
@@ -190,6 +223,7 @@ fn serve(shared: &Arc<Shared>, conn: UnixStream, req: Request) -> io::Result<()>
     let control = || shared.state.lock().unwrap().control.clone();
     let reply = match req {
         Request::Start { .. } => Reply::err("this VM has already been started"),
+        Request::Preload { .. } => Reply::err("this VM has already been started"),
         Request::Status => shared.state.lock().unwrap().status(),
         Request::Pause | Request::Resume => {
             let Some(c) = control() else {
@@ -242,7 +276,7 @@ fn serve(shared: &Arc<Shared>, conn: UnixStream, req: Request) -> io::Result<()>
         }
         Request::Logs { follow } => {
             send_line(&conn, &Reply::ok(shared.state.lock().unwrap().phase), None)?;
-            return shared.stream_logs(conn, follow, None);
+            return shared.stream_logs(conn, follow, None, crate::console::Framing::Raw, b"");
         }
         Request::ProbeOpen { path } => probe_open(&path),
         Request::Uplink => Reply::err("uplink needs its descriptor"),

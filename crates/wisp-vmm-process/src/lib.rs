@@ -39,3 +39,11 @@ mod uplink;
 
 pub use console::CONSOLE_RING;
 pub use process::main;
+
+/// The host's monotonic clock in ns (`CLOCK_MONOTONIC`: the same clock in
+/// every process of the host, so the daemon, a VMM process and a client
+/// can time one request's hops against each other).
+pub fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}

@@ -21,8 +21,9 @@ use wisp_jail::seccomp::Role;
 use wisp_jail::JailFiles;
 
 use crate::boot::{self, Boot};
+use crate::console::Framing;
 use crate::sink::Sink;
-use crate::control::{serve_pooled, spawn_server};
+use crate::control::{serve_pooled, spawn_server, Pooled};
 use crate::exit::{exit_info, Runner, ERROR};
 use crate::fork::become_child_vm;
 use crate::proto::{send_line, Reply, WorkerState};
@@ -45,6 +46,9 @@ pub fn main(id: &str, dir: &Path, mem: u64, uid: u32) -> ! {
 
 fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
     wisp_jail::close_inherited();
+    // The clock's first reading finds the vDSO (rustix reads the auxiliary
+    // vector with a prctl the jail does not allow): before the jail.
+    crate::monotonic_ns();
     // Show up as `wisp-vmm` in ps/top, apart from the daemon.
     let _ = rustix::thread::set_name(c"wisp-vmm");
     let mut shell = boot::prepare(mem).map_err(|e| e.to_string())?;
@@ -62,14 +66,64 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
     // vCPU thread with no thread creation or hand-off on the boot path.
     let (ltx, lrx) = mpsc::channel::<UnixListener>();
     spawn_server(&shared, move || lrx.recv().ok())?;
+    // This thread becomes the vCPU thread of a VM that may fork (the
+    // daemon's VMs can): narrow it now, while no one waits, so a start
+    // pays no filter installation (~0.2 ms on PVM hosts). What the pooled
+    // phase and the execute phase do is within that role.
+    crate::narrow::narrow(Role::VcpuFork);
     println!("ready");
     let _ = io::stdout().flush();
+    // Set once the shell holds an image that cannot fork, loaded ahead: the
+    // vCPU thread is narrowed to a vCPU thread's role then (installing a
+    // filter costs ~0.1 ms on PVM hosts), and the shell runs that image only.
+    let mut sealed = false;
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
-        let Some((mut cmd, conn)) = serve_pooled(&shared, conn) else { continue };
+        let (mut cmd, conn) = match serve_pooled(&shared, conn) {
+            None => continue,
+            Some((Pooled::Preload(image), conn)) => {
+                if sealed {
+                    let _ = send_line(&conn, &Reply::err("this shell holds an image loaded ahead for good"), None);
+                    continue;
+                }
+                let forks = image.forks();
+                // A shell that fails half-way is no use: the process ends
+                // (the daemon discards it).
+                if let Err(e) = shell.preload(image) {
+                    let _ = send_line(&conn, &Reply::err(e.to_string()), None);
+                    return Err(format!("preload: {e}"));
+                }
+                if !forks {
+                    crate::narrow::narrow_from(Role::VcpuFork, Role::Vcpu);
+                    sealed = true;
+                }
+                let _ = send_line(&conn, &Reply::ok(WorkerState::Pooled), None);
+                continue;
+            }
+            Some((Pooled::Start(cmd), conn)) => (cmd, conn),
+        };
         let t = Instant::now();
         let family = boot::daemon_family(cmd.uplink.is_some(), cmd.family_limit);
-        let boot = Boot { image: &cmd.image, args: &cmd.args, net: cmd.net.take(), family };
+        let held = cmd.image.is_none();
+        let image = match cmd.image.take() {
+            // A sealed shell cannot make the new KVM VM another image needs.
+            Some(_) if sealed => {
+                let e = "this shell runs only the image it holds loaded ahead";
+                let _ = send_line(&conn, &Reply::err(e), None);
+                finish(&shared, ExitInfo { code: ERROR.into(), reason: e.into() });
+            }
+            Some(image) => image,
+            // The daemon said the shell holds it: it must, under that name.
+            None => match shell.preloaded().filter(|i| i.name == cmd.image_name) {
+                Some(image) => image.clone(),
+                None => {
+                    let e = format!("no preloaded image '{}' in this shell", cmd.image_name);
+                    let _ = send_line(&conn, &Reply::err(&e), None);
+                    finish(&shared, ExitInfo { code: ERROR.into(), reason: e });
+                }
+            },
+        };
+        let boot = Boot { image: &image, args: &cmd.args, net: cmd.net.take(), family };
         let mut vm = match boot::load(shell, boot) {
             Ok(vm) => vm,
             Err(e) => {
@@ -78,9 +132,11 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
             }
         };
         let boot_us = t.elapsed().as_micros() as u64;
-        // From here this is the vCPU thread: it keeps what the VM needs (and
-        // the calls that make a forked child only if the VM may fork).
-        crate::narrow::narrow(if vm.may_fork() { Role::VcpuFork } else { Role::Vcpu });
+        // From here this is the vCPU thread: narrowed to a forking VM's
+        // role before "ready"; a VM that cannot fork loses those calls too.
+        if !vm.may_fork() && !sealed {
+            crate::narrow::narrow_from(Role::VcpuFork, Role::Vcpu);
+        }
         // The uplink goes in its slot if the VM may fork (and forked
         // children keep it); a VM that cannot fork just holds it.
         if let Some(u) = cmd.uplink.take_if(|_| vm.may_fork()) {
@@ -89,21 +145,44 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
             }
         }
         // The image's pages are mapped: its descriptor is needed no more.
-        cmd.image.file = None;
+        drop(image);
+        let attached = cmd.client.is_some() || cmd.attach;
         {
             let mut st = shared.state.lock().unwrap();
             st.phase = WorkerState::Running;
             st.boot_us = Some(boot_us);
             st.control = Some(vm.control());
-            if cmd.attach {
+            if attached {
                 st.conns += 1;
             }
         }
-        let _ = send_line(&conn, &Reply { boot_us: Some(boot_us), ..Reply::ok(WorkerState::Running) }, None);
+        let trace = Reply {
+            received_ns: Some(cmd.received_ns),
+            entered_ns: Some(crate::monotonic_ns()),
+            preloaded: held,
+            ..Reply::ok(WorkerState::Running)
+        };
+        // The reply first: a daemon that gets none may still answer the
+        // client itself, as nothing has been written to it yet.
+        let _ = send_line(&conn, &Reply { boot_us: Some(boot_us), ..trace }, None);
+        // The console goes to the client's own connection (handed over by
+        // the daemon), after the response's head (the daemon's own writer's,
+        // written here blocking within the daemon's write timeout); the
+        // daemon hears on the start's connection when the first output went
+        // out. Else to the start's connection if attached.
+        let (attached, first_out) = match cmd.client.take() {
+            Some((client, head)) if (&client).write_all(&head).is_ok() => (Some((client, Framing::Chunked)), Some(conn)),
+            Some(_) => {
+                shared.release_conn();
+                (None, None)
+            }
+            None if cmd.attach => (Some((conn, Framing::Raw)), None),
+            None => (None, None),
+        };
         let _ = ltx.send(listener);
         let deadline = cmd.timeout.map(|t| Instant::now() + t);
         let mut shared = shared;
-        let mut sink = Sink::new(shared.clone(), cmd.attach.then_some(conn));
+        let mut sink = Sink::new(shared.clone(), attached, first_out);
         let outcome = loop {
             if let Some(o) = vm.run_until_fork(&mut sink, deadline) {
                 break o;
@@ -119,7 +198,7 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
                     std::process::exit(ERROR.into());
                 }
             };
-            sink = Sink::new(shared.clone(), None);
+            sink = Sink::new(shared.clone(), None, None);
         };
         drop(sink);
         let st = vm.stats();

@@ -30,10 +30,15 @@ pub const MAX_LINE: usize = 64 * 1024;
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
-    /// Load the image passed with the request and run it; with `attach`,
-    /// stream the console after the reply (as `logs` with `follow`).
+    /// Load the image passed with the request (none if `preloaded`: the
+    /// one the shell holds) and run it; with `attach`, stream the console
+    /// after the reply (as `logs` with `follow`).
     Start {
         image_name: String,
+        /// The shell's preloaded image (`Preload`), which has this name;
+        /// no image descriptor comes.
+        #[serde(default)]
+        preloaded: bool,
         args: Vec<String>,
         timeout_ms: Option<u64>,
         #[serde(default)]
@@ -48,7 +53,19 @@ pub enum Request {
         /// Most VMs in the family (default: the monitor's maximum).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         family_limit: Option<u32>,
+        /// The API client's own connection comes as the last descriptor:
+        /// once the reply is sent the VMM process writes this response
+        /// head to it, then the console as HTTP chunks until the VM ends
+        /// (the daemon is out of the path), then the last chunk. After the
+        /// start's reply a second line on its connection tells when the
+        /// first output went out (`Reply::first_output_ns`); the connection
+        /// closes without it if the VM printed nothing.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        client_head: Option<String>,
     },
+    /// A pooled shell: load the image passed with the request ahead of a
+    /// start (the one most likely asked for), and touch its pages.
+    Preload { image_name: String },
     /// Current state.
     Status,
     /// Pause the vCPU.
@@ -128,6 +145,19 @@ pub struct Reply {
     /// Microseconds of the execute phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_us: Option<u64>,
+    /// A start's way through the VMM process on the host's monotonic
+    /// clock (ns): the start received, the guest about to run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub received_ns: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entered_ns: Option<u64>,
+    /// A start whose console goes to the client: the guest's first output
+    /// written there (a second line after the start's reply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_output_ns: Option<u64>,
+    /// A start: the shell held the image loaded ahead.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preloaded: bool,
 }
 
 impl Reply {
@@ -235,18 +265,18 @@ fn recv_packet_flags(sock: BorrowedFd<'_>, flags: RecvFlags) -> io::Result<(Vec<
 
 /// Send one line (and optionally a descriptor) on `sock`.
 pub fn send_line<T: Serialize>(sock: &UnixStream, v: &T, fd: Option<&OwnedFd>) -> io::Result<()> {
-    send_line_fds(sock, v, fd.as_slice())
+    send_line_fds(sock, v, fd.map(|f| f.as_fd()).as_slice())
 }
 
 /// Send one line with descriptors (at most [`MAX_FDS`]) on `sock`.
-pub fn send_line_fds<T: Serialize>(sock: &UnixStream, v: &T, fds: &[&OwnedFd]) -> io::Result<()> {
+pub fn send_line_fds<T: Serialize>(sock: &UnixStream, v: &T, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     let mut line = serde_json::to_vec(v).map_err(io::Error::other)?;
     line.push(b'\n');
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut anc = SendAncillaryBuffer::new(&mut space);
-    let borrowed: Vec<_> = fds.iter().take(MAX_FDS).map(|f| f.as_fd()).collect();
-    if !borrowed.is_empty() {
-        anc.push(SendAncillaryMessage::ScmRights(&borrowed));
+    let fds = &fds[..fds.len().min(MAX_FDS)];
+    if !fds.is_empty() {
+        anc.push(SendAncillaryMessage::ScmRights(fds));
     }
     let n = sendmsg(sock, &[io::IoSlice::new(&line)], &mut anc, SendFlags::NOSIGNAL)?;
     if n < line.len() {
@@ -381,11 +411,11 @@ pub fn call(
     fd: Option<&OwnedFd>,
     timeout: Option<Duration>,
 ) -> io::Result<(Reply, BufReader<UnixStream>)> {
-    read_reply(send(sock_path, req, fd.as_slice(), timeout)?)
+    read_reply(send(sock_path, req, fd.map(|f| f.as_fd()).as_slice(), timeout)?)
 }
 
 /// First half of [`call`]: connect and send (work can overlap the reply).
-pub fn send(sock_path: &Path, req: &Request, fds: &[&OwnedFd], timeout: Option<Duration>) -> io::Result<UnixStream> {
+pub fn send(sock_path: &Path, req: &Request, fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> io::Result<UnixStream> {
     let sock = UnixStream::connect(sock_path)?;
     sock.set_read_timeout(timeout)?;
     send_line_fds(&sock, req, fds)?;

@@ -11,7 +11,7 @@ use wisp_api::ExitInfo;
 use wisp_jail::JailFiles;
 use wisp_vmm::Control;
 
-use crate::console::Console;
+use crate::console::{Console, Framing};
 use crate::proto::{Reply, WorkerState};
 
 pub(crate) struct State {
@@ -26,7 +26,7 @@ pub(crate) struct State {
 impl State {
     /// The reply to a status request.
     pub fn status(&self) -> Reply {
-        Reply { ok: true, state: Some(self.phase), exit: self.exit.clone(), boot_us: self.boot_us, error: None }
+        Reply { state: Some(self.phase), exit: self.exit.clone(), boot_us: self.boot_us, ..Reply::ok(self.phase) }
     }
 }
 
@@ -56,8 +56,8 @@ impl Shared {
 
     /// Stream the console to `conn` (see [`Console::stream`]) until the VM
     /// ends.
-    pub fn stream_logs(&self, conn: UnixStream, follow: bool, from: Option<u64>) -> io::Result<()> {
-        self.console.stream(conn, follow, from, || self.exited())
+    pub fn stream_logs(&self, conn: UnixStream, follow: bool, from: Option<u64>, framing: Framing, pending: &[u8]) -> io::Result<()> {
+        self.console.stream(conn, follow, from, || self.exited(), framing, pending)
     }
 
     /// A connection being served has finished.

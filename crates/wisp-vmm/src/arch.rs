@@ -137,6 +137,7 @@ pub fn map_image(ram: &GuestRam, image: &Image) -> Result<UserMap> {
         let a = i as u64 * PAGE_SIZE;
         *e = match a {
             BOOT_INFO => a | P | US | NX,
+            PREFAULT_PAGE => a | P | US,
             EXCEPTION_STUBS => a | P,
             GDT..=PT0 => a | P | RW | NX,
             _ if a < STACK_BOTTOM => 0,
@@ -199,6 +200,38 @@ pub fn map_warmup(ram: &GuestRam) -> Result<()> {
     ram.write(PT0, &u64s(&pt0))?;
     ram.write(PD, &u64s(&[PT0 | P | RW | US]))?;
     ram.write(IMAGE_BASE, &WARMUP_CODE)
+}
+
+/// The prefault code (at [`PREFAULT_PAGE`], run at CPL 3 with the image's
+/// own page tables): for each of `rcx` (at least one) entries at `rsi` (a
+/// page's address, bit 0 set to write), read a byte of the page, or write
+/// one back unchanged; then report on [`WARMUP_PORT`].
+///
+/// ```text
+///  0: mov rax, [rsi]      3: add rsi, 8          7: btr rax, 0
+/// 12: jnc 19             14: or byte [rax], 0   17: jmp 21
+/// 19: mov dl, [rax]      21: dec rcx            24: jnz 0
+/// 26: mov dx, WARMUP_PORT                       30: out dx, al   31: jmp $
+/// ```
+pub const PREFAULT_CODE: [u8; 33] = [
+    0x48, 0x8b, 0x06, 0x48, 0x83, 0xc6, 0x08, 0x48, 0x0f, 0xba, 0xf0, 0x00, 0x73, 0x05, 0x80, 0x08, 0x00, 0xeb, 0x02,
+    0x8a, 0x10, 0x48, 0xff, 0xc9, 0x75, 0xe6, 0x66, 0xba, 0x0f, 0x05, 0xee, 0xeb, 0xfe,
+];
+
+/// Most pages one prefault run touches (the list fills the rest of its page).
+pub const PREFAULT_MAX: usize = ((PAGE_SIZE - (PREFAULT_LIST - PREFAULT_PAGE)) / 8) as usize;
+
+/// Write the prefault code and its list of `(page, write)` into RAM, and
+/// return the registers that run it. `pages` is cut to [`PREFAULT_MAX`]; an
+/// empty list touches the prefault page itself.
+pub fn prefault(ram: &GuestRam, pages: &[(u64, bool)]) -> Result<kvm_regs> {
+    let mut list: Vec<u64> = pages.iter().take(PREFAULT_MAX).map(|&(a, w)| (a & !(PAGE_SIZE - 1)) | w as u64).collect();
+    if list.is_empty() {
+        list.push(PREFAULT_PAGE);
+    }
+    ram.write(PREFAULT_PAGE, &PREFAULT_CODE)?;
+    ram.write(PREFAULT_LIST, &u64s(&list))?;
+    Ok(kvm_regs { rip: PREFAULT_PAGE, rsp: STACK_TOP, rsi: PREFAULT_LIST, rcx: list.len() as u64, rflags: 0x2, ..Default::default() })
 }
 
 /// Special registers for long mode at CPL 3 with this module's tables.

@@ -238,6 +238,11 @@ impl Image {
         Ok(img)
     }
 
+    /// Whether the image declares the fork feature (it may fork).
+    pub fn forks(&self) -> bool {
+        self.manifest.feature_bits() & wisp_abi::features::FORK != 0
+    }
+
     /// Lowest address used by the image.
     pub fn start(&self) -> u64 {
         self.segments[0].vaddr & !(PAGE_SIZE - 1)

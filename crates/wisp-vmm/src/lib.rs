@@ -22,6 +22,7 @@ pub mod family;
 pub mod fault;
 pub mod image;
 pub mod memory;
+mod preload;
 pub mod rate_limiter;
 pub mod shell;
 mod signal;

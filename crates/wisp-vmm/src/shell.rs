@@ -57,6 +57,11 @@ pub struct Shell {
     /// KVM copies registers out at an exit when asked (`KVM_CAP_SYNC_REGS`;
     /// asked here, before any sandbox forbids the question).
     pub(crate) sync_regs: bool,
+    /// The image loaded ahead of a request (`preload.rs`).
+    pub(crate) preloaded: Option<crate::preload::Preloaded>,
+    /// The VM's family region, made ahead with a preloaded image (by the
+    /// thread that will run the VM).
+    pub(crate) family: Option<crate::family::Family>,
 }
 
 /// A second handle on the same `/dev/kvm` open file.
@@ -97,7 +102,7 @@ impl Shell {
         stats.phase("arch_setup", t);
 
         let sync_regs = kvm.check_extension(kvm_ioctls::Cap::SyncRegs);
-        Ok(Shell { vm, vcpu, ram, tsc_hz, stats, warmed: false, kvm: dup_kvm(kvm), sync_regs })
+        Ok(Shell { vm, vcpu, ram, tsc_hz, stats, warmed: false, kvm: dup_kvm(kvm), sync_regs, preloaded: None, family: None })
     }
 
     /// Enter the guest once, before any image is loaded, so the expensive

@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 
 use wisp_api::action::Action;
 use wisp_api::http::{self, HttpError, Request};
-use wisp_api::VM_ID_HEADER;
 
 use crate::access::{Access, Peer};
 use crate::daemon::{ActionError, Console, Daemon, Outcome};
@@ -232,7 +231,7 @@ impl From<io::Error> for Failure {
 /// answered with a stream that ended the connection.
 fn route(d: &Daemon, req: &Request, w: &mut UnixStream, keep: bool, arrived: Instant) -> Result<bool, Failure> {
     let action = Action::from_request(req)?;
-    let outcome = d.handle(action, arrived)?;
+    let outcome = d.handle(action, arrived, w)?;
     match outcome {
         Outcome::Version(v) => json(w, 200, &v, keep),
         Outcome::Vms(v) => json(w, 200, &v, keep),
@@ -244,11 +243,9 @@ fn route(d: &Daemon, req: &Request, w: &mut UnixStream, keep: bool, arrived: Ins
             http::write_response(w, 204, "application/json", b"", keep)?;
             Ok(true)
         }
-        Outcome::Attached(vm, console) => {
-            // The console in one response; the VM's id is in a header.
-            http::start_chunked_with(w, 201, "application/octet-stream", &[(VM_ID_HEADER, &vm.id)])?;
-            stream(w, console, keep)
-        }
+        // Its VMM process answers (the VM's id in a header, then the
+        // console until the VM ends) and closes the connection.
+        Outcome::HandedOver => Ok(false),
         Outcome::Logs(console) => {
             http::start_chunked(w, 200, "application/octet-stream")?;
             stream(w, console, keep)

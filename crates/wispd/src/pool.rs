@@ -5,9 +5,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 
-use wisp_api::{PoolInfo, PoolTarget};
+use wisp_api::{PoolImage, PoolInfo, PoolTarget};
 
 use crate::daemon::process::{SpawnError, Worker};
+use crate::images::CachedImage;
 
 /// Most memory sizes the pool keeps shells of.
 pub const MAX_SIZES: usize = 16;
@@ -28,10 +29,35 @@ pub enum PoolError {
 
 /// What makes and stops the pool's shells (the daemon).
 pub trait Shells: Send + Sync {
-    /// Spawn a VMM process with a prepared shell of `mem` bytes, ready.
-    fn spawn(&self, mem: u64) -> Result<Worker, SpawnError>;
+    /// Spawn a VMM process with a prepared shell of `mem` bytes, ready, and
+    /// with `image` loaded ahead if given.
+    fn spawn(&self, mem: u64, image: Option<&Arc<CachedImage>>) -> Result<Worker, SpawnError>;
+    /// Load `image` ahead into ready shell `w` (None: it failed and is gone).
+    fn preload(&self, w: Worker, image: &Arc<CachedImage>) -> Option<Worker>;
     /// Stop a shell that will not be used.
     fn discard(&self, w: Worker);
+}
+
+/// The pool's next piece of work.
+enum Job {
+    /// Prepare a shell of this size (with this image loaded ahead).
+    Spawn(u64, Option<Arc<CachedImage>>),
+    /// Load the size's likely image into this ready shell.
+    Preload(u64, Worker, Arc<CachedImage>),
+    /// Stop this ready shell: sealed to an image no longer likely (a new
+    /// one, with the likely image, takes its place).
+    Discard(Worker),
+}
+
+/// Whether `w` holds `image` loaded ahead.
+fn holds(w: &Worker, image: &Arc<CachedImage>) -> bool {
+    w.preloaded.as_ref().is_some_and(|p| Arc::ptr_eq(p, image))
+}
+
+/// Whether `w` can run only the image it holds: one that cannot fork (its
+/// VMM process narrowed itself for that image when it loaded it ahead).
+fn sealed(w: &Worker) -> bool {
+    w.preloaded.as_ref().is_some_and(|p| !p.image.forks())
 }
 
 /// Ready shells and how many of each size to keep.
@@ -49,6 +75,25 @@ struct PoolInner {
     stopping: bool,
     /// Shells being prepared right now (not yet in `ready`).
     in_flight: usize,
+    /// Creates under way ([`Pool::busy`]): a refill waits for them.
+    busy: usize,
+    /// Per size, the image last created with it: shells get it loaded ahead.
+    likely: HashMap<u64, Arc<CachedImage>>,
+}
+
+/// Longest a refill waits for creates under way to finish ([`Pool::busy`]):
+/// under a steady stream of creates the pool still refills.
+const REFILL_DEFER: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// A create under way (see [`Pool::busy`]); dropped when it is done.
+pub struct Busy<'a>(&'a Pool);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        let mut p = self.0.inner.lock().unwrap();
+        p.busy -= 1;
+        self.0.cv.notify_all();
+    }
 }
 
 impl Pool {
@@ -102,13 +147,42 @@ impl Pool {
     /// Targets and ready shells, as the API shows them.
     pub fn info(&self) -> PoolInfo {
         let conv = |v: Vec<(u64, u32)>| v.into_iter().map(|(mem, count)| PoolTarget { mem, count }).collect();
-        PoolInfo { target: conv(self.targets()), ready: conv(self.ready()) }
+        let mut loaded: Vec<PoolImage> = Vec::new();
+        for (mem, q) in &self.inner.lock().unwrap().ready {
+            for name in q.iter().filter_map(|w| w.preloaded.as_ref().map(|i| &i.image.name)) {
+                match loaded.iter_mut().find(|l| l.mem == *mem && l.image == *name) {
+                    Some(l) => l.count += 1,
+                    None => loaded.push(PoolImage { mem: *mem, image: name.clone(), count: 1 }),
+                }
+            }
+        }
+        loaded.sort_by(|a, b| (a.mem, &a.image).cmp(&(b.mem, &b.image)));
+        PoolInfo { target: conv(self.targets()), ready: conv(self.ready()), loaded }
     }
 
-    /// Take a ready shell of `mem` bytes, if there is one.
-    pub fn take(&self, mem: u64) -> Option<Worker> {
+    /// A create is under way until the guard drops: the refill of the
+    /// shell it takes waits (at most [`REFILL_DEFER`]), so that preparing a
+    /// shell (process creation, KVM, control groups: work that takes locks
+    /// in the kernel a create needs too) does not slow it down.
+    pub fn busy(&self) -> Busy<'_> {
+        self.inner.lock().unwrap().busy += 1;
+        Busy(self)
+    }
+
+    /// Take a ready shell of `mem` bytes for `image`, if there is one: one
+    /// that holds the image loaded ahead, else one that holds none, else
+    /// any. The image becomes the size's likely one (shells made from now
+    /// on get it loaded ahead).
+    pub fn take(&self, mem: u64, image: &Arc<CachedImage>) -> Option<Worker> {
         let mut p = self.inner.lock().unwrap();
-        let w = p.ready.get_mut(&mem).and_then(VecDeque::pop_front);
+        p.likely.insert(mem, image.clone());
+        let q = p.ready.get_mut(&mem)?;
+        let i = q
+            .iter()
+            .position(|w| holds(w, image))
+            .or_else(|| q.iter().position(|w| w.preloaded.is_none()))
+            .or_else(|| q.iter().position(|w| !sealed(w)));
+        let w = q.remove(i?);
         self.cv.notify_all();
         w
     }
@@ -127,51 +201,85 @@ impl Pool {
         p.ready.drain().flat_map(|(_, q)| q).collect()
     }
 
-    /// The refill loop: keep every size at its target. Runs on its own thread.
+    /// The refill loop: keep every size at its target. Runs on its own
+    /// thread, in the background (`SCHED_IDLE`, and so do the VMM processes
+    /// it starts until they are ready): a refill takes no CPU time from the
+    /// request that took a shell.
     pub fn refill_loop(self: Arc<Self>, shells: Arc<dyn Shells>) {
+        self.work_loop(shells)
+    }
+
+    /// The next job, waiting until there is one (None: stopping). A shell
+    /// to make comes first; then a ready shell that lacks its size's
+    /// likely image.
+    fn next_job(&self) -> Option<Job> {
+        let mut p = self.inner.lock().unwrap();
         loop {
-            let need = {
+            if p.stopping {
+                return None;
+            }
+            let need = p.target.iter().find(|(m, t)| p.ready.get(m).map_or(0, VecDeque::len) < **t as usize).map(|(m, _)| *m);
+            if let Some(m) = need {
+                p.in_flight += 1;
+                return Some(Job::Spawn(m, p.likely.get(&m).cloned()));
+            }
+            let likely: Vec<(u64, Arc<CachedImage>)> = p.likely.iter().map(|(m, i)| (*m, i.clone())).collect();
+            for (m, image) in likely {
+                let q = p.ready.get_mut(&m);
+                if let Some(w) = q.and_then(|q| q.iter().position(|w| !holds(w, &image)).and_then(|i| q.remove(i))) {
+                    if sealed(&w) {
+                        return Some(Job::Discard(w));
+                    }
+                    p.in_flight += 1;
+                    return Some(Job::Preload(m, w, image));
+                }
+            }
+            p = self.cv.wait(p).unwrap();
+        }
+    }
+
+    fn work_loop(self: Arc<Self>, shells: Arc<dyn Shells>) {
+        // Only if a shell made there can be brought back (CAP_SYS_NICE).
+        if !wisp_jail::priority::can_come_back() {
+            eprintln!("wispd: pool: shells are prepared at normal priority (leaving SCHED_IDLE needs CAP_SYS_NICE)");
+        } else if let Err(e) = wisp_jail::priority::background() {
+            eprintln!("wispd: pool: cannot prepare shells in the background: {e}");
+        }
+        while let Some(job) = self.next_job() {
+            // Creates under way first (see `busy`).
+            {
+                let deadline = std::time::Instant::now() + REFILL_DEFER;
                 let mut p = self.inner.lock().unwrap();
-                loop {
-                    if p.stopping {
-                        return;
+                while p.busy > 0 && !p.stopping {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        break;
                     }
-                    let need = p
-                        .target
-                        .iter()
-                        .find(|(m, t)| p.ready.get(m).map_or(0, VecDeque::len) < **t as usize)
-                        .map(|(m, _)| *m);
-                    match need {
-                        Some(m) => {
-                            p.in_flight += 1;
-                            break m;
-                        }
-                        None => p = self.cv.wait(p).unwrap(),
-                    }
+                    p = self.cv.wait_timeout(p, left).unwrap().0;
+                }
+            }
+            let (mem, made) = match job {
+                Job::Spawn(mem, image) => (mem, shells.spawn(mem, image.as_ref()).map(Some)),
+                Job::Preload(mem, w, image) => (mem, Ok(shells.preload(w, &image))),
+                Job::Discard(w) => {
+                    shells.discard(w);
+                    continue;
                 }
             };
-            let spawned = shells.spawn(need);
-            let done = |pool: &Pool| {
-                let mut p = pool.inner.lock().unwrap();
-                p.in_flight -= 1;
-                pool.cv.notify_all();
-            };
-            match spawned {
-                Ok(w) => {
-                    let mut p = self.inner.lock().unwrap();
-                    if p.stopping {
-                        drop(p);
-                        shells.discard(w);
-                        done(&self);
-                        return;
-                    }
-                    p.ready.entry(need).or_default().push_back(w);
-                    p.in_flight -= 1;
-                    self.cv.notify_all();
+            let mut p = self.inner.lock().unwrap();
+            p.in_flight -= 1;
+            self.cv.notify_all();
+            match made {
+                Ok(Some(w)) if p.stopping => {
+                    drop(p);
+                    shells.discard(w);
+                    return;
                 }
+                Ok(Some(w)) => p.ready.entry(mem).or_default().push_back(w),
+                Ok(None) => {}
                 Err(e) => {
-                    done(&self);
-                    eprintln!("wispd: pool: cannot prepare a {} MiB shell: {e}", need >> 20);
+                    drop(p);
+                    eprintln!("wispd: pool: cannot prepare a {} MiB shell: {e}", mem >> 20);
                     std::thread::sleep(std::time::Duration::from_secs(1));
                 }
             }
@@ -193,7 +301,7 @@ mod tests {
         assert!(p.set_targets(&[t(1, 1)]).unwrap_err().to_string().contains("memory too small"));
         // The targets before the bad one stay set, as they always did.
         assert_eq!(p.targets(), vec![(16 << 20, 2), (32 << 20, 1)]);
-        assert_eq!(p.info(), PoolInfo { target: vec![t(16 << 20, 2), t(32 << 20, 1)], ready: vec![] });
+        assert_eq!(p.info(), PoolInfo { target: vec![t(16 << 20, 2), t(32 << 20, 1)], ..Default::default() });
     }
 
     #[test]

@@ -25,6 +25,6 @@ pub use common::{
     MAX_HEADERS, MAX_HEADER_BYTES,
 };
 pub use server::{
-    end_chunked, read_request, read_request_with, start_chunked, start_chunked_with, write_chunk, write_error,
-    write_json, write_response, Request,
+    chunk_frame, chunked_head, end_chunked, read_request, read_request_with, start_chunked, start_chunked_with,
+    write_chunk, write_error, write_json, write_response, Request, LAST_CHUNK,
 };

@@ -238,29 +238,47 @@ pub fn start_chunked<W: Write>(w: &mut W, status: u16, content_type: &str) -> io
 /// [`start_chunked`] with extra response headers (names and values must be
 /// plain header tokens/text).
 pub fn start_chunked_with<W: Write>(w: &mut W, status: u16, content_type: &str, extra: &[(&str, &str)]) -> io::Result<()> {
+    w.write_all(&chunked_head(status, content_type, extra))?;
+    w.flush()
+}
+
+/// The head [`start_chunked_with`] writes, as bytes (for a writer elsewhere: the daemon hands an
+/// attached client's connection to the VMM process, which writes it).
+pub fn chunked_head(status: u16, content_type: &str, extra: &[(&str, &str)]) -> Vec<u8> {
     let mut out = response_head(status, content_type);
     for (k, v) in extra {
         out.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
     }
     out.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
-    w.write_all(&out)?;
-    w.flush()
+    out
 }
+
+/// One chunk's frame around `data` (empty for empty `data`: an empty chunk would end the body).
+pub fn chunk_frame(data: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    if !data.is_empty() {
+        out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+        out.extend_from_slice(data);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// What ends a chunked body.
+pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 
 /// Send one chunk and flush; empty `data` is a no-op (an empty chunk would end the body).
 pub fn write_chunk<W: Write>(w: &mut W, data: &[u8]) -> io::Result<()> {
     if data.is_empty() {
         return Ok(());
     }
-    let mut out = format!("{:x}\r\n", data.len()).into_bytes();
-    out.extend_from_slice(data);
-    out.extend_from_slice(b"\r\n");
+    let mut out = Vec::with_capacity(data.len() + 12);
+    chunk_frame(data, &mut out);
     w.write_all(&out)?;
     w.flush()
 }
 
 /// End a chunked body, and flush.
 pub fn end_chunked<W: Write>(w: &mut W) -> io::Result<()> {
-    w.write_all(b"0\r\n\r\n")?;
+    w.write_all(LAST_CHUNK)?;
     w.flush()
 }

@@ -47,7 +47,8 @@ impl Group {
 
     /// Move process `pid` into this group.
     pub fn put(&self, pid: u32) {
-        std::fs::write(self.file("cgroup.procs"), pid.to_string()).unwrap_or_else(|e| panic!("move {pid} into {}: {e}", self.dir.display()));
+        std::fs::write(self.file("cgroup.procs"), pid.to_string())
+            .unwrap_or_else(|e| panic!("move {pid} into {}: {e}", self.dir.display()));
     }
 }
 
@@ -84,7 +85,11 @@ pub fn groups_of(pid: u32) -> Vec<Group> {
                 return None;
             }
             let (mount, root, _, _) = mounts.iter().find(|(_, root, fstype, opts)| {
-                let kind = if v2 { fstype == "cgroup2" } else { fstype == "cgroup" && controllers.iter().all(|c| opts.contains(c)) };
+                let kind = if v2 {
+                    fstype == "cgroup2"
+                } else {
+                    fstype == "cgroup" && controllers.iter().all(|c| opts.contains(c))
+                };
                 kind && Path::new(&path).starts_with(root)
             })?;
             let rel = Path::new(&path).strip_prefix(root).ok()?;

@@ -95,12 +95,7 @@ pub fn wisp_limit(args: &[&str], limit: Duration) -> Run {
     let stderr = out_handle.1.join().unwrap();
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     let code = if libc::WIFEXITED(status) { Some(libc::WEXITSTATUS(status)) } else { None };
-    assert!(
-        code.is_some(),
-        "wisp {:?} died from signal {} (stderr: {stderr})",
-        args,
-        libc::WTERMSIG(status)
-    );
+    assert!(code.is_some(), "wisp {:?} died from signal {} (stderr: {stderr})", args, libc::WTERMSIG(status));
     Run { code, stdout, stderr, cpu: tv(ru.ru_utime) + tv(ru.ru_stime), wall }
 }
 
@@ -173,7 +168,8 @@ pub fn fds(pid: u32) -> Vec<(i32, String)> {
 pub fn assert_only_own_fds(pid: u32, extra: &[&dyn Fn(&str) -> bool]) {
     let all = fds(pid);
     let own = |t: &str| {
-        ["/dev/kvm", "anon_inode:kvm-vm", "anon_inode:kvm-vcpu:0", "anon_inode:[eventfd]"].contains(&t) || extra.iter().any(|f| f(t))
+        ["/dev/kvm", "anon_inode:kvm-vm", "anon_inode:kvm-vcpu:0", "anon_inode:[eventfd]"].contains(&t)
+            || extra.iter().any(|f| f(t))
     };
     let foreign: Vec<_> = all.iter().filter(|(n, t)| *n > 2 && !own(t)).collect();
     assert!(foreign.is_empty(), "process {pid} holds descriptors that are not its own: {foreign:?} (all: {all:?})");

@@ -132,10 +132,26 @@ impl Shell {
                 ram_size >> 20
             )));
         }
-        for s in &image.segments {
-            load_segment(&self.ram, image, s)?;
-        }
-        let user = arch::map_image(&self.ram, image)?;
+        // The image the shell holds already (same bytes), or a new one.
+        let held = match self.preloaded.take() {
+            Some(p) if Arc::ptr_eq(&p.image.bytes, &image.bytes) => Some(p.user),
+            Some(p) => {
+                self.preloaded = Some(p);
+                self.forget_preload()?;
+                None
+            }
+            None => None,
+        };
+        let preloaded = held.is_some();
+        let user = match held {
+            Some(user) => user,
+            None => {
+                for s in &image.segments {
+                    load_segment(&self.ram, image, s)?;
+                }
+                arch::map_image(&self.ram, image)?
+            }
+        };
         self.stats.phase("image_load", t);
 
         let t = Instant::now();
@@ -158,14 +174,19 @@ impl Shell {
         self.vcpu
             .set_regs(&arch::initial_regs(image.entry))
             .map_err(|e| Error::Kvm("set registers", e.into()))?;
-        if self.warmed {
-            // Reloading CR3 flushes the warm-up's translations.
+        if self.warmed && !preloaded {
+            // Reloading CR3 flushes the warm-up's translations (a preloaded
+            // image's are the ones wanted).
             let mut sregs = self.vcpu.get_sregs().map_err(|e| Error::Kvm("get sregs", e.into()))?;
             arch::set_sregs(&mut sregs);
             self.vcpu.set_sregs(&sregs).map_err(|e| Error::Kvm("set sregs", e.into()))?;
         }
         self.stats.phase("boot_info", t);
-        let family = Family::new_root(FamilyOptions::default()).map_err(|e| Error::Host("family region", e))?;
+        // A family made ahead with a preloaded image, else now.
+        let family = match self.family.take() {
+            Some(f) => f,
+            None => Family::new_root(FamilyOptions::default()).map_err(|e| Error::Host("family region", e))?,
+        };
         let control = Arc::new(Control::new(family.bell_ref()));
         devices.activate(&self.ram, &control, &self.vm)?;
         Ok(Vm { devices, shell: self, features, user, boot, control, family, forked: false,
@@ -185,7 +206,7 @@ impl Shell {
 }
 
 /// The image's declared features, if this monitor has them all.
-fn check_features(image: &Image) -> Result<u64> {
+pub(crate) fn check_features(image: &Image) -> Result<u64> {
     let wanted = image.manifest.feature_bits();
     match wanted & !FEATURES {
         0 => Ok(wanted),
@@ -199,7 +220,7 @@ fn check_features(image: &Image) -> Result<u64> {
 /// Put one segment's file bytes into guest RAM: whole pages copy-on-write
 /// from the image's descriptor when it has one and the layout allows,
 /// partial pages (and everything else) copied.
-fn load_segment(ram: &crate::memory::GuestRam, image: &Image, s: &crate::image::Segment) -> Result<()> {
+pub(crate) fn load_segment(ram: &crate::memory::GuestRam, image: &Image, s: &crate::image::Segment) -> Result<()> {
     use std::os::fd::AsFd;
     use wisp_abi::layout::{align_up, PAGE_SIZE};
     let data = image.file_bytes(s);

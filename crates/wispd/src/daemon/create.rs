@@ -9,13 +9,13 @@ use std::io::{self, BufReader, Read};
 use std::net::Ipv4Addr;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wisp_api::{CreateVm, VmInfo, VmState};
+use wisp_api::{http, BootTrace, CreateVm, VmInfo, VmState, VM_ID_HEADER};
 use wisp_vmm::{check_mem_size, DEFAULT_MEM};
 use wisp_vmm_process::proto::{self, Reply, Request};
 
-use super::console::Console;
 use super::error::ActionError;
 use super::process::Worker;
 use super::quota;
@@ -89,15 +89,18 @@ impl Drop for Rollback<'_> {
 
 impl Daemon {
     /// Create and start a VM.
-    pub(super) fn create(&self, req: CreateVm) -> Result<VmInfo, ActionError> {
-        self.create_inner(req, false).map(|(info, _)| info)
+    pub(super) fn create(&self, req: CreateVm, arrived: Instant) -> Result<VmInfo, ActionError> {
+        self.create_inner(req, Attach::No, arrived).map(|(info, _)| info)
     }
 
-    /// Create and start a VM and return its console stream (until it ends)
-    /// along with it: one round trip from request to first output.
-    pub(super) fn create_attached(&self, req: CreateVm) -> Result<(VmInfo, Console), ActionError> {
-        let (info, stream) = self.create_inner(req, true)?;
-        Ok((info, Console::Live(stream.expect("attached start returns its stream"))))
+    /// Create and start a VM whose console streams to the API client on
+    /// `client`, its own connection, handed to the VMM process: that
+    /// process writes the response (`head`, made here once the VM has its
+    /// id, then the console as HTTP chunks until the VM ends) with no hop
+    /// through the daemon. On an error nothing has been written to
+    /// `client`: the caller answers it.
+    pub(super) fn create_handed_over(&self, req: CreateVm, arrived: Instant, client: &UnixStream) -> Result<VmInfo, ActionError> {
+        self.create_inner(req, Attach::Client(client), arrived).map(|(info, _)| info)
     }
 
     /// Create and start a VM and answer once its console has printed its
@@ -109,7 +112,9 @@ impl Daemon {
     /// [`FIRST_LINE_DEADLINE`] after `arrived` passes; the stream is then
     /// closed, which the VMM process takes as a reader gone.
     pub(super) fn create_wait_line(&self, req: CreateVm, arrived: Instant) -> Result<VmInfo, ActionError> {
-        let (info, stream) = self.create_inner(req, true)?;
+        // The pool's refill waits for the first line too.
+        let _busy = self.pool.busy();
+        let (info, stream) = self.create_inner(req, Attach::Daemon, arrived)?;
         let mut stream = stream.expect("attached start returns its stream");
         let line_at = match first_line(&mut stream, arrived + FIRST_LINE_DEADLINE) {
             Ok(at) => at,
@@ -136,7 +141,7 @@ impl Daemon {
         }
     }
 
-    fn create_inner(&self, req: CreateVm, attach: bool) -> Result<(VmInfo, Option<BufReader<UnixStream>>), ActionError> {
+    fn create_inner(&self, req: CreateVm, attach: Attach<'_>, arrived: Instant) -> Result<(VmInfo, Option<BufReader<UnixStream>>), ActionError> {
         let mem = check_mem_size(req.mem.unwrap_or(DEFAULT_MEM)).map_err(ActionError::BadMemory)?;
         if let Some(n) = &req.name {
             if !valid_name(n) {
@@ -149,6 +154,9 @@ impl Daemon {
         if self.cgroups.is_none() && (req.memory.is_some() || req.cpus.is_some()) {
             return Err(ActionError::NoCgroups);
         }
+        // Until the VM runs (a client's, until its first output) the pool's
+        // refill waits.
+        let _busy = self.pool.busy();
         let path = images::resolve(&self.cfg.image_dirs, &req.image)?;
         let image = self.images.get(&path)?;
         let mut undo = Rollback::new(self);
@@ -159,7 +167,7 @@ impl Daemon {
             self.vms.lock().reserve_name(n)?;
             undo.name = Some(n.clone());
         }
-        let worker = match self.pool.take(mem) {
+        let worker = match self.pool.take(mem, &image) {
             Some(w) => w,
             None => self.spawn_worker(mem).map_err(ActionError::Prepare)?,
         };
@@ -185,6 +193,8 @@ impl Daemon {
             None => Vec::new(),
         };
         let worker = undo.worker.take().expect("held above");
+        // The shell holds this very image loaded ahead: no descriptor, no load.
+        let preloaded = worker.preloaded.as_ref().is_some_and(|p| Arc::ptr_eq(p, &image));
         let info = VmInfo {
             ports: req.ports.clone(),
             net_peers: req.net_peers,
@@ -200,12 +210,13 @@ impl Daemon {
             exit: None,
             boot_us: None,
             first_line_us: None,
+            boot_trace: None,
             parent: None,
             family: None,
             limits: self.cgroups.as_ref().map(|_| quota::shown(&limits, req.family_limit)),
         };
         let dir = worker.dir.clone();
-        self.insert(info.clone(), dir.clone(), worker.child);
+        self.insert(info.clone(), worker);
         undo.tabled(&info.id);
         if let Some(e) = self.vms.lock().by_id.get_mut(&info.id) {
             e.forwards = forwards;
@@ -219,22 +230,36 @@ impl Daemon {
             None,
         )
         .ok();
+        let client_head = match attach {
+            Attach::Client(_) => {
+                let extra = [(VM_ID_HEADER, info.id.as_str()), ("Connection", "close")];
+                Some(String::from_utf8_lossy(&http::chunked_head(201, "application/octet-stream", &extra)).into_owned())
+            }
+            _ => None,
+        };
         let start = Request::Start {
             image_name: image.image.name.clone(),
+            preloaded,
             args: req.args,
             timeout_ms: req.timeout_ms,
-            attach,
+            attach: matches!(attach, Attach::Daemon),
             net: spec,
             uplink: uplink.is_some(),
             family_limit: req.family_limit,
+            client_head,
         };
-        let mut fds = vec![&image.memfd];
-        fds.extend(tap.as_ref());
+        let mut fds: Vec<_> = (!preloaded).then(|| image.memfd.as_fd()).into_iter().collect();
+        fds.extend(tap.as_ref().map(|t| t.as_fd()));
         if let Some((mine, theirs)) = &uplink {
-            fds.push(theirs);
+            fds.push(theirs.as_fd());
             self.watch_uplink(&info.id, mine.as_fd());
         }
+        if let Attach::Client(c) = attach {
+            fds.push(c.as_fd());
+        }
         // Record the VM while its VMM process loads the image.
+        let sent_ns = wisp_vmm_process::monotonic_ns();
+        let arrived_ns = sent_ns.saturating_sub(arrived.elapsed().as_nanos() as u64);
         let sent = proto::send(&dir.join("ctl.sock"), &start, &fds, Some(Duration::from_secs(10)));
         // The VMM process holds the tap now: it disappears when that process ends.
         drop(tap);
@@ -246,22 +271,66 @@ impl Daemon {
         // The record lives where VMM processes cannot write (`record`).
         self.save(&info.id).map_err(ActionError::Record)?;
         let (reply, stream) = sent.and_then(proto::read_reply).map_err(ActionError::Vmm)?;
-        let Reply { ok: true, boot_us, .. } = reply else {
+        let Reply { ok: true, boot_us, received_ns, entered_ns, preloaded: held, .. } = reply else {
             return Err(ActionError::StartRefused(reply.error.unwrap_or_else(|| "start failed".into())));
         };
         undo.commit();
-        let stream = attach.then(|| {
+        // The VMM process's clock readings are its word: shown, never used.
+        let boot_trace = received_ns.zip(entered_ns).map(|(received_ns, entered_ns)| BootTrace {
+            arrived_ns,
+            sent_ns,
+            received_ns,
+            entered_ns,
+            first_output_ns: None,
+            preloaded: held,
+        });
+        self.set_boot(&info.id, boot_us, boot_trace);
+        // A client's start: the VMM process says when the first output went
+        // out; until then (or a short while) the pool's refill waits.
+        let mut stream = stream;
+        if let Attach::Client(_) = attach {
+            let _ = stream.get_ref().set_read_timeout(Some(FIRST_OUTPUT_WAIT));
+            if let Some(at) = proto::read_reply_line(&mut stream).ok().and_then(|r| r.first_output_ns) {
+                let trace = boot_trace.map(|t| BootTrace { first_output_ns: Some(at), ..t });
+                self.set_boot(&info.id, boot_us, trace);
+            }
+        }
+        drop(_busy);
+        let stream = matches!(attach, Attach::Daemon).then(|| {
             let _ = stream.get_ref().set_read_timeout(None);
             stream
         });
-        let mut t = self.vms.lock();
-        if let Some(e) = t.by_id.get_mut(&info.id) {
-            e.info.boot_us = boot_us;
+        if let Some(e) = self.vms.lock().by_id.get(&info.id) {
             return Ok((e.info.clone(), stream));
         }
         Ok((info, stream))
     }
 }
+
+impl Daemon {
+    /// Record VM `id`'s execute phase and trace (if it is still listed).
+    fn set_boot(&self, id: &str, boot_us: Option<u64>, trace: Option<BootTrace>) {
+        if let Some(e) = self.vms.lock().by_id.get_mut(id) {
+            e.info.boot_us = boot_us;
+            e.info.boot_trace = trace;
+        }
+    }
+}
+
+/// Where a start's console goes.
+#[derive(Clone, Copy)]
+enum Attach<'a> {
+    /// Nowhere (the ring only: `logs`).
+    No,
+    /// To the daemon, on the start's own connection.
+    Daemon,
+    /// To the API client's connection, handed to the VMM process.
+    Client(&'a UnixStream),
+}
+
+/// Longest a client's create waits to hear of the first output (keeping
+/// the pool's refill back meanwhile).
+const FIRST_OUTPUT_WAIT: Duration = Duration::from_millis(20);
 
 /// Longest a create with `wait_line` waits for the guest's first console
 /// line, from the request's arrival.

@@ -250,6 +250,7 @@ impl Daemon {
                 exit: None,
                 boot_us: None,
                 first_line_us: None,
+                boot_trace: None,
                 ip: None,
                 ports: Vec::new(),
                 // The NIC stays with the parent: a forked VM has none.

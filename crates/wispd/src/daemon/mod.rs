@@ -24,6 +24,7 @@
 use std::fs;
 use std::io;
 use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -33,7 +34,7 @@ use wisp_api::action::Action;
 use wisp_api::{ExitInfo, PoolInfo, Version, VmInfo};
 
 use crate::cgroup::{CgroupError, Cgroups};
-use crate::images::ImageCache;
+use crate::images::{CachedImage, ImageCache};
 use crate::pool::{Pool, PoolError, Shells};
 
 mod adopt;
@@ -89,8 +90,9 @@ pub enum Outcome {
     Vms(Vec<VmInfo>),
     /// A VM just created.
     Created(VmInfo),
-    /// A VM just created, and its console until it ends.
-    Attached(VmInfo, Console),
+    /// A VM just created whose VMM process now answers the client (on
+    /// its connection, handed over): the connection is used up.
+    HandedOver,
     /// A VM (as it is after the action).
     Vm(VmInfo),
     /// How a VM ended.
@@ -192,18 +194,18 @@ impl Daemon {
     }
 
     /// Execute one action, whose request arrived at `arrived`.
-    pub fn handle(&self, action: Action, arrived: Instant) -> Result<Outcome, ActionError> {
+    pub fn handle(&self, action: Action, arrived: Instant, client: &UnixStream) -> Result<Outcome, ActionError> {
         Ok(match action {
             Action::Version => {
                 Outcome::Version(Version { version: env!("CARGO_PKG_VERSION").into(), abi: wisp_abi::ABI_VERSION })
             }
             Action::ListVms => Outcome::Vms(self.vms.lock().list()),
-            Action::CreateVm { vm, attach: false, wait_line: false } => Outcome::Created(self.create(vm)?),
+            Action::CreateVm { vm, attach: false, wait_line: false } => Outcome::Created(self.create(vm, arrived)?),
             Action::CreateVm { vm, attach: false, wait_line: true } => Outcome::Created(self.create_wait_line(vm, arrived)?),
             Action::CreateVm { vm, attach: true, .. } => {
-                let (info, console) = self.create_attached(vm)?;
-                Outcome::Attached(info, console)
-            }
+                self.create_handed_over(vm, arrived, client)?;
+                Outcome::HandedOver
+            },
             Action::GetVm(vm) => Outcome::Vm(self.get(&vm)?),
             Action::PauseVm(vm) => Outcome::Vm(self.pause(&vm, true)?),
             Action::ResumeVm(vm) => Outcome::Vm(self.pause(&vm, false)?),
@@ -307,8 +309,27 @@ impl Daemon {
 }
 
 impl Shells for Daemon {
-    fn spawn(&self, mem: u64) -> Result<Worker, SpawnError> {
-        self.spawn_worker(mem)
+    fn spawn(&self, mem: u64, image: Option<&Arc<CachedImage>>) -> Result<Worker, SpawnError> {
+        let mut w = self.spawn_worker(mem)?;
+        // Still in the background (the refill's priority): the preload too.
+        match image.map_or(Ok(()), |i| process::preload(&mut w, i)).and_then(|()| process::to_foreground(&w)) {
+            Ok(()) => Ok(w),
+            Err(e) => {
+                self.discard_worker(w);
+                Err(e)
+            }
+        }
+    }
+
+    fn preload(&self, mut w: Worker, image: &Arc<CachedImage>) -> Option<Worker> {
+        match process::preload(&mut w, image) {
+            Ok(()) => Some(w),
+            Err(e) => {
+                eprintln!("wispd: pool: {e}");
+                self.discard_worker(w);
+                None
+            }
+        }
     }
 
     fn discard(&self, w: Worker) {

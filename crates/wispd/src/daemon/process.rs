@@ -15,6 +15,7 @@ use std::io::{self, BufRead, BufReader, Read};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustix::io::Errno;
@@ -28,6 +29,7 @@ use crate::pidns::PidNs;
 use super::uids::{UidError, Uids, UID_BASE, UID_COUNT};
 use crate::cgroup::{CgroupError, Cgroups, Limits};
 use crate::fsutil::read_capped;
+use crate::images::CachedImage;
 
 /// A VMM process (pooled or holding a VM).
 pub struct Worker {
@@ -39,6 +41,12 @@ pub struct Worker {
     pub dir: PathBuf,
     /// Set if this daemon spawned it (to reap it).
     pub child: Option<Child>,
+    /// A pidfd on it and its pid in its own PID namespace, taken when it
+    /// got ready (off a request's path).
+    pub pidfd: Option<OwnedFd>,
+    pub ns_pid: Option<u32>,
+    /// The image its shell holds loaded ahead (`Request::Preload`).
+    pub preloaded: Option<Arc<CachedImage>>,
 }
 
 /// Why a VM directory could not be made.
@@ -128,7 +136,13 @@ pub fn spawn(vms_dir: &Path, records: &Records, uids: &Uids, pidns: Option<&PidN
         };
         groups
             .and_then(|groups| start(&id, &dir, records, uid, pidns, mem, &groups))
-            .map(|child| Worker { id: id.clone(), pid: child.id(), dir: dir.clone(), child: Some(child) })
+            .map(|child| {
+                // Our own child, not reaped yet: the pid cannot have been reused.
+                let pid = child.id();
+                let pidfd = Pid::from_raw(pid as i32).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
+                let ns_pid = crate::procfs::ns_pid(pid);
+                Worker { id: id.clone(), pid, dir: dir.clone(), child: Some(child), pidfd, ns_pid, preloaded: None }
+            })
             .inspect_err(|_| {
                 records.forget(&id);
                 let _ = fs::remove_dir_all(&dir);
@@ -187,6 +201,31 @@ fn start(id: &str, dir: &Path, records: &Records, uid: u32, pidns: Option<&PidNs
         return fail(&mut child, e.into());
     }
     Ok(child)
+}
+
+/// Make prepared VMM process `w` (see [`spawn`]) a normal process again
+/// if it was prepared in the background (the pool's refill thread runs
+/// there: `wisp_jail::priority`).
+pub fn to_foreground(w: &Worker) -> Result<(), SpawnError> {
+    if !wisp_jail::priority::in_background() {
+        return Ok(());
+    }
+    wisp_jail::priority::foreground_process(w.pid)
+        .map_err(|e| SpawnError::NotReady(format!("cannot bring it out of the background: {e}")))
+}
+
+/// Have pooled VMM process `w` load `image` ahead of a start (see
+/// `wisp_vmm_process::proto::Request::Preload`). A shell that fails to is
+/// of no use (its process has ended): the caller discards it.
+pub fn preload(w: &mut Worker, image: &Arc<CachedImage>) -> Result<(), SpawnError> {
+    let req = Request::Preload { image_name: image.image.name.clone() };
+    let (reply, _) = proto::call(&w.dir.join("ctl.sock"), &req, Some(&image.memfd), Some(Duration::from_secs(10)))
+        .map_err(|e| SpawnError::NotReady(format!("preload: {e}")))?;
+    if !reply.ok {
+        return Err(SpawnError::NotReady(format!("preload: {}", reply.error.unwrap_or_default())));
+    }
+    w.preloaded = Some(image.clone());
+    Ok(())
 }
 
 /// Stop an unused VMM process (asked first, then killed) and reap it. Its

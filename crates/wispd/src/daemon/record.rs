@@ -210,6 +210,7 @@ mod tests {
             exit: None,
             boot_us: None,
             first_line_us: None,
+            boot_trace: None,
             ip: Some("10.99.0.2".into()),
             ports: vec![PortMap { host: 8080, vm: 80, addr: None }],
             net_peers: false,

@@ -198,6 +198,7 @@ pub(crate) mod tests {
             exit: None,
             boot_us: None,
             first_line_us: None,
+            boot_trace: None,
             ip: None,
             ports: vec![],
             net_peers: false,

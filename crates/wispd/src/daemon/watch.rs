@@ -11,11 +11,10 @@ use std::process::Child;
 use std::sync::Arc;
 
 use rustix::event::epoll;
-use rustix::process::{pidfd_open, Pid, PidfdFlags};
 use wisp_api::{ExitInfo, VmInfo, VmState};
 
 use super::family::ForkQueue;
-use super::process::{kill_fd, read_exit};
+use super::process::{kill_fd, read_exit, Worker};
 use super::table::Entry;
 use super::Daemon;
 
@@ -28,24 +27,28 @@ fn token(id: &str) -> u64 {
 }
 
 impl Daemon {
-    /// Record a VM held by this daemon's child `child` and watch it (a
-    /// process already gone, or none, is recorded as exited at once).
-    pub(super) fn insert(&self, info: VmInfo, dir: PathBuf, child: Option<Child>) {
-        // Our own child, not reaped yet: the pid cannot have been reused.
-        let pidfd = child.as_ref().and_then(|c| Pid::from_raw(c.id() as i32)).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
-        self.insert_watched(info, dir, child, pidfd)
+    /// Record a VM held by `worker`, a VMM process this daemon spawned, and
+    /// watch it (a process already gone, or none, is recorded as exited at
+    /// once).
+    pub(super) fn insert(&self, info: VmInfo, worker: Worker) {
+        let ns_pid = worker.pidfd.as_ref().and(worker.ns_pid);
+        self.insert_with(info, worker.dir, worker.child, worker.pidfd, ns_pid)
     }
 
     /// Record a VM whose VMM process `pidfd` refers to (checked to be its
     /// VMM process by the caller; none if it is gone, and then the VM is
     /// recorded as exited at once) and watch it.
     pub(super) fn insert_watched(&self, info: VmInfo, dir: PathBuf, child: Option<Child>, pidfd: Option<OwnedFd>) {
+        let ns_pid = pidfd.as_ref().and_then(|_| crate::procfs::ns_pid(info.pid));
+        self.insert_with(info, dir, child, pidfd, ns_pid)
+    }
+
+    fn insert_with(&self, info: VmInfo, dir: PathBuf, child: Option<Child>, pidfd: Option<OwnedFd>, ns_pid: Option<u32>) {
         if let Some(fd) = &pidfd {
             let _ = epoll::add(&self.epoll, fd.as_fd(), epoll::EventData::new_u64(token(&info.id)), epoll::EventFlags::IN);
         }
         let gone = pidfd.is_none() && info.exit.is_none();
         let id = info.id.clone();
-        let ns_pid = pidfd.as_ref().and_then(|_| crate::procfs::ns_pid(info.pid));
         let mut e = Entry::new(info, dir, child, pidfd);
         e.ns_pid = ns_pid;
         self.vms.lock().insert(e);

@@ -1,0 +1,111 @@
+//! The warm path on real KVM: the pool's shells hold the image last asked
+//! for loaded ahead (and a create of it loads nothing), a shell holding
+//! another image still runs any image correctly, and an attached create is
+//! answered by the VMM process on the client's own connection (errors
+//! before that by the daemon).
+
+mod common;
+
+use common::daemon::Daemon;
+use common::eventually;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use wisp_api::client::{ApiError, Client};
+use wisp_api::{BootTrace, CreateVm, PoolImage, VmInfo};
+
+const MEM: u64 = 16 << 20;
+const TEN: Duration = Duration::from_secs(10);
+
+/// Create `image` attached; its console and the VM as the daemon lists it.
+fn run(c: &mut Client, image: &str, args: &[&str]) -> (String, VmInfo) {
+    let req =
+        CreateVm { image: image.into(), args: args.iter().map(|s| s.to_string()).collect(), ..Default::default() };
+    let mut out = Vec::new();
+    let id = c.create_attached(&req, &mut |d| {
+        out.extend_from_slice(d);
+        true
+    });
+    let id = id.unwrap_or_else(|e| panic!("create {image}: {e}"));
+    (String::from_utf8_lossy(&out).into_owned(), c.get(&id).unwrap())
+}
+
+/// VM `id`'s boot trace once it is complete. The daemon records it as the
+/// VMM process answers, which may be after the client has read the whole
+/// console (the VMM process writes to the client itself): poll.
+fn trace(d: &Daemon, id: &str) -> BootTrace {
+    let mut c = d.client();
+    let what = || format!("no complete trace in {:?}", d.client().get(id));
+    eventually(TEN, what, || c.get(id).ok()?.boot_trace.filter(|t| t.first_output_ns.is_some()))
+}
+
+/// Wait until the pool's ready shells all hold `image` loaded ahead.
+fn all_loaded(d: &Daemon, image: &str, count: u32) {
+    let want = vec![PoolImage { mem: MEM, image: image.into(), count }];
+    let mut c = d.client();
+    let what = || format!("the pool is not all {image}: {:?}", d.client().pool());
+    eventually(TEN, what, || (c.pool().ok()?.loaded == want).then_some(()));
+}
+
+#[test]
+fn the_pool_loads_the_likely_image_ahead_and_any_image_still_runs() {
+    let d = Daemon::start("warm-preload", &["--pool", "16M=2"]);
+    let mut c = d.client();
+    // The first hello finds plain shells; from then on the pool holds hello.
+    let (out, vm) = run(&mut c, "hello", &["one"]);
+    assert!(out.starts_with("Hello from wisp! args: [\"one\"]"), "{out}");
+    assert!(!trace(&d, &vm.id).preloaded);
+    all_loaded(&d, "hello", 2);
+    let (out, vm) = run(&mut c, "hello", &["two"]);
+    assert!(out.starts_with("Hello from wisp! args: [\"two\"]"), "{out}");
+    let t = trace(&d, &vm.id);
+    assert!(t.preloaded, "{t:?}");
+    let first = t.first_output_ns.unwrap();
+    assert!(t.arrived_ns <= t.sent_ns && t.sent_ns <= t.received_ns && t.received_ns <= t.entered_ns, "{t:?}");
+    assert!(t.entered_ns <= first, "{t:?}");
+    // Another image (noop cannot fork: the hello shells are sealed to
+    // hello) is started in a new shell, and becomes the likely one.
+    let (out, vm) = run(&mut c, "noop", &[]);
+    assert_eq!(out, "");
+    assert_eq!(c.wait(&vm.id).unwrap().code, 0);
+    all_loaded(&d, "noop", 2);
+    // A forking image's shells are not sealed: hello runs in one of them,
+    // cleared of the image it held and on a new KVM VM.
+    let (out, _) = run(&mut c, "family", &["usage"]);
+    assert!(out.contains("usage: family MODE"), "{out}");
+    all_loaded(&d, "family", 2);
+    let (out, vm) = run(&mut c, "hello", &["three"]);
+    assert!(out.starts_with("Hello from wisp! args: [\"three\"]"), "{out}");
+    assert!(!trace(&d, &vm.id).preloaded);
+    assert_eq!(c.wait(&vm.id).unwrap().code, 0);
+}
+
+#[test]
+fn an_attached_create_is_answered_by_the_vmm_process_and_refusals_by_the_daemon() {
+    let d = Daemon::start("warm-attach", &["--pool", "16M=1"]);
+    // Raw HTTP: the head says the connection closes after the console,
+    // which ends with the last chunk.
+    let mut s = UnixStream::connect(&d.socket).unwrap();
+    s.set_read_timeout(Some(TEN)).unwrap();
+    let body = r#"{"image":"hello","args":["raw"]}"#;
+    write!(s, "POST /v1/vms?attach=true HTTP/1.1\r\nHost: wisp\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+        .unwrap();
+    let mut all = String::new();
+    s.read_to_string(&mut all).unwrap();
+    let (head, rest) = all.split_once("\r\n\r\n").expect("a head");
+    assert!(head.starts_with("HTTP/1.1 201"), "{head}");
+    assert!(head.contains("Connection: close") && head.contains("Transfer-Encoding: chunked"), "{head}");
+    assert!(head.to_ascii_lowercase().contains("x-wisp-vm-id: "), "{head}");
+    assert!(rest.contains("Hello from wisp! args: [\"raw\"]\n") && rest.ends_with("0\r\n\r\n"), "{rest:?}");
+    // A start the VMM process refuses (daytime needs a NIC) is answered
+    // by the daemon on the connection it handed over, with the reason.
+    let mut c = d.client();
+    let req = CreateVm { image: "daytime".into(), ..Default::default() };
+    let r = c.create_attached(&req, &mut |_| true);
+    assert!(matches!(r, Err(ApiError::Status(400, ref m)) if m.contains("needs a net device")), "{r:?}");
+    assert!(c.list().unwrap().iter().all(|v| v.image != "daytime"), "rolled back");
+    // And the same client goes on (a new connection after the closed one).
+    let (out, _) = run(&mut c, "hello", &["again"]);
+    assert!(out.starts_with("Hello from wisp! args: [\"again\"]"), "{out}");
+}
