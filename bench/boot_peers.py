@@ -14,7 +14,7 @@ import statistics
 import tempfile
 import time
 
-from common import (BENCH, BUILD, ROOT, Skip, _stale, cpio_newc, host_tsc_khz, log, spawntime,
+from common import (BENCH, BUILD, ROOT, TOOLS, Skip, _stale, cc, cpio_newc, host_tsc_khz, log, spawntime,
                     summary, version_key)
 
 LINUX_MARKER = "WISP_BENCH_LINUX_BOOTED"
@@ -154,12 +154,15 @@ class ApiRun:
 
 class WispWarm(Peer):
     """The toolstack's warm path: a running wispd with a pool of prepared
-    shells; each run is POST /v1/vms?attach=true for `hello` until its first
-    console line arrives at the client. Before each run the pool is allowed
-    to refill, so every request takes a prepared shell (the execute phase
-    only)."""
+    shells; each run is POST /v1/vms?attach=true for `hello`, sent by a C
+    client (bench/tools/warmtime.c) on an open connection, until the
+    guest's first console line arrives at that client. Before each run the
+    pool is allowed to refill, so every request takes a prepared shell (the
+    execute phase only; the pool's shells hold `hello` loaded ahead once it
+    has been asked for: the warm-up runs)."""
     name = "wisp_warm"
-    description = "wispd API request -> guest's first console line (hello), shell from the pool"
+    description = ("wispd API request on an open connection -> guest's first console line at the client (hello), "
+                   "shell from the pool; C client (bench/tools/warmtime.c)")
     pool = 8
     prepared = True
 
@@ -171,67 +174,82 @@ class WispWarm(Peer):
             raise Skip("wispd not found next to %s" % ctx.wisp)
 
     def command_str(self, ctx):
-        return "POST /v1/vms?attach=true {\"image\": \"hello\"} (first line)"
+        return "warmtime SOCKET '{\"image\": \"hello\"}' (POST /v1/vms?attach=true, until the first line)"
 
     def measure(self, ctx, runs, warmup, outdir):
         sys.path.insert(0, BENCH)
         import wispapi
+        client = cc(os.path.join(TOOLS, "warmtime.c"), os.path.join(BUILD, "warmtime"))
         pool = "16M=%d" % (self.pool if self.prepared else 0)
         d = wispapi.Daemon(self.wispd(ctx), os.path.join(ROOT, "build", "images"), pool=pool)
         try:
-            api, ctl = d.api(), d.api()
-            out = []
+            ctl = d.api()
+            out, traces = [], []
             for i in range(warmup + runs):
                 if self.prepared:
                     d.wait_pool(ctl, self.pool)
                 time.sleep(0.01)  # let the previous VM's teardown finish
-                ns, vm = wispapi.boot_to_first_line(api, {"image": "hello"})
+                r = subprocess.run([client, d.socket, json.dumps({"image": "hello"})], capture_output=True,
+                                   text=True, timeout=self.timeout_s)
+                f = r.stdout.split()
+                if r.returncode != 0 or len(f) != 4:
+                    raise RuntimeError("warmtime: %s %s" % (r.stdout.strip(), r.stderr.strip()))
+                start, line, vm = int(f[0]), int(f[1]), f[3]
+                # The daemon records the trace as the VMM process answers it,
+                # which may be just after the client read the console.
+                deadline = time.time() + 1
+                while True:
+                    _, info = ctl.call("GET", "/v1/vms/%s" % vm)
+                    if (info or {}).get("boot_trace", {}).get("first_output_ns") or time.time() > deadline:
+                        break
+                    time.sleep(0.001)
                 ctl.call("DELETE", "/v1/vms/%s?force=true" % vm)
                 if i >= warmup:
-                    out.append(ApiRun(ns))
-            if self.prepared:
-                self.hops = self.measure_hops(d, api, ctl, wispapi, min(runs, 50))
+                    out.append(ApiRun(line - start))
+                    if info and info.get("boot_trace"):
+                        traces.append((start, line, info["boot_trace"]))
+            self.hops = hops(traces) if self.prepared else None
             return out
         finally:
             d.stop()
 
-    def measure_hops(self, d, api, ctl, wispapi, n):
-        """The warm path by hop: the same request with `wait_line=true`
-        answers with the daemon's own clock (request arrival -> first line
-        reaching it, `first_line_us`) and the VMM process's (its execute
-        phase, `boot_us`); the client's clock gives the whole."""
-        rows = []
-        for _ in range(n):
-            d.wait_pool(ctl, self.pool)
-            time.sleep(0.01)
-            t0 = wispapi.now_ns()
-            status, vm = api.call("POST", "/v1/vms?wait_line=true", {"image": "hello"})
-            t1 = wispapi.now_ns()
-            if status == 201 and vm.get("first_line_us") is not None and vm.get("boot_us") is not None:
-                rows.append(((t1 - t0) / 1e3, vm["first_line_us"], vm["boot_us"]))
-                ctl.call("DELETE", "/v1/vms/%s?force=true" % vm["id"])
-        if not rows:
-            return None
-        med = lambda xs: round(statistics.median(xs), 1)  # noqa: E731
-        return {
-            "runs": len(rows),
-            "what": "medians (µs) of POST /v1/vms?wait_line=true (hello), shell from the pool",
-            "client_total": med([t for t, _, _ in rows]),
-            "client_daemon_and_back": med([t - f for t, f, _ in rows]),
-            "daemon_arrival_to_first_line": med([f for _, f, _ in rows]),
-            "vmm_execute": med([b for _, _, b in rows]),
-            "daemon_to_vmm_guest_and_back": med([f - b for _, f, b in rows]),
-            "notes": {"client_daemon_and_back": "the HTTP request over the unix socket, its parsing, the answer back",
-                      "vmm_execute": "the VMM process's execute phase (start command -> image loaded and guest "
-                                     "about to run), on its own clock",
-                      "daemon_to_vmm_guest_and_back": "the daemon taking a shell and sending the start command, the "
-                                                      "guest running to its first line, the line reaching the daemon "
-                                                      "(arrival -> first line, less the execute phase)"},
-        }
-
     def analyse(self, ctx, runs):
         hops = getattr(self, "hops", None)
         return {"hops": hops} if hops else {}
+
+
+def hops(traces):
+    """The warm path by hop, from each measured run's own clocks: the
+    client's (start, first line) and the toolstack's (`boot_trace`: the
+    daemon's, the VMM process's), all CLOCK_MONOTONIC on this host."""
+    if not traces:
+        return None
+    legs = [
+        ("client_to_daemon", "the request written by the client -> its first byte read by the daemon's connection thread",
+         lambda s, l, t: t["arrived_ns"] - s),
+        ("daemon", "HTTP parsing, admission, a shell from the pool, the start command sent",
+         lambda s, l, t: t["sent_ns"] - t["arrived_ns"]),
+        ("daemon_to_vmm", "the start command (with the client's connection) reaching the VMM process",
+         lambda s, l, t: t["received_ns"] - t["sent_ns"]),
+        ("vmm_execute", "the VMM process's execute phase: the preloaded image's boot-info page and registers, "
+                        "the family, the devices (start received -> guest about to run)",
+         lambda s, l, t: t["entered_ns"] - t["received_ns"]),
+        ("guest_to_first_output", "the reply to the daemon, the response head to the client, the guest running "
+                                  "to its first console write (one exit), that write sent to the client",
+         lambda s, l, t: t["first_output_ns"] - t["entered_ns"]),
+        ("output_to_client", "the first output on the client's socket -> read by the client",
+         lambda s, l, t: l - t["first_output_ns"]),
+    ]
+    rows = [(s, l, t) for s, l, t in traces if t.get("first_output_ns")]
+    med = lambda xs: round(statistics.median(xs) / 1e3, 1)  # noqa: E731
+    return {
+        "runs": len(rows),
+        "what": "medians (µs) per hop of the measured warm runs (POST /v1/vms?attach=true, hello), from the "
+                "client's clock and the toolstack's boot_trace (host CLOCK_MONOTONIC)",
+        "total": med([l - s for s, l, _ in rows]),
+        "legs": {name: med([f(s, l, t) for s, l, t in rows]) for name, _, f in legs},
+        "notes": {name: note for name, note, _ in legs},
+    }
 
 
 class WispApiCold(WispWarm):

@@ -68,14 +68,12 @@ def boot_section(b):
             "`sleeper` under `wisp run`: %s KB PSS for its monitor process (target ≤ 2 MB)."
             % fp.get("sleeper", {}).get("pss_kb_median"), ""]
     hops = P.get("wisp_warm", {}).get("hops")
-    if hops:
-        out += ["The warm path by hop (`POST /v1/vms?wait_line=true`, %d runs, medians, µs; the daemon's and "
-                "the VMM process's own clocks):" % hops["runs"], "", "| hop | µs |", "|---|---|",
-                "| client → daemon → answer back (HTTP over the unix socket, parsing) | %.0f |" % hops["client_daemon_and_back"],
-                "| daemon: shell taken, start sent, guest runs to its first line, line back (less the execute phase) | %.0f |"
-                % hops["daemon_to_vmm_guest_and_back"],
-                "| VMM process: execute phase (image loaded, guest about to run) | %.0f |" % hops["vmm_execute"],
-                "| whole request, client clock | %.0f |" % hops["client_total"]]
+    if hops and "legs" in hops:
+        out += ["The warm path by hop (the measured `wisp_warm` runs, %d with a trace, medians, µs; the client's "
+                "clock and the toolstack's `boot_trace`, all the host's monotonic clock):" % hops["runs"], "",
+                "| hop | µs | what |", "|---|---|---|"]
+        out += ["| %s | %.0f | %s |" % (k.replace("_", " "), v, hops["notes"][k]) for k, v in hops["legs"].items()]
+        out += ["| whole request, client clock | %.0f | |" % hops["total"]]
     return out
 
 

@@ -122,6 +122,8 @@ def boot_to_first_line(api, body):
         got += chunk
         if t1 is None and b"\n" in got:
             t1 = now_ns()
+    if h.get("connection", "").lower() == "close":
+        api.close()  # the VMM process answered on it, and closed it
     if t1 is None:
         raise RuntimeError("the VM printed no line")
     return t1 - t0, h.get("x-wisp-vm-id")
