@@ -158,12 +158,38 @@ pub(crate) fn spawn_server(
         .map_err(|e| e.to_string())
 }
 
-/// Read one request line (10 s at most) and decode it; a malformed one is
-/// answered with an error and ends the connection.
+/// While the shell waits in the pool: the next connection with a request
+/// to read, a new one or one of the open `sessions` (the daemon keeps one
+/// open per pooled shell, so a start needs no connect). Waits until there
+/// is one.
+pub(crate) fn next_pooled(listener: &UnixListener, sessions: &mut Vec<UnixStream>) -> Option<UnixStream> {
+    use rustix::event::{poll, PollFd, PollFlags};
+    loop {
+        let (accept, ready) = {
+            let mut fds = Vec::with_capacity(sessions.len() + 1);
+            fds.push(PollFd::new(listener, PollFlags::IN));
+            fds.extend(sessions.iter().map(|c| PollFd::new(c, PollFlags::IN)));
+            poll(&mut fds, None).ok()?;
+            (!fds[0].revents().is_empty(), (1..fds.len()).find(|&i| !fds[i].revents().is_empty()))
+        };
+        if let Some(i) = ready {
+            return Some(sessions.swap_remove(i - 1));
+        }
+        // A new connection is a session too: read once it has a request.
+        if accept {
+            if let Ok((c, _)) = listener.accept() {
+                sessions.push(c);
+            }
+        }
+    }
+}
+
+/// Read one request line (10 s at most: the connection's read timeout
+/// stays, its reads come when a poll said there is something) and decode
+/// it; a malformed one is answered with an error and ends the connection.
 fn read_request(conn: &UnixStream) -> Option<(Request, Vec<OwnedFd>)> {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
     let (line, fd) = recv_line(conn).ok()?;
-    let _ = conn.set_read_timeout(None);
     match serde_json::from_slice(&line) {
         Ok(r) => Some((r, fd)),
         Err(e) => {

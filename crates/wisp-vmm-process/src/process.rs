@@ -23,7 +23,7 @@ use wisp_jail::JailFiles;
 use crate::boot::{self, Boot};
 use crate::console::Framing;
 use crate::sink::Sink;
-use crate::control::{serve_pooled, spawn_server, Pooled};
+use crate::control::{next_pooled, serve_pooled, spawn_server, Pooled};
 use crate::exit::{exit_info, Runner, ERROR};
 use crate::fork::become_child_vm;
 use crate::proto::{send_line, Reply, WorkerState};
@@ -77,8 +77,9 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
     // vCPU thread is narrowed to a vCPU thread's role then (installing a
     // filter costs ~0.1 ms on PVM hosts), and the shell runs that image only.
     let mut sealed = false;
-    for conn in listener.incoming() {
-        let Ok(conn) = conn else { continue };
+    let mut sessions = Vec::new();
+    loop {
+        let Some(conn) = next_pooled(&listener, &mut sessions) else { continue };
         let (mut cmd, conn) = match serve_pooled(&shared, conn) {
             None => continue,
             Some((Pooled::Preload(image), conn)) => {
@@ -98,6 +99,7 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
                     sealed = true;
                 }
                 let _ = send_line(&conn, &Reply::ok(WorkerState::Pooled), None);
+                sessions.push(conn);
                 continue;
             }
             Some((Pooled::Start(cmd), conn)) => (cmd, conn),
@@ -212,7 +214,6 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
         drop(vm);
         finish(&shared, exit_info(&outcome, Runner::Daemon));
     }
-    Ok(())
 }
 
 /// The VM has ended: write `console.log` and `exit.json`, tell waiters,

@@ -422,6 +422,13 @@ pub fn send(sock_path: &Path, req: &Request, fds: &[BorrowedFd<'_>], timeout: Op
     Ok(sock)
 }
 
+/// [`send`] on a connection already open (a pooled shell's session).
+pub fn send_on(sock: UnixStream, req: &Request, fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> io::Result<UnixStream> {
+    sock.set_read_timeout(timeout)?;
+    send_line_fds(&sock, req, fds)?;
+    Ok(sock)
+}
+
 /// Second half of [`call`]: read the reply line (at most [`MAX_LINE`]
 /// bytes, within the socket's read timeout as a whole).
 pub fn read_reply(sock: UnixStream) -> io::Result<(Reply, BufReader<UnixStream>)> {

@@ -192,7 +192,8 @@ impl Daemon {
                 .map_err(|(m, source)| ActionError::PortInUse { port: m.host, source })?,
             None => Vec::new(),
         };
-        let worker = undo.worker.take().expect("held above");
+        let mut worker = undo.worker.take().expect("held above");
+        let session = worker.session.take();
         // The shell holds this very image loaded ahead: no descriptor, no load.
         let preloaded = worker.preloaded.as_ref().is_some_and(|p| Arc::ptr_eq(p, &image));
         let info = VmInfo {
@@ -260,7 +261,10 @@ impl Daemon {
         // Record the VM while its VMM process loads the image.
         let sent_ns = wisp_vmm_process::monotonic_ns();
         let arrived_ns = sent_ns.saturating_sub(arrived.elapsed().as_nanos() as u64);
-        let sent = proto::send(&dir.join("ctl.sock"), &start, &fds, Some(Duration::from_secs(10)));
+        let sent = match session {
+            Some(s) => proto::send_on(s, &start, &fds, Some(Duration::from_secs(10))),
+            None => proto::send(&dir.join("ctl.sock"), &start, &fds, Some(Duration::from_secs(10))),
+        };
         // The VMM process holds the tap now: it disappears when that process ends.
         drop(tap);
         if let Some((mine, _theirs)) = uplink {

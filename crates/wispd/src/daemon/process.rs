@@ -12,7 +12,8 @@
 
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -47,6 +48,9 @@ pub struct Worker {
     pub ns_pid: Option<u32>,
     /// The image its shell holds loaded ahead (`Request::Preload`).
     pub preloaded: Option<Arc<CachedImage>>,
+    /// A connection to its control socket, open since it got ready: a
+    /// preload and the start go on it (no connect on a create's path).
+    pub session: Option<UnixStream>,
 }
 
 /// Why a VM directory could not be made.
@@ -141,7 +145,8 @@ pub fn spawn(vms_dir: &Path, records: &Records, uids: &Uids, pidns: Option<&PidN
                 let pid = child.id();
                 let pidfd = Pid::from_raw(pid as i32).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
                 let ns_pid = crate::procfs::ns_pid(pid);
-                Worker { id: id.clone(), pid, dir: dir.clone(), child: Some(child), pidfd, ns_pid, preloaded: None }
+                let session = UnixStream::connect(dir.join("ctl.sock")).ok();
+                Worker { id: id.clone(), pid, dir: dir.clone(), child: Some(child), pidfd, ns_pid, preloaded: None, session }
             })
             .inspect_err(|_| {
                 records.forget(&id);
@@ -219,8 +224,15 @@ pub fn to_foreground(w: &Worker) -> Result<(), SpawnError> {
 /// of no use (its process has ended): the caller discards it.
 pub fn preload(w: &mut Worker, image: &Arc<CachedImage>) -> Result<(), SpawnError> {
     let req = Request::Preload { image_name: image.image.name.clone() };
-    let (reply, _) = proto::call(&w.dir.join("ctl.sock"), &req, Some(&image.memfd), Some(Duration::from_secs(10)))
-        .map_err(|e| SpawnError::NotReady(format!("preload: {e}")))?;
+    let err = |e: io::Error| SpawnError::NotReady(format!("preload: {e}"));
+    let fds = [image.memfd.as_fd()];
+    let conn = match w.session.take() {
+        Some(s) => proto::send_on(s, &req, &fds, Some(Duration::from_secs(10))),
+        None => proto::send(&w.dir.join("ctl.sock"), &req, &fds, Some(Duration::from_secs(10))),
+    };
+    let (reply, conn) = conn.and_then(proto::read_reply).map_err(err)?;
+    // The session stays open for the start.
+    w.session = Some(conn.into_inner());
     if !reply.ok {
         return Err(SpawnError::NotReady(format!("preload: {}", reply.error.unwrap_or_default())));
     }
