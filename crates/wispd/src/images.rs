@@ -109,6 +109,24 @@ impl ImageCache {
     /// Look `path` up, reading and validating it on a miss.
     pub fn get(&self, path: &Path) -> Result<Arc<CachedImage>, ImageError> {
         let meta = std::fs::metadata(path).map_err(|source| ImageError::Read { path: path.to_path_buf(), source })?;
+        self.get_stat(path, &meta)
+    }
+
+    /// A request's image (see [`resolve`]): a bundled app's file is looked
+    /// for and its identity read in one `stat` (a create's path).
+    pub fn lookup(&self, dirs: &[PathBuf], image: &str) -> Result<Arc<CachedImage>, ImageError> {
+        if image.contains('/') {
+            return self.get(&resolve(dirs, image)?);
+        }
+        for path in dirs.iter().map(|d| d.join(image)) {
+            if let Some(meta) = std::fs::metadata(&path).ok().filter(|m| m.is_file()) {
+                return self.get_stat(&path, &meta);
+            }
+        }
+        Err(ImageError::NoSuchApp(image.to_string()))
+    }
+
+    fn get_stat(&self, path: &Path, meta: &std::fs::Metadata) -> Result<Arc<CachedImage>, ImageError> {
         let key = (path.to_path_buf(), (meta.dev(), meta.ino(), meta.size(), meta.mtime(), meta.mtime_nsec()));
         {
             let mut c = self.inner.lock().unwrap();
@@ -182,6 +200,10 @@ mod tests {
         assert_eq!(resolve(&dirs, "/abs/path").unwrap(), PathBuf::from("/abs/path"));
         assert_eq!(resolve(&dirs, "rel/path").unwrap_err().to_string(), "image path 'rel/path' must be absolute");
         assert_eq!(resolve(&dirs, "nope").unwrap_err().to_string(), "no such image: 'nope' is not a bundled app");
+        let cache = ImageCache::new(256 << 20);
+        for bad in ["rel/path", "nope"] {
+            assert_eq!(cache.lookup(&dirs, bad).err().unwrap().to_string(), resolve(&dirs, bad).unwrap_err().to_string());
+        }
         let e = ImageCache::new(256 << 20).get(&dir.join("app")).err().unwrap();
         assert!(e.to_string().starts_with(&format!("{}: ", dir.join("app").display())), "{e}");
         let _ = std::fs::remove_dir_all(&dir);

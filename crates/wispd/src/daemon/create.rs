@@ -21,7 +21,6 @@ use super::process::Worker;
 use super::quota;
 use super::{now_ms, Daemon};
 use crate::forward::Forward;
-use crate::images;
 
 fn valid_name(n: &str) -> bool {
     !n.is_empty()
@@ -157,8 +156,7 @@ impl Daemon {
         // Until the VM runs (a client's, until its first output) the pool's
         // refill waits.
         let _busy = self.pool.busy();
-        let path = images::resolve(&self.cfg.image_dirs, &req.image)?;
-        let image = self.images.get(&path)?;
+        let image = self.images.lookup(&self.cfg.image_dirs, &req.image)?;
         let mut undo = Rollback::new(self);
         self.vms.lock().admit(mem, &self.cfg.quotas)?;
         undo.admitted = Some(mem);
@@ -194,6 +192,7 @@ impl Daemon {
         };
         let mut worker = undo.worker.take().expect("held above");
         let session = worker.session.take();
+        let uplink = worker.uplink.take();
         // The shell holds this very image loaded ahead: no descriptor, no load.
         let preloaded = worker.preloaded.as_ref().is_some_and(|p| Arc::ptr_eq(p, &image));
         let info = VmInfo {
@@ -223,14 +222,12 @@ impl Daemon {
             e.forwards = forwards;
         }
         let (spec, tap) = net.map_or((None, None), |(n, t)| (Some(n), Some(t)));
-        // The family's uplink: forked VMs of this one announce themselves on it.
-        let uplink = rustix::net::socketpair(
-            rustix::net::AddressFamily::UNIX,
-            rustix::net::SocketType::SEQPACKET,
-            rustix::net::SocketFlags::CLOEXEC,
-            None,
-        )
-        .ok();
+        // The family's uplink: forked VMs of this one announce themselves on
+        // it (made and watched when the shell was, else now).
+        let (uplink, watched) = match uplink {
+            Some(u) => (Some(u), true),
+            None => (super::process::uplink_pair(), false),
+        };
         let client_head = match attach {
             Attach::Client(_) => {
                 let extra = [(VM_ID_HEADER, info.id.as_str()), ("Connection", "close")];
@@ -253,7 +250,9 @@ impl Daemon {
         fds.extend(tap.as_ref().map(|t| t.as_fd()));
         if let Some((mine, theirs)) = &uplink {
             fds.push(theirs.as_fd());
-            self.watch_uplink(&info.id, mine.as_fd());
+            if !watched {
+                self.watch_uplink(&info.id, mine.as_fd());
+            }
         }
         if let Attach::Client(c) = attach {
             fds.push(c.as_fd());

@@ -23,7 +23,7 @@
 
 use std::fs;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -242,7 +242,14 @@ impl Daemon {
     fn spawn_worker(&self, mem: u64) -> Result<Worker, SpawnError> {
         let limits = quota::family_limits(mem, None, None, None);
         let cg = self.cgroups.as_ref().map(|c| (c, &limits));
-        process::spawn(&self.vms_dir(), &self.records, &self.uids, self.pidns.as_ref(), mem, cg)
+        let mut w = process::spawn(&self.vms_dir(), &self.records, &self.uids, self.pidns.as_ref(), mem, cg)?;
+        // Its family's uplink, watched from now on (nothing comes on it
+        // before the VM runs and forks): off a create's path.
+        w.uplink = process::uplink_pair();
+        if let Some((mine, _)) = &w.uplink {
+            self.watch_uplink(&w.id, mine.as_fd());
+        }
+        Ok(w)
     }
 
     /// Stop an unused VMM process and remove its directory and group.

@@ -51,6 +51,15 @@ pub struct Worker {
     /// A connection to its control socket, open since it got ready: a
     /// preload and the start go on it (no connect on a create's path).
     pub session: Option<UnixStream>,
+    /// Its family's uplink (the daemon's end, already watched; the other
+    /// goes with the start), made with the shell.
+    pub uplink: Option<(OwnedFd, OwnedFd)>,
+}
+
+/// A new family uplink: the daemon's end and the VMM process's.
+pub fn uplink_pair() -> Option<(OwnedFd, OwnedFd)> {
+    use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+    socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).ok()
 }
 
 /// Why a VM directory could not be made.
@@ -146,7 +155,7 @@ pub fn spawn(vms_dir: &Path, records: &Records, uids: &Uids, pidns: Option<&PidN
                 let pidfd = Pid::from_raw(pid as i32).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
                 let ns_pid = crate::procfs::ns_pid(pid);
                 let session = UnixStream::connect(dir.join("ctl.sock")).ok();
-                Worker { id: id.clone(), pid, dir: dir.clone(), child: Some(child), pidfd, ns_pid, preloaded: None, session }
+                Worker { id: id.clone(), pid, dir: dir.clone(), child: Some(child), pidfd, ns_pid, preloaded: None, session, uplink: None }
             })
             .inspect_err(|_| {
                 records.forget(&id);
