@@ -21,6 +21,7 @@ pub mod error;
 pub mod family;
 pub mod fault;
 pub mod image;
+mod loader;
 pub mod memory;
 mod preload;
 pub mod rate_limiter;

@@ -14,12 +14,12 @@
 
 use wisp_abi::layout::{BOOT_INFO, IMAGE_BASE, MIN_HEAP, PAGE_SIZE, STACK_TOP};
 
-use crate::access::UserMap;
 use crate::arch;
 use crate::error::{Error, Result};
 use crate::family::{Family, FamilyOptions};
 use crate::image::{Image, PF_W};
-use crate::shell::Shell;
+use crate::loader;
+use crate::shell::{Preloaded, Shell};
 
 /// Writable pages of a segment touched ahead (more are touched by the
 /// guest itself: a large zeroed area is not made resident in every shell).
@@ -29,12 +29,6 @@ const STACK_AHEAD: u64 = 8;
 /// Heap pages touched ahead (from the image's end).
 const HEAP_AHEAD: u64 = 8;
 
-/// The image a shell holds, and the guest's view of RAM with it.
-pub(crate) struct Preloaded {
-    pub image: Image,
-    pub user: UserMap,
-}
-
 impl Shell {
     /// Load `image` into this (prepared) shell ahead of a request, and touch
     /// its pages. The start that then names the same image
@@ -43,7 +37,7 @@ impl Shell {
         if self.preloaded.is_some() {
             self.forget_preload()?;
         }
-        crate::vm::check_features(&image)?;
+        loader::check_features(&image)?;
         if image.end() + MIN_HEAP > self.ram.size() {
             return Err(Error::BadMemory(format!(
                 "memory too small: the image needs at least {} KiB of RAM (--mem), {} MiB given",
@@ -52,7 +46,7 @@ impl Shell {
             )));
         }
         for s in &image.segments {
-            crate::vm::load_segment(&self.ram, &image, s)?;
+            loader::load_segment(&self.ram, &image, s)?;
         }
         let user = arch::map_image(&self.ram, &image)?;
         // The boot-info page is written from here at the start: its host

@@ -58,10 +58,17 @@ pub struct Shell {
     /// asked here, before any sandbox forbids the question).
     pub(crate) sync_regs: bool,
     /// The image loaded ahead of a request (`preload.rs`).
-    pub(crate) preloaded: Option<crate::preload::Preloaded>,
+    pub(crate) preloaded: Option<Preloaded>,
     /// The VM's family region, made ahead with a preloaded image (by the
     /// thread that will run the VM).
     pub(crate) family: Option<crate::family::Family>,
+}
+
+/// The image a shell holds loaded ahead (`preload.rs`), and the guest's
+/// view of RAM with it.
+pub(crate) struct Preloaded {
+    pub image: crate::image::Image,
+    pub user: crate::access::UserMap,
 }
 
 /// A second handle on the same `/dev/kvm` open file.

@@ -28,14 +28,14 @@ use crate::error::{Error, Result};
 use crate::family::{Family, FamilyOptions};
 use crate::fault::{Fault, Outcome, StopReason};
 use crate::image::Image;
+use crate::loader;
 use crate::shell::Shell;
 use crate::signal::ThreadId;
 use crate::state::{self, VmState};
 use crate::stats::Stats;
 use watchdog::Watchdog;
 
-/// The features of the ABI this monitor implements (`wisp_abi::features`).
-pub const FEATURES: u64 = wisp_abi::features::FORK | wisp_abi::features::FAMILY;
+pub use crate::loader::FEATURES;
 
 /// A VM with its image loaded, ready to run.
 pub struct Vm {
@@ -104,7 +104,7 @@ impl Shell {
     pub fn load_devices(mut self, image: &Image, args: &[String], devices: Vec<Box<dyn Device>>) -> Result<Vm> {
         let t = Instant::now();
         let mut devices = Devices::new(devices)?;
-        let features = check_features(image)?;
+        let features = loader::check_features(image)?;
         devices.check_manifest(&image.manifest)?;
         let ram_size = self.ram.size();
         let reserved = devices.ram_taken();
@@ -147,7 +147,7 @@ impl Shell {
             Some(user) => user,
             None => {
                 for s in &image.segments {
-                    load_segment(&self.ram, image, s)?;
+                    loader::load_segment(&self.ram, image, s)?;
                 }
                 arch::map_image(&self.ram, image)?
             }
@@ -202,37 +202,6 @@ impl Shell {
             spare_round: 0,
             keep: Vec::new(),
         })
-    }
-}
-
-/// The image's declared features, if this monitor has them all.
-pub(crate) fn check_features(image: &Image) -> Result<u64> {
-    let wanted = image.manifest.feature_bits();
-    match wanted & !FEATURES {
-        0 => Ok(wanted),
-        missing => Err(Error::Unsupported(format!(
-            "the image needs features this monitor lacks: {}",
-            wisp_abi::features::Names(missing)
-        ))),
-    }
-}
-
-/// Put one segment's file bytes into guest RAM: whole pages copy-on-write
-/// from the image's descriptor when it has one and the layout allows,
-/// partial pages (and everything else) copied.
-pub(crate) fn load_segment(ram: &crate::memory::GuestRam, image: &Image, s: &crate::image::Segment) -> Result<()> {
-    use std::os::fd::AsFd;
-    use wisp_abi::layout::{align_up, PAGE_SIZE};
-    let data = image.file_bytes(s);
-    let (start, end) = (s.vaddr, s.vaddr + s.filesz);
-    let (first, last) = (align_up(start, PAGE_SIZE), end & !(PAGE_SIZE - 1));
-    match &image.file {
-        Some(fd) if s.vaddr % PAGE_SIZE == s.offset % PAGE_SIZE && last > first => {
-            ram.write(start, &data[..(first - start) as usize])?;
-            ram.map_file_cow(first, last - first, fd.as_fd(), s.offset + (first - start))?;
-            ram.write(last, &data[(last - start) as usize..])
-        }
-        _ => ram.write(start, data),
     }
 }
 
