@@ -131,7 +131,7 @@ pub(crate) fn serve_loop(shared: &Arc<Shared>, listener: UnixListener) {
             sessions.extend(serve_one(shared, conn));
         }
         if accept {
-            if let Ok((conn, _)) = listener.accept() {
+            if let Ok((conn, _)) = accept_timed(&listener) {
                 sessions.extend(serve_one(shared, conn));
             }
         }
@@ -177,18 +177,25 @@ pub(crate) fn next_pooled(listener: &UnixListener, sessions: &mut Vec<UnixStream
         }
         // A new connection is a session too: read once it has a request.
         if accept {
-            if let Ok((c, _)) = listener.accept() {
+            if let Ok((c, _)) = accept_timed(listener) {
                 sessions.push(c);
             }
         }
     }
 }
 
-/// Read one request line (10 s at most: the connection's read timeout
-/// stays, its reads come when a poll said there is something) and decode
-/// it; a malformed one is answered with an error and ends the connection.
+/// Accept a connection, whose reads then end within 10 s (a request line
+/// comes whole: reads come when a poll said there is something).
+fn accept_timed(listener: &UnixListener) -> io::Result<(UnixStream, std::os::unix::net::SocketAddr)> {
+    let (c, a) = listener.accept()?;
+    c.set_read_timeout(Some(Duration::from_secs(10)))?;
+    Ok((c, a))
+}
+
+/// Read one request line (within the read timeout [`accept_timed`] set) and
+/// decode it; a malformed one is answered with an error and ends the
+/// connection.
 fn read_request(conn: &UnixStream) -> Option<(Request, Vec<OwnedFd>)> {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
     let (line, fd) = recv_line(conn).ok()?;
     match serde_json::from_slice(&line) {
         Ok(r) => Some((r, fd)),

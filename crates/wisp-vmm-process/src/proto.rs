@@ -422,9 +422,9 @@ pub fn send(sock_path: &Path, req: &Request, fds: &[BorrowedFd<'_>], timeout: Op
     Ok(sock)
 }
 
-/// [`send`] on a connection already open (a pooled shell's session).
-pub fn send_on(sock: UnixStream, req: &Request, fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> io::Result<UnixStream> {
-    sock.set_read_timeout(timeout)?;
+/// [`send`] on a connection already open (a pooled shell's session), whose
+/// read timeout was set when it was opened.
+pub fn send_on(sock: UnixStream, req: &Request, fds: &[BorrowedFd<'_>]) -> io::Result<UnixStream> {
     send_line_fds(&sock, req, fds)?;
     Ok(sock)
 }

@@ -261,7 +261,7 @@ impl Daemon {
         let sent_ns = wisp_vmm_process::monotonic_ns();
         let arrived_ns = sent_ns.saturating_sub(arrived.elapsed().as_nanos() as u64);
         let sent = match session {
-            Some(s) => proto::send_on(s, &start, &fds, Some(Duration::from_secs(10))),
+            Some(s) => proto::send_on(s, &start, &fds),
             None => proto::send(&dir.join("ctl.sock"), &start, &fds, Some(Duration::from_secs(10))),
         };
         // The VMM process holds the tap now: it disappears when that process ends.

@@ -56,6 +56,9 @@ pub struct Worker {
     pub uplink: Option<(OwnedFd, OwnedFd)>,
 }
 
+/// Longest wait for a pooled shell's answer on its session.
+pub const SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A new family uplink: the daemon's end and the VMM process's.
 pub fn uplink_pair() -> Option<(OwnedFd, OwnedFd)> {
     use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
@@ -154,7 +157,9 @@ pub fn spawn(vms_dir: &Path, records: &Records, uids: &Uids, pidns: Option<&PidN
                 let pid = child.id();
                 let pidfd = Pid::from_raw(pid as i32).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
                 let ns_pid = crate::procfs::ns_pid(pid);
-                let session = UnixStream::connect(dir.join("ctl.sock")).ok();
+                let session = UnixStream::connect(dir.join("ctl.sock"))
+                    .and_then(|s| s.set_read_timeout(Some(SESSION_TIMEOUT)).map(|()| s))
+                    .ok();
                 Worker { id: id.clone(), pid, dir: dir.clone(), child: Some(child), pidfd, ns_pid, preloaded: None, session, uplink: None }
             })
             .inspect_err(|_| {
@@ -236,7 +241,7 @@ pub fn preload(w: &mut Worker, image: &Arc<CachedImage>) -> Result<(), SpawnErro
     let err = |e: io::Error| SpawnError::NotReady(format!("preload: {e}"));
     let fds = [image.memfd.as_fd()];
     let conn = match w.session.take() {
-        Some(s) => proto::send_on(s, &req, &fds, Some(Duration::from_secs(10))),
+        Some(s) => proto::send_on(s, &req, &fds),
         None => proto::send(&w.dir.join("ctl.sock"), &req, &fds, Some(Duration::from_secs(10))),
     };
     let (reply, conn) = conn.and_then(proto::read_reply).map_err(err)?;
