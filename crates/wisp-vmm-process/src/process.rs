@@ -176,10 +176,16 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
             Some((client, head)) if (&client).write_all(&head).is_ok() => (Some((client, Framing::Chunked)), Some(conn)),
             Some(_) => {
                 shared.release_conn();
+                drop(conn);
                 (None, None)
             }
             None if cmd.attach => (Some((conn, Framing::Raw)), None),
-            None => (None, None),
+            // Nothing more goes to the daemon on the start's connection: it
+            // is not kept for the VM's life.
+            None => {
+                drop(conn);
+                (None, None)
+            }
         };
         let _ = ltx.send(listener);
         let deadline = cmd.timeout.map(|t| Instant::now() + t);
