@@ -255,8 +255,7 @@ fn probe_open(path: &str) -> Reply {
 fn serve(shared: &Arc<Shared>, conn: UnixStream, req: Request) -> io::Result<()> {
     let control = || shared.state.lock().unwrap().control.clone();
     let reply = match req {
-        Request::Start { .. } => Reply::err("this VM has already been started"),
-        Request::Preload { .. } => Reply::err("this VM has already been started"),
+        Request::Start { .. } | Request::Preload { .. } => Reply::err("this VM has already been started"),
         Request::Status => shared.state.lock().unwrap().status(),
         Request::Pause | Request::Resume => {
             let Some(c) = control() else {

@@ -158,7 +158,8 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
                 st.conns += 1;
             }
         }
-        let trace = Reply {
+        let reply = Reply {
+            boot_us: Some(boot_us),
             received_ns: Some(cmd.received_ns),
             entered_ns: Some(crate::monotonic_ns()),
             preloaded: held,
@@ -166,7 +167,7 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
         };
         // The reply first: a daemon that gets none may still answer the
         // client itself, as nothing has been written to it yet.
-        let _ = send_line(&conn, &Reply { boot_us: Some(boot_us), ..trace }, None);
+        let _ = send_line(&conn, &reply, None);
         // The console goes to the client's own connection (handed over by
         // the daemon), after the response's head (the daemon's own writer's,
         // written here blocking within the daemon's write timeout); the

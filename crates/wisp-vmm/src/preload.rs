@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::family::{Family, FamilyOptions};
 use crate::image::{Image, PF_W};
 use crate::loader;
-use crate::shell::{Preloaded, Shell};
+use crate::shell::{load_sregs, Preloaded, Shell};
 
 /// Writable pages of a segment touched ahead (more are touched by the
 /// guest itself: a large zeroed area is not made resident in every shell).
@@ -34,9 +34,7 @@ impl Shell {
     /// its pages. The start that then names the same image
     /// ([`Shell::preloaded`]) skips all of it.
     pub fn preload(&mut self, image: Image) -> Result<()> {
-        if self.preloaded.is_some() {
-            self.forget_preload()?;
-        }
+        self.forget_preload()?;
         loader::check_features(&image)?;
         if image.end() + MIN_HEAP > self.ram.size() {
             return Err(Error::BadMemory(format!(
@@ -53,18 +51,10 @@ impl Shell {
         // page made now, before the guest's view of it is (a first write
         // later would replace the shared zero page, and the view with it).
         self.ram.write_obj(BOOT_INFO, &wisp_abi::BootInfo::new())?;
-        let mut sregs = self.vcpu.get_sregs().map_err(|e| Error::Kvm("get sregs", e.into()))?;
-        arch::set_sregs(&mut sregs);
-        self.vcpu.set_sregs(&sregs).map_err(|e| Error::Kvm("set sregs", e.into()))?;
+        load_sregs(&self.vcpu)?;
         let regs = arch::prefault(&self.ram, &pages(&image, self.ram.size()))?;
         self.vcpu.set_regs(&regs).map_err(|e| Error::Kvm("set registers", e.into()))?;
-        match self.vcpu.run() {
-            Ok(kvm_ioctls::VcpuExit::IoOut(arch::WARMUP_PORT, _)) => {}
-            Ok(other) => {
-                return Err(Error::Kvm("prefault run", std::io::Error::other(format!("unexpected exit {other:?}"))))
-            }
-            Err(e) => return Err(Error::Kvm("prefault run", e.into())),
-        }
+        self.run_to_warmup_port("prefault run")?;
         self.warmed = true;
         self.preloaded = Some(Preloaded { image, user });
         // The family region too (its pages touched by making it).
@@ -83,11 +73,16 @@ impl Shell {
     /// Drop the preloaded image: RAM cleared, a new KVM VM over it, the
     /// machine state written again and entered once (as prepared).
     pub fn forget_preload(&mut self) -> Result<()> {
-        if self.preloaded.take().is_some() {
-            self.ram.map_zero()?;
-            self.renew_warm()?;
+        match self.preloaded.take() {
+            Some(_) => self.clear_preloaded(),
+            None => Ok(()),
         }
-        Ok(())
+    }
+
+    /// What [`Shell::forget_preload`] does once the image is taken out.
+    pub(crate) fn clear_preloaded(&mut self) -> Result<()> {
+        self.ram.map_zero()?;
+        self.renew_warm()
     }
 }
 

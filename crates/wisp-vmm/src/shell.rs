@@ -103,9 +103,7 @@ impl Shell {
 
         let t = Instant::now();
         arch::write_system_pages(&ram)?;
-        let mut sregs = vcpu.get_sregs().map_err(|e| Error::Kvm("get sregs", e.into()))?;
-        arch::set_sregs(&mut sregs);
-        vcpu.set_sregs(&sregs).map_err(|e| Error::Kvm("set sregs", e.into()))?;
+        load_sregs(&vcpu)?;
         stats.phase("arch_setup", t);
 
         let sync_regs = kvm.check_extension(kvm_ioctls::Cap::SyncRegs);
@@ -122,11 +120,7 @@ impl Shell {
         self.vcpu
             .set_regs(&arch::initial_regs(wisp_abi::layout::IMAGE_BASE))
             .map_err(|e| Error::Kvm("set registers", e.into()))?;
-        let r = match self.vcpu.run() {
-            Ok(kvm_ioctls::VcpuExit::IoOut(arch::WARMUP_PORT, _)) => Ok(()),
-            Ok(other) => Err(Error::Kvm("warm-up run", std::io::Error::other(format!("unexpected exit {other:?}")))),
-            Err(e) => Err(Error::Kvm("warm-up run", e.into())),
-        };
+        let r = self.run_to_warmup_port("warm-up run");
         self.stats.phase("warm_up", t);
         self.warmed = true;
         r
@@ -165,10 +159,19 @@ impl Shell {
     pub(crate) fn renew_warm(&mut self) -> Result<()> {
         self.renew()?;
         arch::write_system_pages(&self.ram)?;
-        let mut sregs = self.vcpu.get_sregs().map_err(|e| Error::Kvm("get sregs", e.into()))?;
-        arch::set_sregs(&mut sregs);
-        self.vcpu.set_sregs(&sregs).map_err(|e| Error::Kvm("set sregs", e.into()))?;
+        load_sregs(&self.vcpu)?;
         self.warm_up()
+    }
+
+    /// Run the vCPU until the monitor's own code (the warm-up or the
+    /// prefault code, `arch.rs`) reports on [`arch::WARMUP_PORT`]; any
+    /// other exit is an error of `what`.
+    pub(crate) fn run_to_warmup_port(&mut self, what: &'static str) -> Result<()> {
+        match self.vcpu.run() {
+            Ok(kvm_ioctls::VcpuExit::IoOut(arch::WARMUP_PORT, _)) => Ok(()),
+            Ok(other) => Err(Error::Kvm(what, std::io::Error::other(format!("unexpected exit {other:?}")))),
+            Err(e) => Err(Error::Kvm(what, e.into())),
+        }
     }
 
     /// Bytes of guest RAM.
@@ -180,6 +183,15 @@ impl Shell {
     pub fn vm_fd(&self) -> &VmFd {
         &self.vm
     }
+}
+
+/// Write this module's special registers (long mode at CPL 3, our tables)
+/// into `vcpu`: loading CR3 again also drops KVM's translations of the
+/// page tables written before.
+pub(crate) fn load_sregs(vcpu: &VcpuFd) -> Result<()> {
+    let mut sregs = vcpu.get_sregs().map_err(|e| Error::Kvm("get sregs", e.into()))?;
+    arch::set_sregs(&mut sregs);
+    vcpu.set_sregs(&sregs).map_err(|e| Error::Kvm("set sregs", e.into()))
 }
 
 /// A KVM VM with its vCPU and our CPUID.

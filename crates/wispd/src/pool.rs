@@ -206,39 +206,6 @@ impl Pool {
     /// it starts until they are ready): a refill takes no CPU time from the
     /// request that took a shell.
     pub fn refill_loop(self: Arc<Self>, shells: Arc<dyn Shells>) {
-        self.work_loop(shells)
-    }
-
-    /// The next job, waiting until there is one (None: stopping). A shell
-    /// to make comes first; then a ready shell that lacks its size's
-    /// likely image.
-    fn next_job(&self) -> Option<Job> {
-        let mut p = self.inner.lock().unwrap();
-        loop {
-            if p.stopping {
-                return None;
-            }
-            let need = p.target.iter().find(|(m, t)| p.ready.get(m).map_or(0, VecDeque::len) < **t as usize).map(|(m, _)| *m);
-            if let Some(m) = need {
-                p.in_flight += 1;
-                return Some(Job::Spawn(m, p.likely.get(&m).cloned()));
-            }
-            let likely: Vec<(u64, Arc<CachedImage>)> = p.likely.iter().map(|(m, i)| (*m, i.clone())).collect();
-            for (m, image) in likely {
-                let q = p.ready.get_mut(&m);
-                if let Some(w) = q.and_then(|q| q.iter().position(|w| !holds(w, &image)).and_then(|i| q.remove(i))) {
-                    if sealed(&w) {
-                        return Some(Job::Discard(w));
-                    }
-                    p.in_flight += 1;
-                    return Some(Job::Preload(m, w, image));
-                }
-            }
-            p = self.cv.wait(p).unwrap();
-        }
-    }
-
-    fn work_loop(self: Arc<Self>, shells: Arc<dyn Shells>) {
         // Only if a shell made there can be brought back (CAP_SYS_NICE).
         if !wisp_jail::priority::can_come_back() {
             eprintln!("wispd: pool: shells are prepared at normal priority (leaving SCHED_IDLE needs CAP_SYS_NICE)");
@@ -283,6 +250,35 @@ impl Pool {
                     std::thread::sleep(std::time::Duration::from_secs(1));
                 }
             }
+        }
+    }
+
+    /// The next job, waiting until there is one (None: stopping). A shell
+    /// to make comes first; then a ready shell that lacks its size's
+    /// likely image.
+    fn next_job(&self) -> Option<Job> {
+        let mut p = self.inner.lock().unwrap();
+        loop {
+            if p.stopping {
+                return None;
+            }
+            let need = p.target.iter().find(|(m, t)| p.ready.get(m).map_or(0, VecDeque::len) < **t as usize).map(|(m, _)| *m);
+            if let Some(m) = need {
+                p.in_flight += 1;
+                return Some(Job::Spawn(m, p.likely.get(&m).cloned()));
+            }
+            let likely: Vec<(u64, Arc<CachedImage>)> = p.likely.iter().map(|(m, i)| (*m, i.clone())).collect();
+            for (m, image) in likely {
+                let q = p.ready.get_mut(&m);
+                if let Some(w) = q.and_then(|q| q.iter().position(|w| !holds(w, &image)).and_then(|i| q.remove(i))) {
+                    if sealed(&w) {
+                        return Some(Job::Discard(w));
+                    }
+                    p.in_flight += 1;
+                    return Some(Job::Preload(m, w, image));
+                }
+            }
+            p = self.cv.wait(p).unwrap();
         }
     }
 }

@@ -135,9 +135,8 @@ impl Shell {
         // The image the shell holds already (same bytes), or a new one.
         let held = match self.preloaded.take() {
             Some(p) if Arc::ptr_eq(&p.image.bytes, &image.bytes) => Some(p.user),
-            Some(p) => {
-                self.preloaded = Some(p);
-                self.forget_preload()?;
+            Some(_) => {
+                self.clear_preloaded()?;
                 None
             }
             None => None,
@@ -177,9 +176,7 @@ impl Shell {
         if self.warmed && !preloaded {
             // Reloading CR3 flushes the warm-up's translations (a preloaded
             // image's are the ones wanted).
-            let mut sregs = self.vcpu.get_sregs().map_err(|e| Error::Kvm("get sregs", e.into()))?;
-            arch::set_sregs(&mut sregs);
-            self.vcpu.set_sregs(&sregs).map_err(|e| Error::Kvm("set sregs", e.into()))?;
+            crate::shell::load_sregs(&self.vcpu)?;
         }
         self.stats.phase("boot_info", t);
         // A family made ahead with a preloaded image, else now.

@@ -260,10 +260,7 @@ impl Daemon {
         // Record the VM while its VMM process loads the image.
         let sent_ns = wisp_vmm_process::monotonic_ns();
         let arrived_ns = sent_ns.saturating_sub(arrived.elapsed().as_nanos() as u64);
-        let sent = match session {
-            Some(s) => proto::send_on(s, &start, &fds),
-            None => proto::send(&dir.join("ctl.sock"), &start, &fds, Some(Duration::from_secs(10))),
-        };
+        let sent = super::process::send_to_shell(session, &dir, &start, &fds);
         // The VMM process holds the tap now: it disappears when that process ends.
         drop(tap);
         if let Some((mine, _theirs)) = uplink {
@@ -308,9 +305,7 @@ impl Daemon {
         }
         Ok((info, stream))
     }
-}
 
-impl Daemon {
     /// Record VM `id`'s execute phase and trace (if it is still listed).
     fn set_boot(&self, id: &str, boot_us: Option<u64>, trace: Option<BootTrace>) {
         if let Some(e) = self.vms.lock().by_id.get_mut(id) {

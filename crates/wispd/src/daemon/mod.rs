@@ -205,7 +205,7 @@ impl Daemon {
             Action::CreateVm { vm, attach: true, .. } => {
                 self.create_handed_over(vm, arrived, client)?;
                 Outcome::HandedOver
-            },
+            }
             Action::GetVm(vm) => Outcome::Vm(self.get(&vm)?),
             Action::PauseVm(vm) => Outcome::Vm(self.pause(&vm, true)?),
             Action::ResumeVm(vm) => Outcome::Vm(self.pause(&vm, false)?),

@@ -12,7 +12,7 @@
 
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -222,6 +222,16 @@ fn start(id: &str, dir: &Path, records: &Records, uid: u32, pidns: Option<&PidNs
     Ok(child)
 }
 
+/// Send `req` (with `fds`) to the pooled VMM process in `dir`: on its open
+/// session if there is one, else on a new connection; its answer is read
+/// from the connection returned, within [`SESSION_TIMEOUT`].
+pub fn send_to_shell(session: Option<UnixStream>, dir: &Path, req: &Request, fds: &[BorrowedFd<'_>]) -> io::Result<UnixStream> {
+    match session {
+        Some(s) => proto::send_on(s, req, fds),
+        None => proto::send(&dir.join("ctl.sock"), req, fds, Some(SESSION_TIMEOUT)),
+    }
+}
+
 /// Make prepared VMM process `w` (see [`spawn`]) a normal process again
 /// if it was prepared in the background (the pool's refill thread runs
 /// there: `wisp_jail::priority`).
@@ -239,11 +249,7 @@ pub fn to_foreground(w: &Worker) -> Result<(), SpawnError> {
 pub fn preload(w: &mut Worker, image: &Arc<CachedImage>) -> Result<(), SpawnError> {
     let req = Request::Preload { image_name: image.image.name.clone() };
     let err = |e: io::Error| SpawnError::NotReady(format!("preload: {e}"));
-    let fds = [image.memfd.as_fd()];
-    let conn = match w.session.take() {
-        Some(s) => proto::send_on(s, &req, &fds),
-        None => proto::send(&w.dir.join("ctl.sock"), &req, &fds, Some(Duration::from_secs(10))),
-    };
+    let conn = send_to_shell(w.session.take(), &w.dir, &req, &[image.memfd.as_fd()]);
     let (reply, conn) = conn.and_then(proto::read_reply).map_err(err)?;
     // The session stays open for the start.
     w.session = Some(conn.into_inner());
