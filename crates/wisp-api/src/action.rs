@@ -13,7 +13,7 @@
 use std::fmt;
 
 use crate::http::{percent_encode, HttpError, Request};
-use crate::{CreateVm, PoolInfo, StopVm, API_PREFIX, MAX_FAMILY, MIN_CPUS};
+use crate::{CreateVm, PoolInfo, RemoveVms, StopVm, API_PREFIX, MAX_FAMILY, MAX_REMOVE, MIN_CPUS};
 
 /// Most CPUs a quota may name (the daemon also refuses more than its host has).
 pub const MAX_CPUS: f64 = 1024.0;
@@ -119,6 +119,10 @@ pub enum Action {
         /// The VM's whole family.
         family: bool,
     },
+    /// `POST /v1/vms/remove`: remove many VMs at once (with `force`,
+    /// running ones are killed first, in waves); the answer says which went
+    /// and why the others did not.
+    RemoveVms(RemoveVms),
     /// `GET /v1/pool`.
     GetPool,
     /// `PUT /v1/pool`: set pool sizes (the `ready` field is ignored).
@@ -236,6 +240,7 @@ impl Action {
                 };
                 call("DELETE", vm_target(vm, q), None)
             }
+            Action::RemoveVms(r) => call("POST", format!("{API_PREFIX}/vms/remove"), json(r)),
             Action::GetPool => call("GET", format!("{API_PREFIX}/pool"), None),
             Action::SetPool(p) => call("PUT", format!("{API_PREFIX}/pool"), json(p)),
         }
@@ -261,6 +266,13 @@ impl Action {
                 let vm: CreateVm = req.json()?;
                 vm.check().map_err(|e| HttpError::new(400, e.to_string()))?;
                 Action::CreateVm { vm, attach, wait_line }
+            }
+            ("POST", ["vms", "remove"]) => {
+                let r: RemoveVms = req.json()?;
+                if r.vms.len() > MAX_REMOVE {
+                    return Err(HttpError::new(400, format!("{} VMs named: at most {MAX_REMOVE} per request", r.vms.len())));
+                }
+                Action::RemoveVms(r)
             }
             ("GET", ["vms", id]) => Action::GetVm(vm(id)),
             ("DELETE", ["vms", id]) => Action::RemoveVm { vm: vm(id), force: flag(req, "force")?, family: flag(req, "family")? },
@@ -341,6 +353,8 @@ mod tests {
             Action::RemoveVm { vm: "abc".into(), force: true, family: false },
             Action::RemoveVm { vm: "abc".into(), force: false, family: true },
             Action::RemoveVm { vm: "abc".into(), force: true, family: true },
+            Action::RemoveVms(RemoveVms { vms: vec!["abc".into(), "web".into()], force: true }),
+            Action::RemoveVms(RemoveVms::default()),
             Action::GetPool,
             Action::SetPool(pool),
         ];
@@ -391,6 +405,12 @@ mod tests {
         // An empty stop body is the default grace; a bare flag is true.
         assert_eq!(parse("POST", "/v1/vms/x/stop", "").unwrap(), Action::StopVm { vm: "x".into(), grace_ms: None });
         assert_eq!(parse("DELETE", "/v1/vms/x?force", "").unwrap(), Action::RemoveVm { vm: "x".into(), force: true, family: false });
+        // A batch removal names at most MAX_REMOVE VMs; a VM named "remove"
+        // is still reached by its own path.
+        let many = serde_json::to_string(&RemoveVms { vms: vec!["a".into(); MAX_REMOVE + 1], force: true }).unwrap();
+        assert_eq!(parse("POST", "/v1/vms/remove", &many).unwrap_err().status, 400);
+        assert_eq!(parse("POST", "/v1/vms/remove", r#"{"vms":["a"],"bogus":1}"#).unwrap_err().status, 400);
+        assert_eq!(parse("DELETE", "/v1/vms/remove", "").unwrap(), Action::RemoveVm { vm: "remove".into(), force: false, family: false });
         assert_eq!(parse("GET", "/v1/vms/", "").unwrap(), Action::ListVms);
     }
 

@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 
 use crate::action::Action;
 use crate::http;
-use crate::{CreateVm, ExitInfo, PoolInfo, Version, VmInfo, VM_ID_HEADER};
+use crate::{CreateVm, ExitInfo, PoolInfo, RemoveVms, RemovedVms, Version, VmInfo, VM_ID_HEADER};
 
 /// An API error: the daemon's status and message, or a transport failure.
 #[derive(Debug)]
@@ -152,6 +152,11 @@ impl Client {
     /// `DELETE /v1/vms/{id}?family=true[&force=true]`: VM `id`'s whole family.
     pub fn remove_family(&mut self, id: &str, force: bool) -> Result<()> {
         self.call(&Action::RemoveVm { vm: id.into(), force, family: true })
+    }
+
+    /// `POST /v1/vms/remove`: many VMs in one request.
+    pub fn remove_many(&mut self, vms: &[String], force: bool) -> Result<RemovedVms> {
+        self.call(&Action::RemoveVms(RemoveVms { vms: vms.to_vec(), force }))
     }
 
     /// `GET /v1/vms/{id}/logs[?follow=true]`, delivering output as it comes.

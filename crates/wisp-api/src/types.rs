@@ -293,6 +293,40 @@ pub struct StopVm {
     pub grace_ms: Option<u64>,
 }
 
+/// Most VMs one `POST /v1/vms/remove` may name.
+pub const MAX_REMOVE: usize = 1024;
+
+/// `POST /v1/vms/remove`: remove many VMs in one request (with `force`,
+/// running ones are killed first, in waves).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RemoveVms {
+    /// VM ids, unique id prefixes or names (at most [`MAX_REMOVE`]).
+    pub vms: Vec<String>,
+    /// Kill running VMs first.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// What `POST /v1/vms/remove` did: the ids of the VMs removed, and why each
+/// of the others was not.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RemovedVms {
+    /// Ids of the VMs removed.
+    pub removed: Vec<String>,
+    /// The VMs not removed, as named in the request, and why.
+    pub failed: Vec<RemoveFailure>,
+}
+
+/// One VM that `POST /v1/vms/remove` did not remove.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RemoveFailure {
+    /// The VM as the request named it.
+    pub vm: String,
+    /// Why not.
+    pub error: String,
+}
+
 /// `GET /v1/version`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Version {

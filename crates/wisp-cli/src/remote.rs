@@ -187,20 +187,42 @@ fn each(vms: &[String], mut f: impl FnMut(&str) -> Result<(), ApiError>) -> Resu
     Ok(code)
 }
 
+/// VMs named per batch removal request (the API takes up to
+/// `wisp_api::MAX_REMOVE`): a progress bar moves between them.
+const RM_BATCH: usize = 256;
+
+/// Remove the VMs named, in batches: each name removed is printed, each
+/// one that could not be is an error line.
+fn rm_many(c: &mut Client, vms: &[String], force: bool) -> Result<u8, String> {
+    let mut code = 0;
+    for batch in vms.chunks(RM_BATCH) {
+        let r = c.remove_many(batch, force).map_err(err)?;
+        for v in batch {
+            match r.failed.iter().find(|f| &f.vm == v) {
+                Some(f) => {
+                    eprintln!("wisp: error: {v}: {}", f.error);
+                    code = EXIT_ERROR;
+                }
+                None => println!("{v}"),
+            }
+        }
+    }
+    Ok(code)
+}
+
 fn rm_all(c: &mut Client, force: bool) -> Result<u8, String> {
     let vms = c.list().map_err(err)?;
     let pb = progress(vms.len() as u64, "VMs removed");
     let t = Instant::now();
-    let (mut removed, mut skipped, mut failed) = (0, 0, 0);
-    for v in &vms {
-        if v.state != VmState::Exited && !force {
-            skipped += 1;
-        } else if c.remove(&v.id, force).is_ok() {
-            removed += 1;
-        } else {
-            failed += 1;
-        }
-        pb.inc(1);
+    let skipped = vms.iter().filter(|v| v.state != VmState::Exited && !force).count();
+    let ids: Vec<String> = vms.iter().filter(|v| v.state == VmState::Exited || force).map(|v| v.id.clone()).collect();
+    let (mut removed, mut failed) = (0, 0);
+    for batch in ids.chunks(RM_BATCH) {
+        let r = c.remove_many(batch, force).map_err(err)?;
+        removed += r.removed.len();
+        // A VM that went meanwhile (removed by someone else) is no failure.
+        failed += r.failed.iter().filter(|f| !(f.error.starts_with("no such VM") || f.error.ends_with("was removed"))).count();
+        pb.inc(batch.len() as u64);
     }
     pb.finish_and_clear();
     eprintln!(
@@ -236,7 +258,7 @@ pub fn manage(socket: &Path, cmd: Cmd) -> Result<u8, String> {
         }
         Cmd::Rm { force, all: true, .. } => rm_all(&mut c, force),
         Cmd::Rm { force, vms, family: true, .. } => each(&vms, |v| c.remove_family(v, force)),
-        Cmd::Rm { force, vms, .. } => each(&vms, |v| c.remove(v, force)),
+        Cmd::Rm { force, vms, .. } => rm_many(&mut c, &vms, force),
         Cmd::Pool { set } => {
             if !set.is_empty() {
                 let mut target = Vec::new();

@@ -542,3 +542,47 @@ fn a_forked_vm_outlives_a_parent_that_exits_at_once() {
     assert_eq!(exit.code, 0, "{out}");
     assert!(out.contains("outlived its parent true"), "{out}");
 }
+
+#[test]
+fn many_vms_are_removed_in_one_request() {
+    let d = Daemon::start("batch", &["--pool", "16M=2"]);
+    let mut c = d.client();
+    let running: Vec<wisp_api::VmInfo> = (0..5).map(|_| create(&mut c, "sleeper", &[], None)).collect();
+    let done = create(&mut c, "noop", &[], Some("done"));
+    assert_eq!(c.wait("done").unwrap().code, 0);
+    let ids: Vec<String> = running.iter().map(|v| v.id.clone()).collect();
+
+    // Without force: the exited VM goes, the running ones stay, each named
+    // with its reason; so does a name that names nothing.
+    let mut named = vec!["done".to_string(), "nosuch".to_string()];
+    named.extend(ids.iter().cloned());
+    let r = c.remove_many(&named, false).unwrap();
+    assert_eq!(r.removed, vec![done.id.clone()], "{r:?}");
+    assert_eq!(r.failed.len(), 6, "{r:?}");
+    assert!(r.failed.iter().any(|f| f.vm == "nosuch" && f.error.contains("no such VM")), "{r:?}");
+    for id in &ids {
+        assert!(r.failed.iter().any(|f| &f.vm == id && f.error.contains("is running")), "{id}: {r:?}");
+        assert_eq!(c.get(id).unwrap().state, VmState::Running);
+    }
+    // The CLI says so too, per VM.
+    let o = d.wisp(&["rm", &ids[0], "nosuch"]);
+    assert_eq!(o.status.code(), Some(125), "{:?}", text(&o));
+    assert!(text(&o).1.contains(&format!("wisp: error: {}: VM {} is running", ids[0], ids[0])), "{:?}", text(&o));
+
+    // With force, in one request (a VM named twice, by id and by prefix,
+    // goes once): every VM and its VMM process and directory are gone.
+    let mut named = ids.clone();
+    named.push(ids[1][..8].to_string());
+    let r = c.remove_many(&named, true).unwrap();
+    assert_eq!((r.removed.len(), r.failed.len()), (5, 0), "{r:?}");
+    assert!(c.list().unwrap().is_empty());
+    for v in &running {
+        assert!(!d.vm_dir(&v.id).exists(), "{} left its directory", v.id);
+        eventually(Duration::from_secs(5), || format!("VMM process {} of {} still there", v.pid, v.id), || {
+            (!std::path::Path::new(&format!("/proc/{}", v.pid)).exists()).then_some(())
+        });
+    }
+    // A request naming more VMs than the API takes is refused whole.
+    let many = vec!["x".to_string(); wisp_api::MAX_REMOVE + 1];
+    assert!(matches!(c.remove_many(&many, true), Err(ApiError::Status(400, _))));
+}

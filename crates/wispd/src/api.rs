@@ -239,6 +239,7 @@ fn route(d: &Daemon, req: &Request, w: &mut UnixStream, keep: bool, arrived: Ins
         Outcome::Vm(v) => json(w, 200, &v, keep),
         Outcome::Exit(x) => json(w, 200, &x, keep),
         Outcome::Pool(p) => json(w, 200, &p, keep),
+        Outcome::RemovedVms(r) => json(w, 200, &r, keep),
         Outcome::Removed => {
             http::write_response(w, 204, "application/json", b"", keep)?;
             Ok(true)

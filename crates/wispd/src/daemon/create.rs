@@ -224,7 +224,15 @@ impl Daemon {
         let (spec, tap) = net.map_or((None, None), |(n, t)| (Some(n), Some(t)));
         // The family's uplink: forked VMs of this one announce themselves on
         // it (made and watched when the shell was, else now).
+        // An image that cannot fork gets none: no descriptor in the daemon
+        // for the VM's life (one per VM is what bounds how many it holds).
         let (uplink, watched) = match uplink {
+            _ if !image.image.forks() => {
+                if let Some((mine, _)) = &uplink {
+                    self.unwatch(mine.as_fd());
+                }
+                (None, false)
+            }
             Some(u) => (Some(u), true),
             None => (super::process::uplink_pair(), false),
         };

@@ -1,9 +1,8 @@
 //! The life-cycle operations on VMs that exist: inspect, pause and resume,
-//! stop, kill, wait, console output, removal; and the quick control
+//! stop, kill, wait, console output (removal is `remove`); and the quick control
 //! requests they send to a VMM process.
 
 use std::io::{self, BufReader, Cursor};
-use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -23,7 +22,7 @@ impl Daemon {
     }
 
     /// Id, directory and state of the VM `key` names.
-    fn dir_of(&self, key: &str) -> Result<(String, PathBuf, VmInfo), ActionError> {
+    pub(super) fn dir_of(&self, key: &str) -> Result<(String, PathBuf, VmInfo), ActionError> {
         let t = self.vms.lock();
         let (id, e) = t.find(key)?;
         Ok((id, e.dir.clone(), e.info.clone()))
@@ -132,78 +131,5 @@ impl Daemon {
         // its last CONSOLE_RING bytes at most, never through a link).
         let saved = read_tail(&dir.join("console.log"), wisp_vmm_process::CONSOLE_RING as u64).unwrap_or_default();
         Ok(Console::Saved(Cursor::new(saved)))
-    }
-
-    /// Remove a VM (with `force`, kill it first if it runs). With the last
-    /// VM of its family goes the family's control group, and every process
-    /// still in it.
-    pub(super) fn remove(&self, key: &str, force: bool) -> Result<(), ActionError> {
-        let (id, dir, info) = self.dir_of(key)?;
-        if info.state != VmState::Exited {
-            if !force {
-                return Err(ActionError::Running(id));
-            }
-            if proto::call(&dir.join("ctl.sock"), &Request::Kill, None, Some(Duration::from_secs(2))).is_err() {
-                self.kill_process(&id);
-            }
-            if self.wait(&id, Some(Duration::from_secs(5))).is_err() {
-                self.kill_process(&id);
-                self.wait(&id, Some(Duration::from_secs(5)))?;
-            }
-        }
-        let root = info.family.clone().unwrap_or_else(|| id.clone());
-        let mut t = self.vms.lock();
-        if let Some(e) = t.remove(&id) {
-            for fd in e.pidfd.iter().chain(e.uplink.iter()) {
-                self.unwatch(fd.as_fd());
-            }
-        }
-        let family_left = t.by_id.values().any(|e| e.info.id == root || e.info.family.as_deref() == Some(root.as_str()));
-        drop(t);
-        // The family's last VM: whatever still runs in its control group
-        // (nothing should) is killed, before its user id can be reused.
-        if !family_left {
-            self.destroy_group(&root);
-        }
-        self.remove_dir(&dir);
-        Ok(())
-    }
-
-    /// The ids of family `root`'s VMs (the root's too, if it is still there).
-    fn family_ids(&self, root: &str) -> Vec<String> {
-        let t = self.vms.lock();
-        t.by_id.values().filter(|e| e.info.id == root || e.info.family.as_deref() == Some(root)).map(|e| e.info.id.clone()).collect()
-    }
-
-    /// Remove every VM of VM `key`'s family (with `force`, running ones
-    /// too). Removed one by one, a family that forks would make new VMs
-    /// as fast as old ones go: with a control group, every process in it
-    /// is killed at once first (none forks meanwhile), and so is the group.
-    pub(super) fn remove_family(&self, key: &str, force: bool) -> Result<(), ActionError> {
-        let (id, _, info) = self.dir_of(key)?;
-        let root = info.family.clone().unwrap_or(id);
-        if !force {
-            let t = self.vms.lock();
-            let running = t.by_id.values().find(|e| (e.info.id == root || e.info.family.as_deref() == Some(root.as_str())) && e.info.state != VmState::Exited);
-            if let Some(e) = running {
-                return Err(ActionError::Running(e.info.id.clone()));
-            }
-        }
-        self.destroy_group(&root);
-        // A fork registered while the family died is one more (exited) VM:
-        // a few rounds take those too.
-        for _ in 0..4 {
-            let ids = self.family_ids(&root);
-            if ids.is_empty() {
-                break;
-            }
-            for id in ids {
-                match self.remove(&id, true) {
-                    Ok(()) | Err(ActionError::NotFound(_) | ActionError::Gone(_)) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        Ok(())
     }
 }

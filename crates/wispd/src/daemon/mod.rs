@@ -15,6 +15,7 @@
 //! VMM processes), `net` (bridge, addresses, taps), `process` (spawning
 //! and stopping VMM processes, their directories), `watch` (exits), `create`
 //! (creating a VM, with its rollback), `lifecycle` (everything after),
+//! `remove` (removing one VM, a family, many at once),
 //! `console` (console streams), `family` (forked VMs), `record` (the
 //! daemon's own state), `adopt` (VMs left by a previous daemon), `quota`
 //! (what the daemon admits, what each family may use; the families'
@@ -47,6 +48,7 @@ mod net;
 pub mod process;
 mod quota;
 mod record;
+mod remove;
 mod table;
 mod uids;
 mod watch;
@@ -101,6 +103,8 @@ pub enum Outcome {
     Logs(Console),
     /// The VM is gone.
     Removed,
+    /// What a batch removal did.
+    RemovedVms(wisp_api::RemovedVms),
     /// The pool.
     Pool(PoolInfo),
 }
@@ -224,6 +228,7 @@ impl Daemon {
                 self.remove_family(&vm, force)?;
                 Outcome::Removed
             }
+            Action::RemoveVms(r) => Outcome::RemovedVms(self.remove_many(&r.vms, r.force)),
             Action::GetPool => Outcome::Pool(self.pool.info()),
             Action::SetPool(p) => {
                 self.pool.set_targets(&p.target)?;
@@ -273,10 +278,7 @@ impl Daemon {
     /// family's last VM is removed).
     fn family_ended(&self, root: &str) {
         if let Some(c) = &self.cgroups {
-            let live = self.vms.lock().by_id.values().any(|e| {
-                (e.info.id == root || e.info.family.as_deref() == Some(root)) && e.info.state != wisp_api::VmState::Exited
-            });
-            if !live {
+            if self.vms.lock().family_count(root).1 == 0 {
                 c.remove_if_empty(root);
             }
         }

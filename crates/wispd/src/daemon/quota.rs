@@ -6,7 +6,7 @@
 //! forked, not exited) plus creates in progress, which hold their share
 //! from the check until their VM is in the table or the create failed.
 
-use wisp_api::{CreateVm, VmLimits, VmState, MAX_FAMILY};
+use wisp_api::{CreateVm, VmLimits, MAX_FAMILY};
 
 use super::error::ActionError;
 use super::table::Table;
@@ -75,9 +75,7 @@ impl Table {
     /// VMs running (not exited) and their guest RAM, creates in progress
     /// included.
     pub fn load(&self) -> (usize, u64) {
-        let live = self.by_id.values().filter(|e| e.info.state != VmState::Exited);
-        let (n, mem) = live.fold((0usize, 0u64), |(n, m), e| (n + 1, m.saturating_add(e.info.mem)));
-        (n + self.pending.0, mem.saturating_add(self.pending.1))
+        (self.live.0 + self.pending.0, self.live.1.saturating_add(self.pending.1))
     }
 
     /// Whether one more VM of `mem` bytes fits under `q` (a fork's check).
@@ -135,6 +133,7 @@ mod tests {
 
     #[test]
     fn admission_counts_running_vms_and_creates_in_progress() {
+        use wisp_api::VmState;
         let q = Quotas { max_vms: 2, max_guest_memory: 64 << 20 };
         let mut t = Table::default();
         t.admit(32 << 20, &q).unwrap();

@@ -9,7 +9,7 @@ use std::process::Child;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use wisp_api::{ExitInfo, VmInfo};
+use wisp_api::{ExitInfo, VmInfo, VmState};
 
 use super::error::ActionError;
 use super::uids::dir_uid;
@@ -35,12 +35,14 @@ pub struct Entry {
     /// Its VMM process's pid in the VMM processes' PID namespace (what
     /// that process and its family call it), read when it was entered.
     pub ns_pid: Option<u32>,
+    /// The user id owning its directory, read once when it is inserted.
+    uid: Option<u32>,
 }
 
 impl Entry {
     /// A fresh entry for a VM.
     pub fn new(info: VmInfo, dir: PathBuf, child: Option<Child>, pidfd: Option<OwnedFd>) -> Entry {
-        Entry { info, dir, child, pidfd, ctl: None, forwards: Vec::new(), uplink: None, ns_pid: None }
+        Entry { info, dir, child, pidfd, ctl: None, forwards: Vec::new(), uplink: None, ns_pid: None, uid: None }
     }
 }
 
@@ -54,6 +56,20 @@ pub struct Table {
     /// Creates admitted and in progress: how many, and their guest RAM
     /// (`quota`).
     pub(super) pending: (usize, u64),
+    /// VMs not exited and their guest RAM (kept as VMs come, end and go:
+    /// no look at every VM on a create).
+    pub(super) live: (usize, u64),
+    /// VMs per directory owner (forked VMs share their family's user id).
+    uids: HashMap<u32, usize>,
+    /// VMs per family root (the root itself counted), and how many of them
+    /// have not exited.
+    families: HashMap<String, (usize, usize)>,
+}
+
+/// The root of the family `info` belongs to (a VM that never forked is the
+/// root of its own).
+pub fn root_of(info: &VmInfo) -> &str {
+    info.family.as_deref().unwrap_or(&info.id)
 }
 
 impl Table {
@@ -106,7 +122,20 @@ impl Table {
 
     /// Add a VM (its name, if any, now names it, unless another VM in the
     /// table has it already).
-    pub fn insert(&mut self, e: Entry) {
+    pub fn insert(&mut self, mut e: Entry) {
+        // The same id again replaces the entry: counted once.
+        self.remove(&e.info.id.clone());
+        e.uid = dir_uid(&e.dir);
+        if let Some(u) = e.uid {
+            *self.uids.entry(u).or_default() += 1;
+        }
+        let live = e.info.state != VmState::Exited;
+        let f = self.families.entry(root_of(&e.info).to_string()).or_default();
+        f.0 += 1;
+        if live {
+            f.1 += 1;
+            self.live = (self.live.0 + 1, self.live.1.saturating_add(e.info.mem));
+        }
         if let Some(n) = &e.info.name {
             let held = self.names.get(n).is_some_and(|id| id != &e.info.id && self.by_id.contains_key(id));
             if !held {
@@ -119,6 +148,26 @@ impl Table {
     /// Take VM `id` out, with its name (if the name is this VM's).
     pub fn remove(&mut self, id: &str) -> Option<Entry> {
         let e = self.by_id.remove(id)?;
+        if let Some(u) = e.uid {
+            if let Some(c) = self.uids.get_mut(&u) {
+                *c -= 1;
+                if *c == 0 {
+                    self.uids.remove(&u);
+                }
+            }
+        }
+        let live = e.info.state != VmState::Exited;
+        if live {
+            self.live = (self.live.0.saturating_sub(1), self.live.1.saturating_sub(e.info.mem));
+        }
+        let root = root_of(&e.info);
+        if let Some(f) = self.families.get_mut(root) {
+            f.0 -= 1;
+            f.1 -= live as usize;
+            if f.0 == 0 {
+                self.families.remove(root);
+            }
+        }
         if let Some(n) = &e.info.name {
             if self.names.get(n).is_some_and(|holder| holder == id) {
                 self.names.remove(n);
@@ -130,7 +179,29 @@ impl Table {
     /// Whether a VM's directory is owned by `uid` (forked VMs share their
     /// family's).
     pub fn uid_in_use(&self, uid: u32) -> bool {
-        self.by_id.values().any(|e| dir_uid(&e.dir) == Some(uid))
+        self.uids.contains_key(&uid)
+    }
+
+    /// Record that VM `id` has exited (the one way a VM's state becomes
+    /// `Exited` in the table). Returns its entry, or none if it is not
+    /// there or had exited already.
+    pub fn set_exited(&mut self, id: &str) -> Option<&mut Entry> {
+        let e = self.by_id.get_mut(id)?;
+        if e.info.state == VmState::Exited {
+            return None;
+        }
+        e.info.state = VmState::Exited;
+        self.live = (self.live.0.saturating_sub(1), self.live.1.saturating_sub(e.info.mem));
+        if let Some(f) = self.families.get_mut(root_of(&e.info)) {
+            f.1 -= 1;
+        }
+        Some(e)
+    }
+
+    /// How many VMs family `root` has (the root counted, if it is still
+    /// there), and how many of them have not exited.
+    pub fn family_count(&self, root: &str) -> (usize, usize) {
+        self.families.get(root).copied().unwrap_or_default()
     }
 }
 
@@ -284,6 +355,33 @@ pub(crate) mod tests {
         t.insert(vm("ccc000000000", Some("x")));
         assert_eq!(t.lookup("x").unwrap(), "ccc000000000");
         assert_eq!(t.list().len(), 1);
+    }
+
+    #[test]
+    fn counts_follow_vms_as_they_come_end_and_go() {
+        let mut t = Table::default();
+        t.insert(vm("aaa000000000", None));
+        let kid = VmInfo { family: Some("aaa000000000".into()), parent: Some("aaa000000000".into()), ..info("bbb000000000") };
+        t.insert(Entry::new(kid, PathBuf::from("/nonexistent"), None, None));
+        t.insert(vm("ccc000000000", None));
+        assert_eq!(t.load(), (3, 3 * (16 << 20)));
+        assert_eq!(t.family_count("aaa000000000"), (2, 2));
+        assert_eq!(t.family_count("ccc000000000"), (1, 1));
+        // An exit is counted once; the VM stays in its family until removed.
+        assert!(t.set_exited("bbb000000000").is_some());
+        assert!(t.set_exited("bbb000000000").is_none());
+        assert_eq!(t.family_count("aaa000000000"), (2, 1));
+        assert_eq!(t.load(), (2, 2 * (16 << 20)));
+        // The root goes first, its child after: the family is gone with both.
+        t.remove("aaa000000000");
+        assert_eq!(t.family_count("aaa000000000"), (1, 0));
+        t.remove("bbb000000000");
+        assert_eq!(t.family_count("aaa000000000"), (0, 0));
+        // The same id inserted again is counted once.
+        t.insert(vm("ccc000000000", None));
+        assert_eq!((t.load(), t.family_count("ccc000000000")), ((1, 16 << 20), (1, 1)));
+        t.remove("ccc000000000");
+        assert_eq!((t.load(), t.families.len(), t.uids.len()), ((0, 0), 0, 0));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::process::Child;
 use std::sync::Arc;
 
 use rustix::event::epoll;
-use wisp_api::{ExitInfo, VmInfo, VmState};
+use wisp_api::{ExitInfo, VmInfo};
 
 use super::family::ForkQueue;
 use super::process::{kill_fd, read_exit, Worker};
@@ -80,7 +80,7 @@ impl Daemon {
     /// reap it, wake waiters.
     fn on_exit(&self, id: &str) {
         let mut t = self.vms.lock();
-        let Some(e) = t.by_id.get_mut(id) else { return };
+        let Some(e) = t.set_exited(id) else { return };
         if let Some(fd) = e.pidfd.take() {
             self.unwatch(fd.as_fd());
         }
@@ -99,7 +99,6 @@ impl Daemon {
             });
             e.info.exit = Some(exit);
         }
-        e.info.state = VmState::Exited;
         let ip = e.info.ip.clone();
         let root = e.info.family.clone().unwrap_or_else(|| id.to_string());
         drop(t);
