@@ -3,7 +3,8 @@ SHELL := /bin/bash
 CARGO ?= cargo
 GUEST_TARGET := x86_64-unknown-none
 GUEST_APPS := noop hello sleeper daytime echo iperf family kvstore
-TEST_IMAGES := hostile
+TEST_PACKAGES := hostile
+TEST_IMAGES := hostile hostile-lone
 IMAGES := build/images
 WISP := target/release/wisp
 
@@ -20,7 +21,7 @@ host: deps
 	$(CARGO) build --release
 
 guest: deps
-	$(CARGO) build --profile guest --target $(GUEST_TARGET) $(addprefix -p ,$(GUEST_APPS) $(TEST_IMAGES))
+	$(CARGO) build --profile guest --target $(GUEST_TARGET) $(addprefix -p ,$(GUEST_APPS) $(TEST_PACKAGES))
 	@mkdir -p $(IMAGES)
 	@for i in $(GUEST_APPS) $(TEST_IMAGES); do cp target/$(GUEST_TARGET)/guest/$$i $(IMAGES)/$$i; done
 

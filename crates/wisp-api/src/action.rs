@@ -139,6 +139,8 @@ pub enum InvalidCreate {
     PeersWithoutNic,
     /// `attach` and `wait_line` in one request.
     AttachAndWaitLine,
+    /// A tenant that is no tenant name.
+    Tenant,
 }
 
 impl std::fmt::Display for InvalidCreate {
@@ -147,6 +149,7 @@ impl std::fmt::Display for InvalidCreate {
             InvalidCreate::RateWithoutNic => "net_rate needs a NIC: ask for net or ports too",
             InvalidCreate::PeersWithoutNic => "net_peers needs a NIC: ask for net or ports too",
             InvalidCreate::AttachAndWaitLine => "attach and wait_line do not go together: the console stream starts at once",
+            InvalidCreate::Tenant => "invalid tenant: use 1-64 of [A-Za-z0-9_.-], not starting with '-' or '.'",
         })
     }
 }
@@ -166,6 +169,9 @@ impl CreateVm {
         }
         if self.net_peers && !self.wants_nic() {
             return Err(InvalidCreate::PeersWithoutNic);
+        }
+        if self.tenant.as_deref().is_some_and(|t| !crate::valid_tenant(t)) {
+            return Err(InvalidCreate::Tenant);
         }
         Ok(())
     }
@@ -331,6 +337,7 @@ mod tests {
             memory: Some(256 << 20),
             cpus: Some(1.5),
             family_limit: Some(8),
+            tenant: Some("acme".into()),
         };
         assert_eq!(check_limits(&create), Ok(()));
         let pool = PoolInfo { target: vec![PoolTarget { mem: 16 << 20, count: 3 }], ..Default::default() };

@@ -54,6 +54,18 @@ pub struct CreateVm {
     /// with `EAGAIN`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub family_limit: Option<u32>,
+    /// Whose VM it is (1-64 of `[A-Za-z0-9_.-]`). Under
+    /// `wispd --vms-per-process N` the VMs of one tenant (and size) may
+    /// share a VMM process and its sandbox; VMs of different tenants never
+    /// do. Default: the anonymous tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
+/// Whether `t` can name a tenant: 1-64 of `[A-Za-z0-9_.-]`, not starting
+/// with `-` or `.`.
+pub fn valid_tenant(t: &str) -> bool {
+    !t.is_empty() && t.len() <= 64 && t.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) && !t.starts_with(['-', '.'])
 }
 
 fn is_false(b: &bool) -> bool {
@@ -221,6 +233,13 @@ pub struct VmInfo {
     /// control groups, or the VM predates them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<VmLimits>,
+    /// The tenant it was created for, if one was named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// The id of the group VMM process that runs it, if it shares one
+    /// (`wispd --vms-per-process`); none: a VMM process of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// A start's way through the toolstack, on the host's monotonic clock

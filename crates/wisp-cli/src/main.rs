@@ -44,6 +44,10 @@ pub struct RunArgs {
     /// Print timings of each boot phase to stderr.
     #[arg(long)]
     pub stats: bool,
+    /// Whose VM it is (1-64 of [A-Za-z0-9_.-]): under wispd
+    /// --vms-per-process, only VMs of one tenant share a VMM process.
+    #[arg(long)]
+    pub tenant: Option<String>,
     /// Most VMs in the VM's family (itself, its children, theirs, ...; at
     /// most 64, the default); a fork beyond it fails with EAGAIN.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=wisp_api::MAX_FAMILY as i64))]

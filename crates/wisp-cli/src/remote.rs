@@ -56,6 +56,7 @@ pub fn run(mut c: Client, a: &RunArgs) -> Result<u8, String> {
         memory: a.memory,
         cpus: a.cpus,
         family_limit: a.family_limit,
+        tenant: a.tenant.clone(),
     };
     wisp_api::action::check_limits(&req).map_err(|e| e.to_string())?;
     if let Some(n) = a.count {

@@ -350,8 +350,9 @@ fn unread(fd: &OwnedFd) -> i32 {
 fn a_fork_note_whose_answer_is_never_read_stalls_nothing() {
     let d = start_daemon("fork", "16M=2", false);
     let mut c = d.client();
-    let root = create(&mut c, sleeper());
-    wait_console(&mut c, &root.id, "sleeper: sleeping");
+    // A VM whose image may fork (only such a VM's process holds an uplink).
+    let root = create(&mut c, CreateVm { image: "family".into(), args: vec!["hold".into()], ..Default::default() });
+    wait_console(&mut c, &root.id, "hold: pid");
     // What a compromised VMM process of the family can do: send a fork
     // note on its uplink with an answer socket it never reads and whose
     // buffer it has filled first, in blocking mode.

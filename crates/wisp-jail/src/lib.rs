@@ -34,6 +34,38 @@ use rustix::process::{chdir, pivot_root, setrlimit, Resource, Rlimit};
 /// still single-threaded: the filters and credentials then hold for every
 /// thread it creates afterwards.
 pub fn enter(uid: u32, mem: u64, kick_signal: i32, base: &Path) -> Result<(), String> {
+    enter_with(uid, Sizes::one(mem), kick_signal, base)
+}
+
+/// How large a jailed process may grow: its address space, descriptors
+/// and threads (the latter two per user id, which is the process's own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sizes {
+    /// Bytes of address space.
+    pub address_space: u64,
+    /// Open descriptors.
+    pub files: u64,
+    /// Threads.
+    pub threads: u64,
+}
+
+impl Sizes {
+    /// A process with one VM of `mem` bytes of guest RAM.
+    pub fn one(mem: u64) -> Sizes {
+        Sizes { address_space: mem + (2 << 30), files: 256, threads: 256 }
+    }
+
+    /// A process holding up to `n` VMs of `mem` bytes each, each with its
+    /// own KVM VM, vCPU thread and control socket: room for `n` times one
+    /// VM's mappings, descriptors and threads (its watchdog, its streams).
+    pub fn group(mem: u64, n: u32) -> Sizes {
+        let n = u64::from(n.max(1));
+        Sizes { address_space: n * (mem + (64 << 20)) + (2 << 30), files: 256 + 16 * n, threads: 256 + 4 * n }
+    }
+}
+
+/// [`enter`] with the limits of `sizes`.
+pub fn enter_with(uid: u32, sizes: Sizes, kick_signal: i32, base: &Path) -> Result<(), String> {
     let filters = seccomp::process_filters(kick_signal)?;
     seccomp::prepare(kick_signal)?;
     let flags = libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWNS | libc::CLONE_NEWCGROUP;
@@ -46,12 +78,12 @@ pub fn enter(uid: u32, mem: u64, kick_signal: i32, base: &Path) -> Result<(), St
     let lim = |res, n: u64| {
         setrlimit(res, Rlimit { current: Some(n), maximum: Some(n) }).map_err(|e| format!("setrlimit {res:?}: {e}"))
     };
-    lim(Resource::Nofile, 256)?;
-    lim(Resource::Nproc, 256)?;
+    lim(Resource::Nofile, sizes.files)?;
+    lim(Resource::Nproc, sizes.threads)?;
     lim(Resource::Core, 0)?;
     lim(Resource::Fsize, 1 << 20)?;
     lim(Resource::Memlock, 0)?;
-    lim(Resource::As, mem + (2 << 30))?;
+    lim(Resource::As, sizes.address_space)?;
     // SAFETY: plain credential system calls on this single-threaded process;
     // after them the process has no capabilities (all uids non-zero).
     unsafe {

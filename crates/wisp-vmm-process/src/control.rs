@@ -15,6 +15,9 @@ use wisp_vmm::{Image, NetConfig};
 use crate::proto::{recv_line, send_line, Reply, Request, WorkerState};
 use crate::state::{spawn_conn, Shared};
 
+/// The answer to a `host` sent to a VM's own control socket.
+const NOT_A_GROUP: &str = "this is a VM's control socket: only a group's hosts VMs";
+
 /// A start request, parsed.
 pub(crate) struct StartCmd {
     /// The image, or none for the shell's preloaded one (of this name).
@@ -102,6 +105,7 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
         Request::Pause | Request::Resume | Request::Stop { .. } | Request::Kill | Request::Wait | Request::Uplink => {
             Reply::err("the VM has not been started")
         }
+        Request::Host { .. } => Reply::err(NOT_A_GROUP),
     };
     let _ = send_line(&conn, &reply, None);
     None
@@ -186,7 +190,7 @@ pub(crate) fn next_pooled(listener: &UnixListener, sessions: &mut Vec<UnixStream
 
 /// Accept a connection, whose reads then end within 10 s (a request line
 /// comes whole: reads come when a poll said there is something).
-fn accept_timed(listener: &UnixListener) -> io::Result<(UnixStream, std::os::unix::net::SocketAddr)> {
+pub(crate) fn accept_timed(listener: &UnixListener) -> io::Result<(UnixStream, std::os::unix::net::SocketAddr)> {
     let (c, a) = listener.accept()?;
     c.set_read_timeout(Some(Duration::from_secs(10)))?;
     Ok((c, a))
@@ -195,7 +199,7 @@ fn accept_timed(listener: &UnixListener) -> io::Result<(UnixStream, std::os::uni
 /// Read one request line (within the read timeout [`accept_timed`] set) and
 /// decode it; a malformed one is answered with an error and ends the
 /// connection.
-fn read_request(conn: &UnixStream) -> Option<(Request, Vec<OwnedFd>)> {
+pub(crate) fn read_request(conn: &UnixStream) -> Option<(Request, Vec<OwnedFd>)> {
     let (line, fd) = recv_line(conn).ok()?;
     match serde_json::from_slice(&line) {
         Ok(r) => Some((r, fd)),
@@ -208,7 +212,26 @@ fn read_request(conn: &UnixStream) -> Option<(Request, Vec<OwnedFd>)> {
 
 /// Read and answer one request; give the connection back if it can carry more.
 fn serve_one(shared: &Arc<Shared>, conn: UnixStream) -> Option<UnixStream> {
+    serve_request(shared, conn, false)
+}
+
+/// [`serve_one`] for a VM of a group, served by the group's main thread:
+/// a `wait` is parked (answered when the VM ends) rather than given a
+/// thread.
+pub(crate) fn serve_hosted(shared: &Arc<Shared>, conn: UnixStream) -> Option<UnixStream> {
+    serve_request(shared, conn, true)
+}
+
+fn serve_request(shared: &Arc<Shared>, conn: UnixStream, park_waits: bool) -> Option<UnixStream> {
     let (req, fds) = read_request(&conn)?;
+    if park_waits && req == Request::Wait {
+        shared.park_waiter(conn);
+        return None;
+    }
+    // A group's VMs cannot fork: they take no uplink.
+    if park_waits && req == Request::Uplink {
+        return send_line(&conn, &Reply::err(crate::proto::NO_FORK), None).ok().map(|()| conn);
+    }
     let reply_conn = conn.try_clone().ok()?;
     // Counted while served, so the process does not exit (the VM may end
     // meanwhile, e.g. on a stop request) before the reply is sent.
@@ -256,6 +279,7 @@ fn serve(shared: &Arc<Shared>, conn: UnixStream, req: Request) -> io::Result<()>
     let control = || shared.state.lock().unwrap().control.clone();
     let reply = match req {
         Request::Start { .. } | Request::Preload { .. } => Reply::err("this VM has already been started"),
+        Request::Host { .. } => Reply::err(NOT_A_GROUP),
         Request::Status => shared.state.lock().unwrap().status(),
         Request::Pause | Request::Resume => {
             let Some(c) = control() else {

@@ -16,7 +16,7 @@
 //! [`images`] (finding images), [`nic`] (NICs and their MAC rule), [`proto`]
 //! (the daemon ↔ VMM-process protocol), [`units`] (sizes and pool targets on command lines);
 //! and for the daemon's VMM process `process` (its life), `control` (the
-//! control socket), `console` (the console ring), `sink` (the vCPU
+//! control socket), [`group`] (a process holding many VMs), `console` (the console ring), `sink` (the vCPU
 //! thread's console: ring and attached stream), `fork` (fork adoption) and
 //! `state` (what its threads share). The sandbox is the `wisp-jail` crate.
 
@@ -27,6 +27,7 @@ mod console;
 mod control;
 pub mod exit;
 mod fork;
+pub mod group;
 mod narrow;
 pub mod images;
 pub mod nic;

@@ -148,50 +148,11 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
         }
         // The image's pages are mapped: its descriptor is needed no more.
         drop(image);
-        let attached = cmd.client.is_some() || cmd.attach;
-        {
-            let mut st = shared.state.lock().unwrap();
-            st.phase = WorkerState::Running;
-            st.boot_us = Some(boot_us);
-            st.control = Some(vm.control());
-            if attached {
-                st.conns += 1;
-            }
-        }
-        let reply = Reply {
-            boot_us: Some(boot_us),
-            received_ns: Some(cmd.received_ns),
-            entered_ns: Some(crate::monotonic_ns()),
-            preloaded: held,
-            ..Reply::ok(WorkerState::Running)
-        };
-        // The reply first: a daemon that gets none may still answer the
-        // client itself, as nothing has been written to it yet.
-        let _ = send_line(&conn, &reply, None);
-        // The console goes to the client's own connection (handed over by
-        // the daemon), after the response's head (the daemon's own writer's,
-        // written here blocking within the daemon's write timeout); the
-        // daemon hears on the start's connection when the first output went
-        // out. Else to the start's connection if attached.
-        let (attached, first_out) = match cmd.client.take() {
-            Some((client, head)) if (&client).write_all(&head).is_ok() => (Some((client, Framing::Chunked)), Some(conn)),
-            Some(_) => {
-                shared.release_conn();
-                drop(conn);
-                (None, None)
-            }
-            None if cmd.attach => (Some((conn, Framing::Raw)), None),
-            // Nothing more goes to the daemon on the start's connection: it
-            // is not kept for the VM's life.
-            None => {
-                drop(conn);
-                (None, None)
-            }
-        };
+        let sink = begin(&shared, &vm, conn, Started { boot_us, received_ns: cmd.received_ns, held }, cmd.attach, cmd.client.take());
         let _ = ltx.send(listener);
         let deadline = cmd.timeout.map(|t| Instant::now() + t);
         let mut shared = shared;
-        let mut sink = Sink::new(shared.clone(), attached, first_out);
+        let mut sink = sink;
         let outcome = loop {
             if let Some(o) = vm.run_until_fork(&mut sink, deadline) {
                 break o;
@@ -226,19 +187,77 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
 /// The VM has ended: write `console.log` and `exit.json`, tell waiters,
 /// let followers and waiters read the end (5 s at most), and exit.
 fn finish(shared: &Arc<Shared>, exit: ExitInfo) -> ! {
-    if let Some(mut f) = shared.files.lock().unwrap().take() {
-        let _ = shared.console.write_to(&mut f.console);
-        let _ = f.exit.write_all(&serde_json::to_vec(&exit).unwrap_or_default());
-    }
+    shared.end(exit);
     let mut st = shared.state.lock().unwrap();
-    st.phase = WorkerState::Exited;
-    st.exit = Some(exit);
-    st.control = None;
-    shared.cv.notify_all();
-    shared.console.wake();
     let deadline = Instant::now() + Duration::from_secs(5);
     while st.conns > 0 && Instant::now() < deadline {
         st = shared.cv.wait_timeout(st, Duration::from_millis(50)).unwrap().0;
     }
     std::process::exit(0)
+}
+
+/// How a start went, for its reply.
+pub(crate) struct Started {
+    /// The execute phase, in µs.
+    pub boot_us: u64,
+    /// When the request was read (host monotonic clock, ns).
+    pub received_ns: u64,
+    /// The shell held the image loaded ahead.
+    pub held: bool,
+}
+
+/// The VM is loaded and about to run: record it as running, answer the
+/// start on `conn`, and set up where its console goes (the client's own
+/// connection if handed over, with `conn` told of the first output; else
+/// `conn` itself with `attach`). Returns the vCPU thread's console sink.
+pub(crate) fn begin(
+    shared: &Arc<Shared>,
+    vm: &wisp_vmm::Vm,
+    conn: std::os::unix::net::UnixStream,
+    started: Started,
+    attach: bool,
+    client: Option<(std::os::unix::net::UnixStream, Vec<u8>)>,
+) -> Sink {
+    let Started { boot_us, received_ns, held } = started;
+    let attached = client.is_some() || attach;
+    {
+        let mut st = shared.state.lock().unwrap();
+        st.phase = WorkerState::Running;
+        st.boot_us = Some(boot_us);
+        st.control = Some(vm.control());
+        if attached {
+            st.conns += 1;
+        }
+    }
+    let reply = Reply {
+        boot_us: Some(boot_us),
+        received_ns: Some(received_ns),
+        entered_ns: Some(crate::monotonic_ns()),
+        preloaded: held,
+        ..Reply::ok(WorkerState::Running)
+    };
+    // The reply first: a daemon that gets none may still answer the
+    // client itself, as nothing has been written to it yet.
+    let _ = send_line(&conn, &reply, None);
+    // The console goes to the client's own connection (handed over by
+    // the daemon), after the response's head (the daemon's own writer's,
+    // written here blocking within the daemon's write timeout); the
+    // daemon hears on the start's connection when the first output went
+    // out. Else to the start's connection if attached.
+    let (attached, first_out) = match client {
+        Some((client, head)) if (&client).write_all(&head).is_ok() => (Some((client, Framing::Chunked)), Some(conn)),
+        Some(_) => {
+            shared.release_conn();
+            drop(conn);
+            (None, None)
+        }
+        None if attach => (Some((conn, Framing::Raw)), None),
+        // Nothing more goes to the daemon on the start's connection: it
+        // is not kept for the VM's life.
+        None => {
+            drop(conn);
+            (None, None)
+        }
+    };
+    Sink::new(shared.clone(), attached, first_out)
 }

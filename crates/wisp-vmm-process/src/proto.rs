@@ -63,6 +63,23 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         client_head: Option<String>,
     },
+    /// To a group VMM process (`wispd __worker --group N`): run one more VM
+    /// of its own, `vm`, in its own KVM VM on a thread of its own. The
+    /// descriptors: the VM's `exit.json` and `console.log` (opened by the
+    /// daemon), the listener of its control socket (bound by the daemon),
+    /// the image and, with `client_head`, the API client's connection (as
+    /// for [`Request::Start`]). The reply comes once the VM runs; with
+    /// `attach` the console follows on the same connection.
+    Host {
+        vm: String,
+        image_name: String,
+        args: Vec<String>,
+        timeout_ms: Option<u64>,
+        #[serde(default)]
+        attach: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        client_head: Option<String>,
+    },
     /// A pooled shell: load the image passed with the request ahead of a
     /// start (the one most likely asked for), and touch its pages.
     Preload { image_name: String },
@@ -172,7 +189,7 @@ impl Reply {
 }
 
 /// Most descriptors one message carries.
-pub const MAX_FDS: usize = 4;
+pub const MAX_FDS: usize = 5;
 
 /// Sent by a forked VMM process on its family's uplink (a SEQPACKET socket
 /// to the daemon), with one descriptor: its end of a fresh socket pair on

@@ -3,7 +3,7 @@
 //! writes when it ends, and a count of open connections (the process stays
 //! until they are served).
 
-use std::io;
+use std::io::{self, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -12,7 +12,7 @@ use wisp_jail::JailFiles;
 use wisp_vmm::Control;
 
 use crate::console::{Console, Framing};
-use crate::proto::{Reply, WorkerState};
+use crate::proto::{send_line, Reply, WorkerState};
 
 pub(crate) struct State {
     pub phase: WorkerState,
@@ -21,6 +21,9 @@ pub(crate) struct State {
     pub control: Option<Arc<Control>>,
     /// Connections being served (or streamed to).
     pub conns: usize,
+    /// `wait` requests parked until the VM ends (a group's VMs: no thread
+    /// per waiter).
+    pub waiters: Vec<UnixStream>,
 }
 
 impl State {
@@ -43,7 +46,7 @@ impl Shared {
     pub fn new(files: JailFiles, phase: WorkerState, control: Option<Arc<Control>>) -> Arc<Shared> {
         Arc::new(Shared {
             files: Mutex::new(Some(files)),
-            state: Mutex::new(State { phase, exit: None, boot_us: None, control, conns: 0 }),
+            state: Mutex::new(State { phase, exit: None, boot_us: None, control, conns: 0, waiters: Vec::new() }),
             cv: Condvar::new(),
             console: Console::new(),
         })
@@ -58,6 +61,39 @@ impl Shared {
     /// ends.
     pub fn stream_logs(&self, conn: UnixStream, follow: bool, from: Option<u64>, framing: Framing, pending: &[u8]) -> io::Result<()> {
         self.console.stream(conn, follow, from, || self.exited(), framing, pending)
+    }
+
+    /// The VM has ended: write `console.log` and `exit.json`, record the
+    /// exit, wake every thread waiting and answer the parked waiters.
+    pub fn end(&self, exit: ExitInfo) {
+        if let Some(mut f) = self.files.lock().unwrap().take() {
+            let _ = self.console.write_to(&mut f.console);
+            let _ = f.exit.write_all(&serde_json::to_vec(&exit).unwrap_or_default());
+        }
+        let (waiters, reply) = {
+            let mut st = self.state.lock().unwrap();
+            st.phase = WorkerState::Exited;
+            st.exit = Some(exit);
+            st.control = None;
+            self.cv.notify_all();
+            (std::mem::take(&mut st.waiters), st.status())
+        };
+        self.console.wake();
+        for w in waiters {
+            let _ = send_line(&w, &reply, None);
+        }
+    }
+
+    /// Answer `conn`'s `wait` when the VM ends (now, if it has).
+    pub fn park_waiter(&self, conn: UnixStream) {
+        let mut st = self.state.lock().unwrap();
+        if st.phase == WorkerState::Exited {
+            let reply = st.status();
+            drop(st);
+            let _ = send_line(&conn, &reply, None);
+        } else {
+            st.waiters.push(conn);
+        }
     }
 
     /// A connection being served has finished.

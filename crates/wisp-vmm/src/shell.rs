@@ -24,6 +24,12 @@ pub fn open_kvm() -> Result<Kvm> {
     Kvm::new().map_err(|e| Error::NoKvm(e.into()))
 }
 
+/// Whether KVM copies registers out at an exit when asked
+/// (`KVM_CAP_SYNC_REGS`).
+pub fn sync_regs_supported(kvm: &Kvm) -> bool {
+    kvm.check_extension(kvm_ioctls::Cap::SyncRegs)
+}
+
 /// Check a requested RAM size and round it up to a whole 2 MiB page.
 pub fn check_mem_size(bytes: u64) -> Result<u64> {
     if bytes < MIN_MEM {
@@ -88,6 +94,15 @@ fn dup_kvm(kvm: &Kvm) -> Option<Kvm> {
 impl Shell {
     /// Create a shell with `mem_size` bytes of RAM (see [`check_mem_size`]).
     pub fn create(kvm: &Kvm, mem_size: u64) -> Result<Shell> {
+        Shell::create_with(kvm, mem_size, sync_regs_supported(kvm), true)
+    }
+
+    /// [`Shell::create`] where KVM can no longer be asked what it supports
+    /// (in a sandbox that refuses the question): `sync_regs` is
+    /// [`sync_regs_supported`]'s answer, asked before. With `can_fork` the
+    /// shell keeps a handle on `/dev/kvm` of its own, to make a forked
+    /// child's VM; without, its VM cannot fork.
+    pub fn create_with(kvm: &Kvm, mem_size: u64, sync_regs: bool, can_fork: bool) -> Result<Shell> {
         let mem_size = check_mem_size(mem_size)?;
         let mut stats = Stats::default();
 
@@ -106,8 +121,8 @@ impl Shell {
         load_sregs(&vcpu)?;
         stats.phase("arch_setup", t);
 
-        let sync_regs = kvm.check_extension(kvm_ioctls::Cap::SyncRegs);
-        Ok(Shell { vm, vcpu, ram, tsc_hz, stats, warmed: false, kvm: dup_kvm(kvm), sync_regs, preloaded: None, family: None })
+        let kvm = if can_fork { dup_kvm(kvm) } else { None };
+        Ok(Shell { vm, vcpu, ram, tsc_hz, stats, warmed: false, kvm, sync_regs, preloaded: None, family: None })
     }
 
     /// Enter the guest once, before any image is loaded, so the expensive

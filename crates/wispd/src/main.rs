@@ -88,6 +88,12 @@ struct Cli {
     /// families (requests with `memory` or `cpus` are refused).
     #[arg(long)]
     no_cgroups: bool,
+    /// Most VMs one VMM process holds. 1: a process of its own for every
+    /// VM. More: VMs of one tenant (`wisp run --tenant`) and size whose
+    /// image cannot fork, with no NIC and no limits of their own, share a
+    /// process (and its sandbox), each still a KVM VM of its own.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    vms_per_process: u32,
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
@@ -108,6 +114,9 @@ enum Cmd {
         /// A control group of its family to join first (repeatable).
         #[arg(long = "cgroup")]
         cgroups: Vec<PathBuf>,
+        /// A group VMM process hosting up to this many VMs.
+        #[arg(long)]
+        group: Option<u32>,
     },
     /// The init process of the VMM processes' PID namespace (internal).
     #[command(name = "__pidns", hide = true)]
@@ -146,7 +155,7 @@ fn parse_pool(s: &str) -> Result<(u64, u32), String> {
 fn main() {
     let cli = Cli::parse();
     match cli.cmd {
-        Some(Cmd::Worker { id, dir, mem, uid, cgroups }) => {
+        Some(Cmd::Worker { id, dir, mem, uid, cgroups, group }) => {
             // Before anything of the VM exists: memory is charged to the
             // group of the process that first touches it.
             if let Err(e) = cgroup::join(&cgroups) {
@@ -154,7 +163,10 @@ fn main() {
                 println!("error: {e}");
                 std::process::exit(1);
             }
-            wisp_vmm_process::main(&id, &dir, mem, uid)
+            match group {
+                Some(n) => wisp_vmm_process::group::main(&id, &dir, mem, uid, n),
+                None => wisp_vmm_process::main(&id, &dir, mem, uid),
+            }
         }
         Some(Cmd::Pidns) => pidns::holder_main(),
         None => {}
@@ -221,6 +233,7 @@ fn run(cli: Cli) -> Result<(), String> {
         max_pool_shells: cli.max_pool_shells,
         image_cache_bytes: cli.image_cache,
         cgroups: !cli.no_cgroups,
+        vms_per_process: cli.vms_per_process,
     };
     let d = daemon::Daemon::new(cfg).map_err(|e| e.to_string())?;
     for (mem, count) in &cli.pool {

@@ -39,7 +39,7 @@ use crate::fsutil::read_capped;
 
 /// What earlier adopted VMs hold: a process or a host port is adopted once.
 #[derive(Default)]
-struct Seen {
+pub(super) struct Seen {
     pids: HashSet<u32>,
     ports: Claimed,
 }
@@ -60,9 +60,19 @@ impl Daemon {
             self.migrate();
         }
         let mut seen = Seen::default();
-        for id in self.records.ids() {
-            self.adopt_one(&id, &mut seen);
+        let ids = self.records.ids();
+        // Groups first: their VMs are adopted as theirs.
+        let mut groups = Vec::new();
+        for id in &ids {
+            if let Some(rec) = self.records.read(id).ok().filter(|r| r.hosts.is_some()) {
+                groups.push(id.clone());
+                self.adopt_group(rec, &mut seen);
+            }
         }
+        for id in ids.iter().filter(|id| !groups.contains(id)) {
+            self.adopt_one(id, &mut seen);
+        }
+        self.drop_empty_groups();
         self.renew_uplinks();
         // Families none of whose VMs runs: their (empty) groups go.
         let roots: HashSet<String> = self.vms.lock().by_id.values().map(|e| e.info.family.clone().unwrap_or_else(|| e.info.id.clone())).collect();
@@ -88,7 +98,7 @@ impl Daemon {
     /// processes ([`open_ours`]), in its family's control group if it was
     /// made in one (`cmd_id` is the family root's id), and no VM adopted
     /// before has it; the pidfd is opened before the checks.
-    fn verified(&self, rec: &Record, cmd_id: &str, seen: &mut Seen) -> Option<OwnedFd> {
+    pub(super) fn verified(&self, rec: &Record, cmd_id: &str, seen: &mut Seen) -> Option<OwnedFd> {
         if rec.pid == 0 {
             return None;
         }
@@ -157,9 +167,14 @@ impl Daemon {
             eprintln!("wispd: VM {id}: its family is no VM id: record ignored");
             return;
         }
-        // A forked VM's process carries its family root's command line.
+        // A forked VM's process carries its family root's command line; a
+        // group's VM is its (adopted) group's, watched on a pending `wait`.
         let cmd_id = info.family.clone().unwrap_or_else(|| id.to_string());
-        let pidfd = if info.exit.is_none() { self.verified(&rec, &cmd_id, seen) } else { None };
+        let pidfd = match &info.group {
+            _ if info.exit.is_some() => None,
+            Some(g) => self.adopt_hosted(g, &rec, &dir),
+            None => self.verified(&rec, &cmd_id, seen),
+        };
         let alive = pidfd.is_some();
         let mut restore = Vec::new();
         // The pid shown is the recorded one (0 if none was ever checked).
@@ -175,7 +190,7 @@ impl Daemon {
             info.state = VmState::Exited;
         }
         let start = rec.start.or_else(|| alive.then(|| proc_start(rec.pid)).flatten());
-        let p = Proc { uid: rec.uid, pid: rec.pid, start, contained: rec.contained };
+        let p = Proc { uid: rec.uid, pid: rec.pid, start, contained: rec.contained, hosts: None };
         if let Err(e) = self.records.register(id, p, Some(info.clone())) {
             eprintln!("wispd: VM {id}: cannot write its record: {e}");
         }
@@ -318,7 +333,7 @@ impl Daemon {
                 eprintln!("wispd: VM {name}: pid {} is not its VMM process: not taken", info.pid);
             }
             // That layout had no control groups.
-            let p = Proc { uid, pid: if ours { info.pid } else { 0 }, start: ours.then(|| proc_start(info.pid)).flatten(), contained: false };
+            let p = Proc { uid, pid: if ours { info.pid } else { 0 }, start: ours.then(|| proc_start(info.pid)).flatten(), contained: false, hosts: None };
             match self.records.register(&name, p, Some(info)) {
                 Ok(()) => {
                     let _ = fs::remove_file(dir.join("vm.json"));

@@ -18,6 +18,7 @@ use wisp_vmm_process::proto::{self, Reply, Request};
 
 use super::error::ActionError;
 use super::process::Worker;
+use super::record::Proc;
 use super::quota;
 use super::{now_ms, Daemon};
 use crate::forward::Forward;
@@ -41,11 +42,14 @@ struct Rollback<'a> {
     worker: Option<Worker>,
     ip: Option<String>,
     vm: Option<String>,
+    /// A place taken in a group, and the VM directory made for it, until
+    /// the VM is in the table.
+    place: Option<(String, std::path::PathBuf)>,
 }
 
 impl<'a> Rollback<'a> {
     fn new(d: &'a Daemon) -> Rollback<'a> {
-        Rollback { d, admitted: None, name: None, worker: None, ip: None, vm: None }
+        Rollback { d, admitted: None, name: None, worker: None, ip: None, vm: None, place: None }
     }
 
     /// The VM is in the table now, with its name, process and address:
@@ -56,6 +60,7 @@ impl<'a> Rollback<'a> {
         }
         self.name = None;
         self.ip = None;
+        self.place = None;
         self.vm = Some(id.to_string());
     }
 
@@ -80,8 +85,13 @@ impl Drop for Rollback<'_> {
         if let Some(ip) = self.ip.take() {
             self.d.net.free(Some(&ip));
         }
-        if let Some(w) = self.worker.take() {
+        // A group's VM has no process of its own to discard.
+        if let Some(w) = self.worker.take().filter(|_| self.place.is_none()) {
             self.d.discard_worker(w);
+        }
+        if let Some((group, dir)) = self.place.take() {
+            self.d.remove_dir(&dir);
+            self.d.leave_group(&group);
         }
     }
 }
@@ -165,9 +175,16 @@ impl Daemon {
             self.vms.lock().reserve_name(n)?;
             undo.name = Some(n.clone());
         }
-        let worker = match self.pool.take(mem, &image) {
-            Some(w) => w,
-            None => self.spawn_worker(mem).map_err(ActionError::Prepare)?,
+        // A VM a group can hold goes to one (`wispd --vms-per-process`).
+        let (worker, hosted) = if self.cfg.vms_per_process > 1 && super::group::groupable(&req, &image) {
+            let (w, h) = self.host_in_group(req.tenant.as_deref().unwrap_or(""), mem, &mut undo)?;
+            (w, Some(h))
+        } else {
+            let w = match self.pool.take(mem, &image) {
+                Some(w) => w,
+                None => self.spawn_worker(mem).map_err(ActionError::Prepare)?,
+            };
+            (w, None)
         };
         let worker = undo.worker.insert(worker);
         // The shell's group has a family's default limits: set those asked for.
@@ -213,7 +230,9 @@ impl Daemon {
             boot_trace: None,
             parent: None,
             family: None,
-            limits: self.cgroups.as_ref().map(|_| quota::shown(&limits, req.family_limit)),
+            limits: self.cgroups.as_ref().filter(|_| hosted.is_none()).map(|_| quota::shown(&limits, req.family_limit)),
+            tenant: req.tenant.clone(),
+            group: hosted.as_ref().map(|h| h.group.clone()),
         };
         let dir = worker.dir.clone();
         self.insert(info.clone(), worker);
@@ -243,18 +262,30 @@ impl Daemon {
             }
             _ => None,
         };
-        let start = Request::Start {
-            image_name: image.image.name.clone(),
-            preloaded,
-            args: req.args,
-            timeout_ms: req.timeout_ms,
-            attach: matches!(attach, Attach::Daemon),
-            net: spec,
-            uplink: uplink.is_some(),
-            family_limit: req.family_limit,
-            client_head,
+        let start = match &hosted {
+            Some(_) => Request::Host {
+                vm: info.id.clone(),
+                image_name: image.image.name.clone(),
+                args: req.args,
+                timeout_ms: req.timeout_ms,
+                attach: matches!(attach, Attach::Daemon),
+                client_head,
+            },
+            None => Request::Start {
+                image_name: image.image.name.clone(),
+                preloaded,
+                args: req.args,
+                timeout_ms: req.timeout_ms,
+                attach: matches!(attach, Attach::Daemon),
+                net: spec,
+                uplink: uplink.is_some(),
+                family_limit: req.family_limit,
+                client_head,
+            },
         };
-        let mut fds: Vec<_> = (!preloaded).then(|| image.memfd.as_fd()).into_iter().collect();
+        // A group's VM: its files and control socket's listener first.
+        let mut fds: Vec<_> = hosted.iter().flat_map(|h| [h.files.exit.as_fd(), h.files.console.as_fd(), h.listener.as_fd()]).collect();
+        fds.extend((!preloaded).then(|| image.memfd.as_fd()));
         fds.extend(tap.as_ref().map(|t| t.as_fd()));
         if let Some((mine, theirs)) = &uplink {
             fds.push(theirs.as_fd());
@@ -269,8 +300,11 @@ impl Daemon {
         let sent_ns = wisp_vmm_process::monotonic_ns();
         let arrived_ns = sent_ns.saturating_sub(arrived.elapsed().as_nanos() as u64);
         let sent = super::process::send_to_shell(session, &dir, &start, &fds);
+        drop(fds);
         // The VMM process holds the tap now: it disappears when that process ends.
         drop(tap);
+        // The group holds the VM's files and socket now.
+        drop(hosted);
         if let Some((mine, _theirs)) = uplink {
             if let Some(e) = self.vms.lock().by_id.get_mut(&info.id) {
                 e.uplink = Some(mine);
@@ -314,6 +348,41 @@ impl Daemon {
         Ok((info, stream))
     }
 
+    /// A place in a group for a VM of `tenant` and `mem` bytes, with its
+    /// directory, files, control socket and record made: the VM's
+    /// [`Worker`] (the group's process, a session to the group's control
+    /// socket, and the pending `wait` that watches the VM in a pidfd's
+    /// place) and what goes with the `host` request.
+    fn host_in_group(&self, tenant: &str, mem: u64, undo: &mut Rollback<'_>) -> Result<(Worker, Hosted), ActionError> {
+        let place = self.take_place(tenant, mem)?;
+        let hd = match self.hosted_dir(&place) {
+            Ok(h) => h,
+            Err(e) => {
+                self.leave_group(&place.group);
+                return Err(e);
+            }
+        };
+        undo.place = Some((place.group.clone(), hd.dir.clone()));
+        let p = Proc { uid: place.uid, pid: place.pid, start: place.start, contained: false, hosts: None };
+        self.records.register(&hd.id, p, None).map_err(ActionError::Record)?;
+        let watch = Daemon::hosted_watch(&hd.dir).map_err(ActionError::Vmm)?;
+        let session = UnixStream::connect(place.group_dir.join("ctl.sock"))
+            .and_then(|s| s.set_read_timeout(Some(super::process::SESSION_TIMEOUT)).map(|()| s))
+            .map_err(ActionError::Vmm)?;
+        let w = Worker {
+            id: hd.id,
+            pid: place.pid,
+            dir: hd.dir,
+            child: None,
+            pidfd: Some(watch),
+            ns_pid: None,
+            preloaded: None,
+            session: Some(session),
+            uplink: None,
+        };
+        Ok((w, Hosted { group: place.group, files: hd.files, listener: hd.listener }))
+    }
+
     /// Record VM `id`'s execute phase and trace (if it is still listed).
     fn set_boot(&self, id: &str, boot_us: Option<u64>, trace: Option<BootTrace>) {
         if let Some(e) = self.vms.lock().by_id.get_mut(id) {
@@ -321,6 +390,14 @@ impl Daemon {
             e.info.boot_trace = trace;
         }
     }
+}
+
+/// What goes with a `host` request to a group: the VM's files and its
+/// control socket's listener.
+struct Hosted {
+    group: String,
+    files: wisp_jail::JailFiles,
+    listener: std::os::unix::net::UnixListener,
 }
 
 /// Where a start's console goes.

@@ -258,8 +258,10 @@ impl Daemon {
                 parent: Some(parent.id.clone()),
                 family: Some(root.to_string()),
                 limits: parent.limits,
+                tenant: parent.tenant.clone(),
+                group: None,
             };
-            let p = Proc { uid, pid: child_pid, start, contained };
+            let p = Proc { uid, pid: child_pid, start, contained, hosts: None };
             self.records.register(&id, p, Some(info.clone())).map_err(ForkError::Record)?;
             let (x, c) = files.into_parts();
             Ok((info, [OwnedFd::from(x), OwnedFd::from(c), OwnedFd::from(listener)]))

@@ -15,7 +15,8 @@
 //! VMM processes), `net` (bridge, addresses, taps), `process` (spawning
 //! and stopping VMM processes, their directories), `watch` (exits), `create`
 //! (creating a VM, with its rollback), `lifecycle` (everything after),
-//! `remove` (removing one VM, a family, many at once),
+//! `remove` (removing one VM, a family, many at once), `group` (VMM
+//! processes that hold many VMs),
 //! `console` (console streams), `family` (forked VMs), `record` (the
 //! daemon's own state), `adopt` (VMs left by a previous daemon), `quota`
 //! (what the daemon admits, what each family may use; the families'
@@ -43,6 +44,7 @@ mod console;
 mod create;
 mod error;
 mod family;
+mod group;
 mod lifecycle;
 mod net;
 pub mod process;
@@ -82,6 +84,9 @@ pub struct Config {
     /// Contain each family in a control group (off: no memory, pids or CPU
     /// limits at all).
     pub cgroups: bool,
+    /// Most VMs one VMM process holds (1: a process per VM; more: the VMs
+    /// of one tenant and size that a group can hold share one, `group`).
+    pub vms_per_process: u32,
 }
 
 /// What an action gives back.
@@ -152,6 +157,8 @@ pub struct Daemon {
     cgroups: Option<Cgroups>,
     /// CPUs this host gives the daemon.
     host_cpus: usize,
+    /// Group VMM processes (`--vms-per-process`).
+    groups: group::Groups,
 }
 
 impl Daemon {
@@ -192,6 +199,7 @@ impl Daemon {
             pidns,
             cgroups,
             host_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            groups: group::Groups::default(),
         });
         d.adopt(old_layout);
         Ok(d)
@@ -247,7 +255,7 @@ impl Daemon {
     fn spawn_worker(&self, mem: u64) -> Result<Worker, SpawnError> {
         let limits = quota::family_limits(mem, None, None, None);
         let cg = self.cgroups.as_ref().map(|c| (c, &limits));
-        let mut w = process::spawn(&self.vms_dir(), &self.records, &self.uids, self.pidns.as_ref(), mem, cg)?;
+        let mut w = process::spawn(&self.vms_dir(), &self.records, &self.uids, self.pidns.as_ref(), mem, cg, None)?;
         // Its family's uplink, watched from now on (nothing comes on it
         // before the VM runs and forks): off a create's path.
         w.uplink = process::uplink_pair();
@@ -298,7 +306,7 @@ impl Daemon {
         }
         let _ = fs::remove_dir_all(dir);
         if let Some(u) = uid {
-            if !self.vms.lock().uid_in_use(u) {
+            if !self.vms.lock().uid_in_use(u) && !self.groups.holds_uid(u) {
                 self.uids.free(u);
             }
         }

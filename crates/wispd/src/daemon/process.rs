@@ -143,7 +143,7 @@ pub fn give_dir(dir: &Path, uid: u32) -> Result<(), DirError> {
 /// those limits (its family's, once it holds a VM), record it, and wait
 /// until it is ready. On any failure the user id, the directory, the
 /// group, the record and the process (if it started) are given back.
-pub fn spawn(vms_dir: &Path, records: &Records, uids: &Uids, pidns: Option<&PidNs>, mem: u64, cg: Option<(&Cgroups, &Limits)>) -> Result<Worker, SpawnError> {
+pub fn spawn(vms_dir: &Path, records: &Records, uids: &Uids, pidns: Option<&PidNs>, mem: u64, cg: Option<(&Cgroups, &Limits)>, hosts: Option<u32>) -> Result<Worker, SpawnError> {
     let uid = uids.alloc()?;
     let made = new_vm_dir(vms_dir).map_err(SpawnError::from).and_then(|(id, dir)| {
         let groups = match cg {
@@ -151,7 +151,7 @@ pub fn spawn(vms_dir: &Path, records: &Records, uids: &Uids, pidns: Option<&PidN
             None => Ok(Vec::new()),
         };
         groups
-            .and_then(|groups| start(&id, &dir, records, uid, pidns, mem, &groups))
+            .and_then(|groups| start(&id, &dir, records, uid, pidns, mem, &groups, hosts))
             .map(|child| {
                 // Our own child, not reaped yet: the pid cannot have been reused.
                 let pid = child.id();
@@ -179,7 +179,8 @@ pub fn spawn(vms_dir: &Path, records: &Records, uids: &Uids, pidns: Option<&PidN
 /// Start `wispd __worker` for VM `id` in `dir` (joining the control
 /// groups `groups` first thing), record it, wait for its "ready" and give
 /// it its directory.
-fn start(id: &str, dir: &Path, records: &Records, uid: u32, pidns: Option<&PidNs>, mem: u64, groups: &[PathBuf]) -> Result<Child, SpawnError> {
+#[allow(clippy::too_many_arguments)]
+fn start(id: &str, dir: &Path, records: &Records, uid: u32, pidns: Option<&PidNs>, mem: u64, groups: &[PathBuf], hosts: Option<u32>) -> Result<Child, SpawnError> {
     let log = fs::File::create(dir.join("vmm.log")).map_err(SpawnError::Log)?;
     let exe = std::env::current_exe().map_err(SpawnError::Exe)?;
     let mut cmd = Command::new(exe);
@@ -187,6 +188,9 @@ fn start(id: &str, dir: &Path, records: &Records, uid: u32, pidns: Option<&PidNs
     cmd.arg("--uid").arg(uid.to_string());
     for g in groups {
         cmd.arg("--cgroup").arg(g);
+    }
+    if let Some(n) = hosts {
+        cmd.arg("--group").arg(n.to_string());
     }
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
     // One malloc arena: a VMM process has two threads and little heap.
@@ -205,7 +209,7 @@ fn start(id: &str, dir: &Path, records: &Records, uid: u32, pidns: Option<&PidNs
         Err(e)
     };
     // Our child, not reaped yet: its pid and start time are its own.
-    let p = Proc { uid, pid: child.id(), start: proc_start(child.id()), contained: !groups.is_empty() };
+    let p = Proc { uid, pid: child.id(), start: proc_start(child.id()), contained: !groups.is_empty(), hosts };
     if let Err(e) = records.register(id, p, None) {
         return fail(&mut child, SpawnError::Record(e));
     }

@@ -45,9 +45,13 @@ pub struct Record {
     /// daemon without control groups (or from before them).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub contained: bool,
-    /// The VM it holds; none for a pooled shell.
+    /// The VM it holds; none for a pooled shell or a group.
     #[serde(default)]
     pub vm: Option<VmInfo>,
+    /// A group VMM process hosting up to this many VMs (each with a record
+    /// of its own that names the group: `VmInfo::group`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<u32>,
 }
 
 /// Who a VMM process is (fixed for the life of a record).
@@ -61,6 +65,8 @@ pub struct Proc {
     pub start: Option<u64>,
     /// In its family's control group.
     pub contained: bool,
+    /// A group hosting up to this many VMs.
+    pub hosts: Option<u32>,
 }
 
 /// Why a record was not read.
@@ -138,7 +144,7 @@ impl Records {
     }
 
     fn write(&self, id: &str, p: Proc, vm: Option<VmInfo>) -> io::Result<()> {
-        let r = Record { id: id.to_string(), uid: p.uid, pid: p.pid, start: p.start, contained: p.contained, vm };
+        let r = Record { id: id.to_string(), uid: p.uid, pid: p.pid, start: p.start, contained: p.contained, vm, hosts: p.hosts };
         write_atomic(&self.path(id), &serde_json::to_vec(&r).map_err(io::Error::other)?)
     }
 
@@ -217,6 +223,8 @@ mod tests {
             parent: None,
             family: None,
             limits: None,
+            tenant: None,
+            group: None,
         }
     }
 
@@ -231,7 +239,7 @@ mod tests {
     #[test]
     fn records_are_parsed_strictly_and_must_name_their_file() {
         let id = "0123456789ab";
-        let r = Record { id: id.into(), uid: 1_000_007, pid: 42, start: Some(9), contained: true, vm: Some(vm(id)) };
+        let r = Record { id: id.into(), uid: 1_000_007, pid: 42, start: Some(9), contained: true, vm: Some(vm(id)), hosts: None };
         let bytes = serde_json::to_vec(&r).unwrap();
         assert_eq!(parse(id, &bytes).unwrap(), r);
         assert!(matches!(parse("ba9876543210", &bytes), Err(RecordError::OtherId(o)) if o == id));
@@ -269,11 +277,11 @@ mod tests {
         crate::fsutil::private_dir(&d).unwrap();
         let recs = Records::new(d.clone());
         let id = "00000000abcd";
-        let p = Proc { uid: 1_000_003, pid: 77, start: Some(5), contained: false };
+        let p = Proc { uid: 1_000_003, pid: 77, start: Some(5), contained: false, hosts: None };
         recs.register(id, p, None).unwrap();
         assert_eq!(recs.read(id).unwrap().vm, None);
         recs.save(id, || Some(vm(id))).unwrap();
-        assert_eq!(recs.read(id).unwrap(), Record { id: id.into(), uid: p.uid, pid: 77, start: Some(5), contained: false, vm: Some(vm(id)) });
+        assert_eq!(recs.read(id).unwrap(), Record { id: id.into(), uid: p.uid, pid: 77, start: Some(5), contained: false, vm: Some(vm(id)), hosts: None });
         // Records of a daemon without control groups read as uncontained.
         assert!(!parse("0123456789ab", b"{\"id\":\"0123456789ab\",\"uid\":1000001,\"pid\":7}").unwrap().contained);
         fs::write(d.join("not-a-record.json"), b"{}").unwrap();

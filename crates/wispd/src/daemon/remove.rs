@@ -45,6 +45,12 @@ impl Daemon {
         }
         let family_left = t.family_count(&root).0 > 0;
         drop(t);
+        // A group's VM leaves its group (the group goes with its last).
+        if let Some(g) = &info.group {
+            self.remove_dir(&dir);
+            self.leave_group(g);
+            return Ok(());
+        }
         // The family's last VM: whatever still runs in its control group
         // (nothing should) is killed, before its user id can be reused.
         if !family_left {

@@ -276,6 +276,8 @@ pub(crate) mod tests {
             parent: None,
             family: None,
             limits: None,
+            tenant: None,
+            group: None,
         }
     }
 

@@ -65,8 +65,16 @@ impl Daemon {
     /// SIGKILL VM `id`'s VMM process, through its pidfd: never a pid, which
     /// may be another process's by now (a VM whose process has been seen to
     /// end has no pidfd any more).
+    /// A VM of a group is killed by a `kill` request instead: its pidfd's
+    /// place holds the pending `wait`, and a signal would end the group.
     pub(super) fn kill_process(&self, id: &str) {
-        if let Some(fd) = self.vms.lock().by_id.get(id).and_then(|e| e.pidfd.as_ref()) {
+        let t = self.vms.lock();
+        let Some(e) = t.by_id.get(id) else { return };
+        if e.info.group.is_some() {
+            let dir = e.dir.clone();
+            drop(t);
+            self.kill_hosted(&dir);
+        } else if let Some(fd) = e.pidfd.as_ref() {
             kill_fd(fd);
         }
     }

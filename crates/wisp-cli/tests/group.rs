@@ -1,0 +1,162 @@
+//! Group VMM processes (`wispd --vms-per-process N`) on real KVM: VMs of one
+//! tenant share a jailed process, each still its own KVM VM, run, stop and
+//! are removed like any VM; a misbehaving guest stops only itself; tenants
+//! never share; a restarted daemon adopts a group and its VMs.
+
+mod common;
+
+use common::daemon::Daemon;
+use common::{console, wait_console};
+use std::time::Duration;
+
+use wisp_api::client::Client;
+use wisp_api::{CreateVm, VmInfo, VmState};
+
+fn create(c: &mut Client, image: &str, args: &[&str], tenant: Option<&str>) -> VmInfo {
+    let req = CreateVm {
+        image: image.into(),
+        args: args.iter().map(|s| s.to_string()).collect(),
+        tenant: tenant.map(str::to_string),
+        ..Default::default()
+    };
+    c.create(&req).unwrap_or_else(|e| panic!("create {image}: {e}"))
+}
+
+/// The names of process `pid`'s threads.
+fn names(pid: u32) -> Vec<String> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.flatten().collect::<Vec<_>>()).unwrap_or_default();
+    tasks.iter().map(|t| std::fs::read_to_string(t.path().join("comm")).unwrap_or_default().trim().to_string()).collect()
+}
+
+#[test]
+fn vms_of_one_tenant_share_a_process_and_behave_like_any_vm() {
+    let d = Daemon::start("group", &["--pool", "16M=1", "--vms-per-process", "3"]);
+    let mut c = d.client();
+    let vms: Vec<VmInfo> = (0..4).map(|_| create(&mut c, "sleeper", &["1h", "20ms"], Some("acme"))).collect();
+    // Three to the first group, the fourth to a new one.
+    let group = vms[0].group.clone().expect("a VM of a group says which");
+    assert!(vms[..3].iter().all(|v| v.group.as_deref() == Some(group.as_str()) && v.pid == vms[0].pid), "{vms:?}");
+    assert!(vms[3].group.is_some() && vms[3].group != vms[0].group && vms[3].pid != vms[0].pid, "{vms:?}");
+    assert_eq!(vms[0].tenant.as_deref(), Some("acme"));
+    // Sandboxed like a VMM process of its own: seccomp, no privileges.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", vms[0].pid)).unwrap();
+    assert!(status.lines().any(|l| l.starts_with("Seccomp:") && l.ends_with('2')), "{status}");
+    assert!(status.lines().any(|l| l == "CapEff:\t0000000000000000"), "{status}");
+    // One thread per VM and the main thread (no next VM's thread: the
+    // group is full). KVM's own task per VM (`kvm-nx-lpage-recovery`, a
+    // kernel worker in the process) is not the monitor's.
+    let own: Vec<String> = names(vms[0].pid).into_iter().filter(|n| !n.starts_with("kvm-")).collect();
+    assert_eq!(own.len(), 3 + 1, "{own:?}");
+    assert_eq!(own.iter().filter(|n| *n == "vcpu").count(), 3, "{own:?}");
+
+    // Console, pause and resume, stop, kill, wait: each VM on its own.
+    for v in &vms {
+        wait_console(&mut c, &v.id, "sleeper");
+    }
+    c.pause(&vms[0].id).unwrap();
+    assert_eq!(c.get(&vms[0].id).unwrap().state, VmState::Paused);
+    c.resume(&vms[0].id).unwrap();
+    c.stop(&vms[1].id, Some(2000)).unwrap();
+    assert_eq!(c.wait(&vms[1].id).unwrap().code, 143);
+    c.kill(&vms[2].id).unwrap();
+    assert_eq!(c.wait(&vms[2].id).unwrap().code, 137);
+    assert_eq!(c.get(&vms[0].id).unwrap().state, VmState::Running);
+    assert!(console(&mut c, &vms[1].id).contains("sleeper"));
+
+    // An attached run in a group: the console comes to the client, the
+    // exit status too.
+    let o = d.wisp(&["run", "--tenant", "acme", "hello", "--", "in", "a", "group"]);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("Hello from wisp! args: [\"in\", \"a\", \"group\"]"));
+    // Waiting for the first line works too.
+    let mut w = c.create_wait_line(&CreateVm { image: "hello".into(), tenant: Some("acme".into()), ..Default::default() }).unwrap();
+    assert!(w.first_line_us.is_some() && w.group.is_some(), "{w:?}");
+    w = c.get(&w.id).unwrap();
+    assert_eq!(c.wait(&w.id).unwrap().code, 0);
+
+    // Removed like any VM; with its last VM the group process goes.
+    let group_pid = vms[0].pid;
+    let all: Vec<String> = c.list().unwrap().into_iter().map(|v| v.id).collect();
+    let r = c.remove_many(&all, true).unwrap();
+    assert!(r.failed.is_empty(), "{r:?}");
+    common::eventually(Duration::from_secs(5), || format!("group process {group_pid} still there"), || {
+        (!std::path::Path::new(&format!("/proc/{group_pid}")).exists()).then_some(())
+    });
+}
+
+#[test]
+fn a_misbehaving_guest_in_a_group_stops_only_itself() {
+    let d = Daemon::start("group-hostile", &["--pool", "16M=1", "--vms-per-process", "4"]);
+    let mut c = d.client();
+    let calm = create(&mut c, "sleeper", &["1h", "10ms"], None);
+    let spin = create(&mut c, "hostile-lone", &["spin"], None);
+    let crash = create(&mut c, "hostile-lone", &["ud2"], None);
+    let wild = create(&mut c, "hostile-lone", &["wild-write"], None);
+    assert!([&spin, &crash, &wild].iter().all(|v| v.pid == calm.pid), "all four in one group");
+    let x = c.wait(&crash.id).unwrap();
+    assert_eq!(x.code, 139, "{x:?}");
+    assert!(x.reason.contains("invalid opcode"), "{}", x.reason);
+    assert_eq!(c.wait(&wild.id).unwrap().code, 139);
+    // A guest that spins is killed alone.
+    c.kill(&spin.id).unwrap();
+    assert_eq!(c.wait(&spin.id).unwrap().code, 137);
+    // The neighbour still runs and answers.
+    assert_eq!(c.get(&calm.id).unwrap().state, VmState::Running);
+    c.pause(&calm.id).unwrap();
+    c.resume(&calm.id).unwrap();
+    assert!(console(&mut c, &calm.id).contains("sleeper: sleeping"));
+    // Its guest still runs: it takes the stop event and exits as asked.
+    c.stop(&calm.id, Some(1000)).unwrap();
+    assert_eq!(c.wait(&calm.id).unwrap().code, 143);
+}
+
+#[test]
+fn tenants_and_vms_a_group_cannot_hold_get_processes_of_their_own() {
+    let d = Daemon::start("group-tenants", &["--pool", "16M=1", "--vms-per-process", "8"]);
+    let mut c = d.client();
+    let a = create(&mut c, "sleeper", &["1h"], Some("a"));
+    let a2 = create(&mut c, "sleeper", &["1h"], Some("a"));
+    let b = create(&mut c, "sleeper", &["1h"], Some("b"));
+    assert_eq!(a.pid, a2.pid);
+    assert_ne!(a.pid, b.pid, "two tenants never share a process");
+    let uid = |pid: u32| std::fs::metadata(format!("/proc/{pid}")).map(|m| std::os::unix::fs::MetadataExt::uid(&m)).unwrap();
+    assert_ne!(uid(a.pid), uid(b.pid), "nor a user id");
+    // An image that may fork, and a VM with limits of its own: alone.
+    let forks = create(&mut c, "family", &["late"], Some("a"));
+    assert!(forks.group.is_none() && forks.pid != a.pid, "{forks:?}");
+    let limited = c.create(&CreateVm { image: "sleeper".into(), tenant: Some("a".into()), memory: Some(64 << 20), ..Default::default() });
+    let limited = limited.unwrap();
+    assert!(limited.group.is_none() && limited.pid != a.pid, "{limited:?}");
+    // A tenant that is no name is refused.
+    let bad = c.create(&CreateVm { image: "sleeper".into(), tenant: Some("../x".into()), ..Default::default() });
+    assert!(matches!(bad, Err(wisp_api::client::ApiError::Status(400, _))), "{bad:?}");
+    assert_eq!(d.wisp(&["rm", "-f", "--all"]).status.code(), Some(0));
+}
+
+#[test]
+fn a_restarted_daemon_adopts_a_group_and_its_vms() {
+    let mut d = Daemon::start("group-adopt", &["--pool", "16M=1", "--vms-per-process", "4"]);
+    let mut c = d.client();
+    let a = create(&mut c, "sleeper", &["1h", "10ms"], None);
+    let b = create(&mut c, "sleeper", &["1h", "10ms"], None);
+    assert_eq!(a.pid, b.pid);
+    drop(c);
+    d.sigkill_and_restart();
+    let mut c = d.client();
+    for v in [&a, &b] {
+        let got = c.get(&v.id).unwrap();
+        assert_eq!((got.state, got.pid, got.group.as_deref()), (VmState::Running, a.pid, a.group.as_deref()), "{got:?}");
+    }
+    // Still controlled, and its end still seen.
+    c.kill(&a.id).unwrap();
+    assert_eq!(c.wait(&a.id).unwrap().code, 137);
+    assert_eq!(c.get(&b.id).unwrap().state, VmState::Running);
+    // A new VM goes to a new group (the adopted one takes no more).
+    let n = create(&mut c, "sleeper", &["1h"], None);
+    assert!(n.pid != a.pid && n.group.is_some(), "{n:?}");
+    let r = c.remove_many(&[a.id.clone(), b.id.clone(), n.id.clone()], true).unwrap();
+    assert!(r.failed.is_empty(), "{r:?}");
+    common::eventually(Duration::from_secs(5), || format!("adopted group {} still there", a.pid), || {
+        (!std::path::Path::new(&format!("/proc/{}", a.pid)).exists()).then_some(())
+    });
+}
