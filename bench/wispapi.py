@@ -167,6 +167,19 @@ class Daemon:
                 raise RuntimeError("pool did not fill")
             time.sleep(0.005)
 
+    def wait_group_spare(self, api, timeout=30):
+        """Wait until an open group (wispd --vms-per-process) has its next
+        VM prepared (GET /v1/pool's group_spares), as wait_pool waits for
+        the pool's shells: the prepare phase stays off the measured path."""
+        deadline = time.time() + timeout
+        while True:
+            _, p = api.call("GET", "/v1/pool")
+            if (p or {}).get("group_spares", 0) >= 1:
+                return
+            if time.time() > deadline:
+                raise RuntimeError("no group spare")
+            time.sleep(0.0005)
+
     def remove_all(self):
         """Remove every VM (running ones killed), 256 per batch request
         (POST /v1/vms/remove, as `wisp rm -f --all`). Returns the seconds

@@ -274,6 +274,14 @@ pub struct PoolInfo {
     /// created with their size): a create of it skips loading it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub loaded: Vec<PoolImage>,
+    /// Groups of VMs (`wispd --vms-per-process`) whose next VM is prepared:
+    /// its thread waits with its shell entered, its directory is made.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub group_spares: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Ready shells of one memory size holding one image loaded ahead.

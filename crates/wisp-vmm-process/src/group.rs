@@ -9,18 +9,22 @@
 //! namespaces, seccomp filters, control group), which is why a group holds
 //! the VMs of one tenant only, and no VM that may fork or has a NIC.
 //!
-//! The main thread serves the group's control socket (the daemon asks it
-//! to `host` a VM) and every hosted VM's own control socket with one poll;
-//! a `wait` is parked until its VM ends, so an idle VM costs one thread.
-//! The next VM's thread is made ahead: it creates and enters its shell,
-//! narrows its filter, and waits for its VM, so a `host` creates no thread,
-//! KVM VM or filter on its path.
+//! The next VM's thread is made ahead (the *spare*): it creates and enters
+//! its shell, loads the image the group ran last into it, and then serves
+//! the group's control socket itself (narrowing its filter to a vCPU
+//! thread's once its VM is loaded). A `host`
+//! request thus wakes the very thread that will run the VM: no hand-off,
+//! thread, KVM VM or filter on its path. The main thread serves every
+//! hosted VM's own control socket with one poll (a `wait` is parked until
+//! its VM ends: an idle VM costs one thread), and makes the next spare
+//! once the last one has taken a VM.
 
 use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags};
@@ -30,7 +34,7 @@ use wisp_jail::JailFiles;
 use wisp_vmm::{Image, Kvm, Shell};
 
 use crate::boot::{self, Boot};
-use crate::control::{accept_timed, read_request, serve_hosted};
+use crate::control::{accept_timed, next_pooled, read_request, serve_hosted};
 use crate::exit::{exit_info, Runner, ERROR};
 use crate::process::{begin, Started};
 use crate::proto::{send_line, Reply, Request, WorkerState};
@@ -53,11 +57,175 @@ pub fn main(id: &str, dir: &Path, mem: u64, uid: u32, n: u32) -> ! {
     }
 }
 
-/// A VM the group runs.
+/// A VM the group runs, as the main thread serves it.
 struct Hosted {
     shared: Arc<Shared>,
     listener: UnixListener,
     sessions: Vec<UnixStream>,
+}
+
+/// The image of the last VM hosted, and which file it came from: a `host`
+/// of the same file (the daemon's image cache hands out one memfd per
+/// image) reuses it, unparsed and uncopied, and the next spare loads it
+/// ahead.
+struct Last {
+    file: (u64, u64),
+    image: Image,
+}
+
+/// What the group's threads share.
+struct Group {
+    kvm: Kvm,
+    mem: u64,
+    sync_regs: bool,
+    /// Most VMs running at once.
+    n: usize,
+    /// The group's control socket (served by the spare).
+    listener: UnixListener,
+    /// Wakes the main thread: a VM was hosted or has ended.
+    wake: OwnedFd,
+    /// VMs hosted, for the main thread to take over.
+    news: Mutex<Vec<Hosted>>,
+    /// VMs running.
+    running: AtomicUsize,
+    /// A spare exists (preparing or serving the group's socket).
+    spare: AtomicBool,
+    /// Connections to the group's socket, between spares.
+    sessions: Mutex<Vec<UnixStream>>,
+    last: Mutex<Option<Last>>,
+}
+
+impl Group {
+    fn wake(&self) {
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+    }
+}
+
+fn run(dir: &Path, mem: u64, uid: u32, n: u32) -> Result<(), String> {
+    wisp_jail::close_inherited();
+    crate::monotonic_ns();
+    let _ = rustix::thread::set_name(c"wisp-vmm");
+    let kvm = wisp_vmm::open_kvm().map_err(|e| e.to_string())?;
+    // Asked now: the jail refuses the question.
+    let sync_regs = wisp_vmm::sync_regs_supported(&kvm);
+    let sock_path = dir.join("ctl.sock");
+    let _ = std::fs::remove_file(&sock_path);
+    let listener = UnixListener::bind(&sock_path).map_err(|e| format!("bind {}: {e}", sock_path.display()))?;
+    let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).map_err(|e| format!("eventfd: {e}"))?;
+    wisp_vmm::Control::prepare_process();
+    wisp_jail::enter_with(uid, wisp_jail::Sizes::group(mem, n), wisp_vmm::kick_signal(), dir)?;
+    wisp_vmm::set_thread_hook(crate::narrow::narrow_thread);
+    let g = Arc::new(Group {
+        kvm,
+        mem,
+        sync_regs,
+        n: n.max(1) as usize,
+        listener,
+        wake,
+        news: Mutex::new(Vec::new()),
+        running: AtomicUsize::new(0),
+        spare: AtomicBool::new(false),
+        sessions: Mutex::new(Vec::new()),
+        last: Mutex::new(None),
+    });
+    make_spare(&g)?;
+    println!("ready");
+    let _ = io::stdout().flush();
+
+    let mut vms: Vec<Hosted> = Vec::new();
+    loop {
+        // Poll: the wake-up, then each VM's listener and sessions.
+        let (wake, ready) = {
+            let mut fds = Vec::with_capacity(1 + 2 * vms.len());
+            fds.push(PollFd::new(&g.wake, PollFlags::IN));
+            for v in &vms {
+                fds.push(PollFd::new(&v.listener, PollFlags::IN));
+                fds.extend(v.sessions.iter().map(|c| PollFd::new(c, PollFlags::IN)));
+            }
+            if poll(&mut fds, None).is_err() {
+                continue;
+            }
+            let hit = |i: usize| !fds[i].revents().is_empty();
+            let mut at = 1;
+            let mut ready = Vec::new();
+            for (k, v) in vms.iter().enumerate() {
+                let acc = hit(at);
+                let conns: Vec<usize> = (0..v.sessions.len()).filter(|&i| hit(at + 1 + i)).collect();
+                at += 1 + v.sessions.len();
+                if acc || !conns.is_empty() {
+                    ready.push((k, acc, conns));
+                }
+            }
+            (hit(0), ready)
+        };
+        for (k, acc, conns) in ready {
+            let v = &mut vms[k];
+            for i in conns.into_iter().rev() {
+                let conn = v.sessions.swap_remove(i);
+                v.sessions.extend(serve_hosted(&v.shared, conn));
+            }
+            // A new connection is a session: read once it has a request
+            // (the daemon connects ahead of its first one).
+            if acc {
+                if let Ok((conn, _)) = accept_timed(&v.listener) {
+                    v.sessions.push(conn);
+                }
+            }
+        }
+        if wake {
+            let _ = rustix::io::read(&g.wake, &mut [0u8; 8]);
+            vms.append(&mut g.news.lock().unwrap());
+            // A VM that has ended and has nobody reading from it any more
+            // goes, with its sockets.
+            vms.retain(|v| {
+                let st = v.shared.state.lock().unwrap();
+                !(st.phase == WorkerState::Exited && st.conns == 0)
+            });
+            // The spare took a VM (or one ended in a full group): the next.
+            if !g.spare.load(Ordering::Acquire) && g.running.load(Ordering::Acquire) < g.n {
+                if let Err(e) = make_spare(&g) {
+                    wisp_vmm::stderr_line(&format!("wisp-vmm group: {e}"));
+                }
+            }
+        }
+    }
+}
+
+/// Make the next VM's thread (from the main thread, whose filter it
+/// starts with): it creates its shell, loads the image the group ran last
+/// into it, and serves the group's socket until a `host` gives it its VM.
+fn make_spare(g: &Arc<Group>) -> Result<(), String> {
+    let ahead = g.last.lock().unwrap().as_ref().map(|l| l.image.clone());
+    g.spare.store(true, Ordering::Release);
+    let g2 = g.clone();
+    let made = std::thread::Builder::new().name("spare".into()).stack_size(VCPU_STACK).spawn(move || {
+        // Making a KVM VM is within a forking vCPU thread's role; running
+        // one that cannot fork, within a vCPU thread's.
+        crate::narrow::narrow(Role::VcpuFork);
+        // The shell keeps a handle on /dev/kvm: a VM of another image than
+        // the one loaded ahead needs a new KVM VM (its VM cannot fork: its
+        // family allows none, and its thread's filter no KVM VM once it runs).
+        let create = || Shell::create_with(&g2.kvm, g2.mem, g2.sync_regs, true);
+        let fresh = || create().and_then(|mut s| s.warm_up().map(|()| s));
+        // Preloading enters the shell too (its prefault run); a shell whose
+        // preload failed half-way is of no use: a fresh one.
+        let shell = match ahead {
+            Some(image) => create().and_then(|mut s| s.preload(image).map(|()| s)).or_else(|_| fresh()),
+            None => fresh(),
+        };
+        let job = serve_group(&g2);
+        // Hosting now: the main thread makes the next spare.
+        g2.spare.store(false, Ordering::Release);
+        g2.wake();
+        let _ = rustix::thread::set_name(c"vcpu");
+        run_vm(shell, job);
+        g2.running.fetch_sub(1, Ordering::AcqRel);
+        g2.wake();
+    });
+    made.map(drop).map_err(|e| {
+        g.spare.store(false, Ordering::Release);
+        format!("VM thread: {e}")
+    })
 }
 
 /// What a VM's thread is given to run.
@@ -72,138 +240,44 @@ struct Job {
     received_ns: u64,
 }
 
-/// What every VM thread needs of the group.
-#[derive(Clone)]
-struct Ctx {
-    kvm: Arc<Kvm>,
-    mem: u64,
-    sync_regs: bool,
-    /// Written when a VM has ended: the main thread lets it go.
-    ended: Arc<OwnedFd>,
-}
-
-fn run(dir: &Path, mem: u64, uid: u32, n: u32) -> Result<(), String> {
-    wisp_jail::close_inherited();
-    crate::monotonic_ns();
-    let _ = rustix::thread::set_name(c"wisp-vmm");
-    let kvm = wisp_vmm::open_kvm().map_err(|e| e.to_string())?;
-    // Asked now: the jail refuses the question.
-    let sync_regs = wisp_vmm::sync_regs_supported(&kvm);
-    let sock_path = dir.join("ctl.sock");
-    let _ = std::fs::remove_file(&sock_path);
-    let listener = UnixListener::bind(&sock_path).map_err(|e| format!("bind {}: {e}", sock_path.display()))?;
-    let ended = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).map_err(|e| format!("eventfd: {e}"))?;
-    wisp_vmm::Control::prepare_process();
-    wisp_jail::enter_with(uid, wisp_jail::Sizes::group(mem, n), wisp_vmm::kick_signal(), dir)?;
-    wisp_vmm::set_thread_hook(crate::narrow::narrow_thread);
-    let ctx = Ctx { kvm: Arc::new(kvm), mem, sync_regs, ended: Arc::new(ended) };
-    let mut spare = Some(make_spare(&ctx)?);
-    println!("ready");
-    let _ = io::stdout().flush();
-
-    let mut vms: Vec<Hosted> = Vec::new();
-    let mut sessions: Vec<UnixStream> = Vec::new();
+/// The spare serves the group's control socket (its connections with one
+/// poll: the daemon connects ahead of its requests) until a `host` it can
+/// take: that VM is handed to the main thread and becomes this thread's
+/// job; the other connections wait for the next spare.
+fn serve_group(g: &Group) -> Job {
+    let mut sessions = std::mem::take(&mut *g.sessions.lock().unwrap());
     loop {
-        // Poll: the group's socket, the end signal, the group's sessions,
-        // then each VM's listener and sessions.
-        let (accept, wake, ready_group, ready_vms) = {
-            let mut fds = Vec::with_capacity(2 + sessions.len() + 2 * vms.len());
-            fds.push(PollFd::new(&listener, PollFlags::IN));
-            fds.push(PollFd::new(&*ctx.ended, PollFlags::IN));
-            fds.extend(sessions.iter().map(|c| PollFd::new(c, PollFlags::IN)));
-            for v in &vms {
-                fds.push(PollFd::new(&v.listener, PollFlags::IN));
-                fds.extend(v.sessions.iter().map(|c| PollFd::new(c, PollFlags::IN)));
-            }
-            if poll(&mut fds, None).is_err() {
-                continue;
-            }
-            let hit = |i: usize| !fds[i].revents().is_empty();
-            let group: Vec<usize> = (0..sessions.len()).filter(|&i| hit(2 + i)).collect();
-            let mut at = 2 + sessions.len();
-            let mut per_vm = Vec::new();
-            for (k, v) in vms.iter().enumerate() {
-                let acc = hit(at);
-                let ready: Vec<usize> = (0..v.sessions.len()).filter(|&i| hit(at + 1 + i)).collect();
-                at += 1 + v.sessions.len();
-                if acc || !ready.is_empty() {
-                    per_vm.push((k, acc, ready));
-                }
-            }
-            (hit(0), hit(1), group, per_vm)
-        };
-        for (k, acc, ready) in ready_vms {
-            let v = &mut vms[k];
-            for i in ready.into_iter().rev() {
-                let conn = v.sessions.swap_remove(i);
-                v.sessions.extend(serve_hosted(&v.shared, conn));
-            }
-            if acc {
-                if let Ok((conn, _)) = accept_timed(&v.listener) {
-                    v.sessions.extend(serve_hosted(&v.shared, conn));
-                }
-            }
-        }
-        for i in ready_group.into_iter().rev() {
-            let conn = sessions.swap_remove(i);
-            sessions.extend(serve_group(&ctx, conn, &mut vms, &mut spare, n));
-        }
-        if accept {
-            if let Ok((conn, _)) = accept_timed(&listener) {
-                sessions.extend(serve_group(&ctx, conn, &mut vms, &mut spare, n));
-            }
-        }
-        if wake {
-            let _ = rustix::io::read(&*ctx.ended, &mut [0u8; 8]);
-            // A VM that has ended and has nobody reading from it any more
-            // goes, with its sockets.
-            vms.retain(|v| {
-                let st = v.shared.state.lock().unwrap();
-                !(st.phase == WorkerState::Exited && st.conns == 0)
-            });
-        }
-    }
-}
-
-/// Serve one request on the group's control socket. Returns the
-/// connection if it can carry more (a `host`'s is the VM's from then on).
-fn serve_group(ctx: &Ctx, conn: UnixStream, vms: &mut Vec<Hosted>, spare: &mut Option<mpsc::SyncSender<Job>>, n: u32) -> Option<UnixStream> {
-    let (req, fds) = read_request(&conn)?;
-    let received_ns = crate::monotonic_ns();
-    let reply = match req {
-        Request::Host { vm: _, image_name, args, timeout_ms, attach, client_head } => {
-            if vms.len() >= n as usize {
-                Reply::err(format!("this group holds {n} VMs already"))
-            } else {
-                match host(fds, image_name, client_head) {
-                    Err(e) => Reply::err(e),
-                    Ok((shared, listener, image, client)) => {
-                        let timeout = timeout_ms.map(Duration::from_millis);
-                        let job = Job { shared: shared.clone(), image, args, timeout, conn, attach, client, received_ns };
-                        // The spare thread takes it; the next one is made
-                        // while this VM boots (none once the group is full).
-                        let sent = spare.take().map(|tx| tx.send(job));
-                        if !matches!(sent, Some(Ok(()))) {
-                            shared.end(ExitInfo { code: ERROR.into(), reason: "the group has no thread for it".into() });
+        let Some(conn) = next_pooled(&g.listener, &mut sessions) else { continue };
+        let Some((req, fds)) = read_request(&conn) else { continue };
+        let received_ns = crate::monotonic_ns();
+        let reply = match req {
+            Request::Host { vm: _, image_name, args, timeout_ms, attach, client_head } => {
+                if g.running.load(Ordering::Acquire) >= g.n {
+                    Reply::err(format!("this group runs {} VMs already", g.n))
+                } else {
+                    match host(fds, image_name, client_head, &g.last) {
+                        Err(e) => Reply::err(e),
+                        Ok((shared, listener, image, client)) => {
+                            g.running.fetch_add(1, Ordering::AcqRel);
+                            g.news.lock().unwrap().push(Hosted { shared: shared.clone(), listener, sessions: Vec::new() });
+                            g.sessions.lock().unwrap().append(&mut sessions);
+                            let timeout = timeout_ms.map(Duration::from_millis);
+                            return Job { shared, image, args, timeout, conn, attach, client, received_ns };
                         }
-                        vms.push(Hosted { shared, listener, sessions: Vec::new() });
-                        if vms.len() < n as usize {
-                            *spare = make_spare(ctx).inspect_err(|e| wisp_vmm::stderr_line(&format!("wisp-vmm group: {e}"))).ok();
-                        }
-                        return None;
                     }
                 }
             }
+            Request::Status => Reply::ok(WorkerState::Pooled),
+            Request::Shutdown => {
+                let _ = send_line(&conn, &Reply::ok(WorkerState::Exited), None);
+                std::process::exit(0)
+            }
+            _ => Reply::err("a group's control socket takes host, status and shutdown"),
+        };
+        if send_line(&conn, &reply, None).is_ok() {
+            sessions.push(conn);
         }
-        Request::Status => Reply::ok(if vms.is_empty() { WorkerState::Pooled } else { WorkerState::Running }),
-        Request::Shutdown => {
-            let _ = send_line(&conn, &Reply::ok(WorkerState::Exited), None);
-            std::process::exit(0)
-        }
-        _ => Reply::err("a group's control socket takes host, status and shutdown"),
-    };
-    let _ = send_line(&conn, &reply, None);
-    Some(conn)
+    }
 }
 
 /// A VM's pieces from a `host` request's descriptors: exit.json,
@@ -211,7 +285,7 @@ fn serve_group(ctx: &Ctx, conn: UnixStream, vms: &mut Vec<Hosted>, spare: &mut O
 /// if `client_head` says one comes.
 type Pieces = (Arc<Shared>, UnixListener, Image, Option<(UnixStream, Vec<u8>)>);
 
-fn host(fds: Vec<OwnedFd>, image_name: String, client_head: Option<String>) -> Result<Pieces, String> {
+fn host(fds: Vec<OwnedFd>, image_name: String, client_head: Option<String>, last: &Mutex<Option<Last>>) -> Result<Pieces, String> {
     let want = 4 + usize::from(client_head.is_some());
     if fds.len() != want {
         return Err(format!("host needs {want} descriptors, {} came", fds.len()));
@@ -220,34 +294,23 @@ fn host(fds: Vec<OwnedFd>, image_name: String, client_head: Option<String>) -> R
     let mut next = || fds.next().expect("counted above");
     let files = JailFiles::from_files(next().into(), next().into());
     let listener = UnixListener::from(next());
-    // Parsed here (the daemon is not trusted blindly).
-    let image = Image::from_fd(&image_name, next()).map_err(|e| e.to_string())?;
+    // Parsed here (the daemon is not trusted blindly), unless it is the
+    // very file the last VM's image was parsed from.
+    let fd = next();
+    let st = rustix::fs::fstat(&fd).map_err(|e| format!("image: {e}"))?;
+    let file = (st.st_dev as u64, st.st_ino as u64);
+    let mut last = last.lock().unwrap();
+    let image = match last.as_ref().filter(|l| l.file == file && l.image.name == image_name) {
+        Some(l) => l.image.clone(),
+        None => {
+            let image = Image::from_fd(&image_name, fd).map_err(|e| e.to_string())?;
+            *last = Some(Last { file, image: image.clone() });
+            image
+        }
+    };
     let client = client_head.map(|h| (UnixStream::from(next()), h.into_bytes()));
     let shared = Shared::new(files, WorkerState::Pooled, None);
     Ok((shared, listener, image, client))
-}
-
-/// Make the next VM's thread: it creates its shell and enters it once,
-/// narrows itself to a vCPU thread's role, and waits for its job.
-fn make_spare(ctx: &Ctx) -> Result<mpsc::SyncSender<Job>, String> {
-    let (tx, rx) = mpsc::sync_channel::<Job>(1);
-    let ctx = ctx.clone();
-    std::thread::Builder::new()
-        .name("spare".into())
-        .stack_size(VCPU_STACK)
-        .spawn(move || {
-            // Making a KVM VM is within a forking vCPU thread's role; running
-            // one that cannot fork, within a vCPU thread's.
-            crate::narrow::narrow(Role::VcpuFork);
-            let shell = Shell::create_with(&ctx.kvm, ctx.mem, ctx.sync_regs, false).and_then(|mut s| s.warm_up().map(|()| s));
-            crate::narrow::narrow_from(Role::VcpuFork, Role::Vcpu);
-            let Ok(job) = rx.recv() else { return };
-            let _ = rustix::thread::set_name(c"vcpu");
-            run_vm(shell, job);
-            let _ = rustix::io::write(&*ctx.ended, &1u64.to_ne_bytes());
-        })
-        .map(|_| tx)
-        .map_err(|e| format!("VM thread: {e}"))
 }
 
 /// A VM's thread, once its job came: load, answer, run, record the end.
@@ -265,6 +328,8 @@ fn run_vm(shell: wisp_vmm::Result<Shell>, job: Job) {
             return;
         }
     };
+    // A vCPU thread's role from here (a deny list on the forking one's).
+    crate::narrow::narrow_from(Role::VcpuFork, Role::Vcpu);
     let boot_us = t.elapsed().as_micros() as u64;
     let mut sink = begin(&shared, &vm, conn, Started { boot_us, received_ns, held: false }, attach, client);
     let deadline = timeout.map(|t| Instant::now() + t);

@@ -157,7 +157,7 @@ impl Pool {
             }
         }
         loaded.sort_by(|a, b| (a.mem, &a.image).cmp(&(b.mem, &b.image)));
-        PoolInfo { target: conv(self.targets()), ready: conv(self.ready()), loaded }
+        PoolInfo { target: conv(self.targets()), ready: conv(self.ready()), loaded, group_spares: 0 }
     }
 
     /// A create is under way until the guard drops: the refill of the

@@ -354,21 +354,18 @@ impl Daemon {
     /// socket, and the pending `wait` that watches the VM in a pidfd's
     /// place) and what goes with the `host` request.
     fn host_in_group(&self, tenant: &str, mem: u64, undo: &mut Rollback<'_>) -> Result<(Worker, Hosted), ActionError> {
-        let place = self.take_place(tenant, mem)?;
-        let hd = match self.hosted_dir(&place) {
-            Ok(h) => h,
+        let mut place = self.take_place(tenant, mem)?;
+        let slot = match self.take_slot(&mut place) {
+            Ok(s) => s,
             Err(e) => {
                 self.leave_group(&place.group);
                 return Err(e);
             }
         };
+        let super::group::Slot { hd, watch, session } = slot;
         undo.place = Some((place.group.clone(), hd.dir.clone()));
-        let p = Proc { uid: place.uid, pid: place.pid, start: place.start, contained: false, hosts: None };
-        self.records.register(&hd.id, p, None).map_err(ActionError::Record)?;
-        let watch = Daemon::hosted_watch(&hd.dir).map_err(ActionError::Vmm)?;
-        let session = UnixStream::connect(place.group_dir.join("ctl.sock"))
-            .and_then(|s| s.set_read_timeout(Some(super::process::SESSION_TIMEOUT)).map(|()| s))
-            .map_err(ActionError::Vmm)?;
+        // Written with the VM, after the `host` request is sent.
+        self.records.track(&hd.id, Proc { uid: place.uid, pid: place.pid, start: place.start, contained: false, hosts: None });
         let w = Worker {
             id: hd.id,
             pid: place.pid,

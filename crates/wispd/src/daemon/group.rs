@@ -20,9 +20,9 @@ use std::collections::HashMap;
 use std::fs;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Child;
-use std::sync::Mutex;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use wisp_api::CreateVm;
@@ -54,15 +54,53 @@ pub struct Group {
     pub closed: bool,
     child: Option<Child>,
     pidfd: Option<OwnedFd>,
+    /// The next VM's directory, files, socket and connections, made ahead.
+    next: Option<Slot>,
 }
 
-/// The groups, by id.
+/// What a VM of a group needs made before the group is asked to host it
+/// (seven file-system calls, 1-2 ms on this host's ext4), made ahead by
+/// the `slots` thread after each create: its directory, files and control
+/// socket, the pending `wait` that watches it, and a connection to the
+/// group's control socket for the `host` request.
+pub struct Slot {
+    pub hd: HostedDir,
+    pub watch: OwnedFd,
+    pub session: UnixStream,
+}
+
+/// The groups, by id, and the thread that makes their next VMs' slots.
 #[derive(Default)]
 pub struct Groups {
-    by_id: Mutex<HashMap<String, Group>>,
+    by_id: Arc<Mutex<HashMap<String, Group>>>,
+    slots: Mutex<Option<mpsc::Sender<String>>>,
 }
 
 impl Groups {
+    /// Open groups whose next VM is prepared (its slot made, and a spare
+    /// thread answering on its session).
+    pub fn spares(&self) -> u32 {
+        self.by_id.lock().unwrap().values().filter(|g| !g.closed && g.next.is_some()).count() as u32
+    }
+
+    /// Have group `id`'s next slot made (by the `slots` thread, started on
+    /// first use; VM directories go in `vms_dir`).
+    fn refill(&self, id: &str, vms_dir: &Path) {
+        let mut tx = self.slots.lock().unwrap();
+        if tx.is_none() {
+            let (t, rx) = mpsc::channel::<String>();
+            let (map, dir) = (self.by_id.clone(), vms_dir.to_path_buf());
+            let started = std::thread::Builder::new().name("slots".into()).spawn(move || slots_loop(&map, &dir, rx));
+            if started.is_err() {
+                return;
+            }
+            *tx = Some(t);
+        }
+        if let Some(t) = tx.as_ref() {
+            let _ = t.send(id.to_string());
+        }
+    }
+
     /// Whether a group runs under user id `uid` (not to be given away).
     pub fn holds_uid(&self, uid: u32) -> bool {
         self.by_id.lock().unwrap().values().any(|g| g.uid == uid)
@@ -86,6 +124,60 @@ impl Groups {
     }
 }
 
+/// The `slots` thread: makes the slot of each group named on `rx` that
+/// has none (a group gone or closed meanwhile gets none, and a slot made
+/// for a group that went meanwhile is removed).
+fn slots_loop(groups: &Mutex<HashMap<String, Group>>, vms_dir: &Path, rx: mpsc::Receiver<String>) {
+    while let Ok(id) = rx.recv() {
+        let want = groups.lock().unwrap().get(&id).filter(|g| !g.closed && g.next.is_none()).map(|g| (g.dir.clone(), g.uid));
+        let Some((group_dir, uid)) = want else { continue };
+        match make_slot(vms_dir, &group_dir, uid) {
+            Ok(slot) => {
+                let mut map = groups.lock().unwrap();
+                match map.get_mut(&id).filter(|g| g.next.is_none()) {
+                    Some(g) => g.next = Some(slot),
+                    None => {
+                        drop(map);
+                        drop_slot(slot);
+                    }
+                }
+            }
+            Err(e) => eprintln!("wispd: group {id}: next VM's directory: {e}"),
+        }
+    }
+}
+
+/// A VM directory with its files and control socket for group user `uid`,
+/// its watch, and a connection to the group's socket in `group_dir`.
+fn make_slot(vms_dir: &Path, group_dir: &Path, uid: u32) -> Result<Slot, ActionError> {
+    let hd = hosted_dir(vms_dir, uid)?;
+    let made = (|| {
+        let watch = hosted_watch(&hd.dir)?;
+        let session = UnixStream::connect(group_dir.join("ctl.sock"))?;
+        session.set_read_timeout(Some(process::SESSION_TIMEOUT))?;
+        // Answered once the group's next VM thread is prepared and serves
+        // the socket: the slot is ready then.
+        proto::send_line(&session, &Request::Status, None)?;
+        let r = proto::read_reply_line(&mut std::io::BufReader::new(&session))?;
+        if !r.ok {
+            return Err(std::io::Error::other(r.error.unwrap_or_default()));
+        }
+        Ok::<_, std::io::Error>((watch, session))
+    })();
+    match made {
+        Ok((watch, session)) => Ok(Slot { hd, watch, session }),
+        Err(e) => {
+            let _ = fs::remove_dir_all(&hd.dir);
+            Err(ActionError::Vmm(e))
+        }
+    }
+}
+
+/// A slot not used: its directory goes.
+fn drop_slot(slot: Slot) {
+    let _ = fs::remove_dir_all(&slot.hd.dir);
+}
+
 /// A place in a group taken for a VM being created.
 pub struct Place {
     pub group: String,
@@ -94,6 +186,8 @@ pub struct Place {
     pub start: Option<u64>,
     pub uid: u32,
     pub group_dir: PathBuf,
+    /// Its slot, if one was made ahead.
+    pub slot: Option<Slot>,
 }
 
 /// What the daemon makes for a VM of a group before it asks the group to
@@ -114,7 +208,14 @@ impl Daemon {
     /// Take a place for a VM of `tenant` and `mem` bytes: in an open group
     /// with room, else in a new one.
     pub(super) fn take_place(&self, tenant: &str, mem: u64) -> Result<Place, ActionError> {
-        let place = |g: &Group| Place { group: g.id.clone(), pid: g.pid, start: g.start, uid: g.uid, group_dir: g.dir.clone() };
+        let place = |g: &mut Group| Place {
+            group: g.id.clone(),
+            pid: g.pid,
+            start: g.start,
+            uid: g.uid,
+            group_dir: g.dir.clone(),
+            slot: g.next.take(),
+        };
         {
             let mut groups = self.groups.by_id.lock().unwrap();
             let open = groups.values_mut().find(|g| !g.closed && g.tenant == tenant && g.mem == mem && g.members < g.hosts as usize);
@@ -142,8 +243,10 @@ impl Daemon {
             closed: false,
             child: w.child.take(),
             pidfd: w.pidfd.take(),
+            next: None,
         };
-        let p = place(&g);
+        let mut g = g;
+        let p = place(&mut g);
         self.groups.by_id.lock().unwrap().insert(g.id.clone(), g);
         Ok(p)
     }
@@ -168,6 +271,9 @@ impl Daemon {
     /// Stop group `g` (its VMs are gone), and remove its control group,
     /// directory and record.
     fn end_group(&self, mut g: Group) {
+        if let Some(slot) = g.next.take() {
+            drop_slot(slot);
+        }
         let _ = proto::call(&g.dir.join("ctl.sock"), &Request::Shutdown, None, Some(Duration::from_secs(1)));
         if let Some(fd) = &g.pidfd {
             kill_fd(fd);
@@ -181,31 +287,15 @@ impl Daemon {
         self.remove_dir(&dir);
     }
 
-    /// Make VM directory, files and control socket for a VM of the group
-    /// at `place`, owned by the group's user id.
-    pub(super) fn hosted_dir(&self, place: &Place) -> Result<HostedDir, ActionError> {
-        let (id, dir) = new_vm_dir(&self.vms_dir()).map_err(|e| ActionError::Prepare(e.into()))?;
-        let made = (|| {
-            let files = JailFiles::open(&dir)?;
-            let listener = UnixListener::bind(dir.join("ctl.sock"))?;
-            give_dir(&dir, place.uid).map_err(std::io::Error::other)?;
-            Ok::<_, std::io::Error>((files, listener))
-        })();
-        match made {
-            Ok((files, listener)) => Ok(HostedDir { id, dir, files, listener }),
-            Err(e) => {
-                let _ = fs::remove_dir_all(&dir);
-                Err(ActionError::Vmm(e))
-            }
-        }
-    }
-
-    /// Watch a VM of a group: a `wait` left pending on its control socket
-    /// (answered, or closed, when the VM or its group ends).
-    pub(super) fn hosted_watch(dir: &std::path::Path) -> std::io::Result<OwnedFd> {
-        let c = UnixStream::connect(dir.join("ctl.sock"))?;
-        proto::send_line(&c, &Request::Wait, None)?;
-        Ok(c.into())
+    /// The slot for a VM of the group at `place`: the one made ahead, else
+    /// one made now. Either way the group's next one is made ahead.
+    pub(super) fn take_slot(&self, place: &mut Place) -> Result<Slot, ActionError> {
+        let slot = match place.slot.take() {
+            Some(s) => Ok(s),
+            None => make_slot(&self.vms_dir(), &place.group_dir, place.uid),
+        };
+        self.groups.refill(&place.group, &self.vms_dir());
+        slot
     }
 
     /// Kill VM `id` of a group: a `kill` request (a signal would end the
@@ -238,6 +328,7 @@ impl Daemon {
                     closed: true,
                     child: None,
                     pidfd: Some(pidfd),
+                    next: None,
                 };
                 self.groups.adopt(g);
             }
@@ -258,7 +349,7 @@ impl Daemon {
             return None;
         }
         self.groups.join(group);
-        Daemon::hosted_watch(dir).inspect_err(|e| eprintln!("wispd: VM {}: cannot watch it: {e}", rec.id)).ok()
+        hosted_watch(dir).inspect_err(|e| eprintln!("wispd: VM {}: cannot watch it: {e}", rec.id)).ok()
     }
 
     /// After adoption: groups none of whose VMs is listed go.
@@ -272,4 +363,31 @@ impl Daemon {
             self.end_group(g);
         }
     }
+}
+
+/// Make a VM directory in `vms_dir` with its files and control socket,
+/// owned by group user `uid`.
+fn hosted_dir(vms_dir: &Path, uid: u32) -> Result<HostedDir, ActionError> {
+    let (id, dir) = new_vm_dir(vms_dir).map_err(|e| ActionError::Prepare(e.into()))?;
+    let made = (|| {
+        let files = JailFiles::open(&dir)?;
+        let listener = UnixListener::bind(dir.join("ctl.sock"))?;
+        give_dir(&dir, uid).map_err(std::io::Error::other)?;
+        Ok::<_, std::io::Error>((files, listener))
+    })();
+    match made {
+        Ok((files, listener)) => Ok(HostedDir { id, dir, files, listener }),
+        Err(e) => {
+            let _ = fs::remove_dir_all(&dir);
+            Err(ActionError::Vmm(e))
+        }
+    }
+}
+
+/// Watch a VM of a group: a `wait` left pending on its control socket
+/// (answered, or closed, when the VM or its group ends).
+fn hosted_watch(dir: &Path) -> std::io::Result<OwnedFd> {
+    let c = UnixStream::connect(dir.join("ctl.sock"))?;
+    proto::send_line(&c, &Request::Wait, None)?;
+    Ok(c.into())
 }

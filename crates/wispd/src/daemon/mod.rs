@@ -237,7 +237,7 @@ impl Daemon {
                 Outcome::Removed
             }
             Action::RemoveVms(r) => Outcome::RemovedVms(self.remove_many(&r.vms, r.force)),
-            Action::GetPool => Outcome::Pool(self.pool.info()),
+            Action::GetPool => Outcome::Pool(wisp_api::PoolInfo { group_spares: self.groups.spares(), ..self.pool.info() }),
             Action::SetPool(p) => {
                 self.pool.set_targets(&p.target)?;
                 Outcome::Pool(self.pool.info())

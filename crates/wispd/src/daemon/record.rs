@@ -129,6 +129,12 @@ impl Records {
     }
 
     /// Record VMM process `id` (held by `p`) with `vm` (none for a pooled shell).
+    /// Know VM `id`'s process without writing its record yet (the first
+    /// [`Records::save`] writes it).
+    pub fn track(&self, id: &str, p: Proc) {
+        self.procs.lock().unwrap().insert(id.to_string(), p);
+    }
+
     pub fn register(&self, id: &str, p: Proc, vm: Option<VmInfo>) -> io::Result<()> {
         let mut procs = self.procs.lock().unwrap();
         procs.insert(id.to_string(), p);
