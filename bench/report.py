@@ -78,6 +78,60 @@ def boot_section(b):
 
 
 def density_section(d):
+    if "modes" not in d:
+        return old_density_section(d)
+    M = d["modes"]
+    names = list(M)
+    label = {"process": "a VMM process per VM", "grouped": "grouped (`--vms-per-process %d`)"}
+
+    def col(m):
+        return label.get(m, m) % M[m]["vms_per_process"] if "%d" in label.get(m, m) else label.get(m, m)
+
+    def row(what, f, target=""):
+        cells = []
+        for m in names:
+            try:
+                cells.append(f(M[m]))
+            except (KeyError, TypeError, ZeroDivisionError):
+                cells.append("n/a")
+        return "| %s | %s | %s |" % (what, " | ".join(cells), target)
+
+    def loaded(r, part):
+        v = [x for x in r["boot_us"].get("image_loaded_series", []) if x is not None]
+        return median(v[:100] if part == "first" else v[-100:]) / 1e3
+
+    n = d["n_target"]
+    out = ["## Density (`make bench-density [N=10000]`, `bench/results/density.json`, `density.png`)", "",
+           "`sleeper` VMs (one wake-up a minute, 16 MiB) started one after another through a private `wispd`,",
+           "up to N = %d, in each mode in turn (one run, %s). Before each start the pool has refilled (and in" % (n, d["date"][:16]),
+           "grouped mode the open group's next VM is prepared: `GET /v1/pool`'s `group_spares`), so the curve shows",
+           "a VM's start, without the prepare phase, against the number of VMs already running. Each VM is",
+           "created with `POST /v1/vms?wait_line=true`, answered once the guest's first console line has reached",
+           "wispd: a VM's boot time (client clock, request to answer) stops at a sign from the guest itself.", "",
+           "| metric | %s | target |" % " | ".join(col(m) for m in names),
+           "|---|%s---|" % ("---|" * len(names)),
+           row("VMs reached", lambda r: "%d" % r["n_reached"]),
+           row("boot time (request → first console line), first 100 VMs, median", lambda r: "%.2f ms" % (r["boot_us"]["first_100_median"] / 1e3)),
+           row("boot time, last 100 VMs, median", lambda r: "%.2f ms" % (r["boot_us"]["last_100_median"] / 1e3)),
+           row("of which: execute phase in the VMM process (image loaded), first / last 100", lambda r: "%.2f / %.2f ms" % (loaded(r, "first"), loaded(r, "last"))),
+           row("`last_vs_first_boot`", lambda r: "%.2f" % r["ratios"]["last_vs_first_boot"], "≤ 1.2"),
+           row("boot time p99", lambda r: "%.2f ms" % (r["boot_us"]["p99"] / 1e3))]
+    for k in ["1000", str(n)]:
+        out.append(row("host memory per VM (MemAvailable drop ÷ VMs) at %s" % k, lambda r: "%.0f KB" % r["mem_per_vm_kb"][k], "≤ 1,024 KB (moonshot 512)"))
+    for k in ["SUnreclaim", "AnonPages", "SReclaimable", "KernelStack", "PageTables", "Mapped"]:
+        out.append(row("of which `%s` per VM at %d (`/proc/meminfo` growth ÷ VMs)" % (k, n), lambda r: "%.0f KB" % r["meminfo_per_vm_kb"][k]))
+    out += [row("VMM processes / tasks per VM (threads and KVM's kernel task)", lambda r: "%d / %.2f" % (r["vmm_processes"], r["tasks_per_vm"])),
+            row("CPU used by wisp (wispd, VMM processes, all their tasks) while all idle", lambda r: "%.2f %%" % r["idle_cpu_percent_wisp"], "≤ 5 %"),
+            row("the kernel's DAMON thread (`kdamond.0`) meanwhile, % of one core", lambda r: "%.1f %%" % r["kdamond_cpu_percent_of_a_core"]),
+            row("whole-host CPU while all idle", lambda r: "%.1f %%" % r["idle_cpu_percent"]),
+            row("pause, API round trip, median / p99", lambda r: "%.0f / %.0f µs" % (r["pause_us"]["median"], r["pause_us"]["p99"]), "≤ 100 µs"),
+            row("resume, median / p99", lambda r: "%.0f / %.0f µs" % (r["resume_us"]["median"], r["resume_us"]["p99"]), "≤ 100 µs"),
+            row("removing all VMs (`wisp rm -f --all`: batches of 256)", lambda r: "%.1f s" % r["remove_all_s"], "≤ 10 s"),
+            ""]
+    return out
+
+
+def old_density_section(d):
     bu = d["boot_us"]
     if bu.get("stop") == "first_line":
         stop = "request → first console line"

@@ -298,6 +298,19 @@ impl Daemon {
         slot
     }
 
+    /// SIGKILL group `id`'s process (through its pidfd): every VM of it
+    /// ends. For a group that does not answer; it takes no new VMs.
+    pub(super) fn kill_group(&self, id: &str) {
+        let mut groups = self.groups.by_id.lock().unwrap();
+        if let Some(g) = groups.get_mut(id) {
+            eprintln!("wispd: group {id} did not end a VM when asked: killed");
+            g.closed = true;
+            if let Some(fd) = &g.pidfd {
+                kill_fd(fd);
+            }
+        }
+    }
+
     /// Kill VM `id` of a group: a `kill` request (a signal would end the
     /// whole group).
     pub(super) fn kill_hosted(&self, dir: &std::path::Path) {

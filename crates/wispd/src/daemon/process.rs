@@ -182,8 +182,13 @@ pub fn spawn(vms_dir: &Path, records: &Records, uids: &Uids, pidns: Option<&PidN
 #[allow(clippy::too_many_arguments)]
 fn start(id: &str, dir: &Path, records: &Records, uid: u32, pidns: Option<&PidNs>, mem: u64, groups: &[PathBuf], hosts: Option<u32>) -> Result<Child, SpawnError> {
     let log = fs::File::create(dir.join("vmm.log")).map_err(SpawnError::Log)?;
+    // The daemon's own binary through /proc/self/exe: the file this daemon
+    // runs even once an upgrade has replaced (or removed) it on disk, so
+    // its VMM processes match it; shown under its path.
     let exe = std::env::current_exe().map_err(SpawnError::Exe)?;
-    let mut cmd = Command::new(exe);
+    let mut cmd = Command::new("/proc/self/exe");
+    let shown = exe.to_string_lossy();
+    std::os::unix::process::CommandExt::arg0(&mut cmd, shown.strip_suffix(" (deleted)").unwrap_or(&shown));
     cmd.arg("__worker").arg("--id").arg(id).arg("--dir").arg(dir).arg("--mem").arg(mem.to_string());
     cmd.arg("--uid").arg(uid.to_string());
     for g in groups {

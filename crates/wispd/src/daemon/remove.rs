@@ -32,7 +32,12 @@ impl Daemon {
                 self.kill_process(&id);
             }
             if self.wait(&id, Some(Duration::from_secs(5))).is_err() {
-                self.kill_process(&id);
+                match &info.group {
+                    // A group that does not end its VM when asked is not
+                    // working: the whole group goes (its tenant's VMs only).
+                    Some(g) => self.kill_group(g),
+                    None => self.kill_process(&id),
+                }
                 self.wait(&id, Some(Duration::from_secs(5)))?;
             }
         }
