@@ -339,6 +339,8 @@ fn run_vm(shell: wisp_vmm::Result<Shell>, job: Job) {
         None => ExitInfo { code: ERROR.into(), reason: "a VM of a group forked".into() },
     };
     drop(sink);
-    drop(vm);
+    // The end is told first: destroying the KVM VM (~0.5 ms here) keeps no
+    // waiter (nor a batch removal) waiting.
     shared.end(exit);
+    drop(vm);
 }

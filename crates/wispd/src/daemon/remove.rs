@@ -18,6 +18,9 @@ use super::Daemon;
 /// filters at a time, not ten thousand.
 const WAVE: usize = 32;
 
+/// Threads that send a wave's kills.
+const KILLERS: usize = 8;
+
 impl Daemon {
     /// Remove a VM (with `force`, kill it first if it runs). With the last
     /// VM of its family goes the family's control group, and every process
@@ -132,10 +135,23 @@ impl Daemon {
                 }
             }
         }
-        for wave in running.chunks(WAVE) {
-            for id in wave {
-                self.kill_process(id);
+        {
+            // Their ends go unrecorded: their records go with them.
+            let mut t = self.vms.lock();
+            for (_, id) in &ids {
+                if let Some(e) = t.by_id.get_mut(id) {
+                    e.removing = true;
+                }
             }
+        }
+        for wave in running.chunks(WAVE) {
+            // A group's VM is killed by a request (a round trip each): the
+            // wave's requests go out from several threads at once.
+            std::thread::scope(|s| {
+                for part in wave.chunks(WAVE.div_ceil(KILLERS)) {
+                    s.spawn(move || part.iter().for_each(|id| self.kill_process(id)));
+                }
+            });
             for id in wave {
                 let _ = self.wait(id, Some(Duration::from_secs(5)));
             }

@@ -37,12 +37,15 @@ pub struct Entry {
     pub ns_pid: Option<u32>,
     /// The user id owning its directory, read once when it is inserted.
     uid: Option<u32>,
+    /// Being removed (a batch removal killed it): its end is not written
+    /// to its record, which goes next.
+    pub removing: bool,
 }
 
 impl Entry {
     /// A fresh entry for a VM.
     pub fn new(info: VmInfo, dir: PathBuf, child: Option<Child>, pidfd: Option<OwnedFd>) -> Entry {
-        Entry { info, dir, child, pidfd, ctl: None, forwards: Vec::new(), uplink: None, ns_pid: None, uid: None }
+        Entry { info, dir, child, pidfd, ctl: None, forwards: Vec::new(), uplink: None, ns_pid: None, uid: None, removing: false }
     }
 }
 

@@ -109,10 +109,14 @@ impl Daemon {
         }
         let ip = e.info.ip.clone();
         let root = e.info.family.clone().unwrap_or_else(|| id.to_string());
+        let removing = e.removing;
         drop(t);
         self.net.free(ip.as_deref());
         self.family_ended(&root);
         self.vms.notify_exit();
+        if removing {
+            return;
+        }
         if let Err(err) = self.save(id) {
             eprintln!("wispd: VM {id}: cannot record its exit: {err}");
         }
