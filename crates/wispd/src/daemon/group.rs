@@ -129,7 +129,7 @@ impl Groups {
 /// for a group that went meanwhile is removed).
 fn slots_loop(groups: &Mutex<HashMap<String, Group>>, vms_dir: &Path, rx: mpsc::Receiver<String>) {
     while let Ok(id) = rx.recv() {
-        let want = groups.lock().unwrap().get(&id).filter(|g| !g.closed && g.next.is_none()).map(|g| (g.dir.clone(), g.uid));
+        let want = groups.lock().unwrap().get(&id).filter(|g| !g.closed && g.next.is_none() && g.members < g.hosts as usize).map(|g| (g.dir.clone(), g.uid));
         let Some((group_dir, uid)) = want else { continue };
         match make_slot(vms_dir, &group_dir, uid) {
             Ok(slot) => {
@@ -188,6 +188,9 @@ pub struct Place {
     pub group_dir: PathBuf,
     /// Its slot, if one was made ahead.
     pub slot: Option<Slot>,
+    /// The group has room for another VM after this one (so a slot for
+    /// the next is worth making: a full group has no thread to answer).
+    pub room: bool,
 }
 
 /// What the daemon makes for a VM of a group before it asks the group to
@@ -215,6 +218,7 @@ impl Daemon {
             uid: g.uid,
             group_dir: g.dir.clone(),
             slot: g.next.take(),
+            room: g.members < g.hosts as usize,
         };
         {
             let mut groups = self.groups.by_id.lock().unwrap();
@@ -259,6 +263,11 @@ impl Daemon {
             let Some(g) = groups.get_mut(id) else { return };
             g.members = g.members.saturating_sub(1);
             if g.members > 0 {
+                // Room again in a group that was full: its next VM's slot.
+                if !g.closed && g.next.is_none() && g.members + 1 == g.hosts as usize {
+                    drop(groups);
+                    self.groups.refill(id, &self.vms_dir());
+                }
                 return;
             }
             groups.remove(id)
@@ -294,7 +303,9 @@ impl Daemon {
             Some(s) => Ok(s),
             None => make_slot(&self.vms_dir(), &place.group_dir, place.uid),
         };
-        self.groups.refill(&place.group, &self.vms_dir());
+        if place.room {
+            self.groups.refill(&place.group, &self.vms_dir());
+        }
         slot
     }
 
