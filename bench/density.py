@@ -64,24 +64,40 @@ def idle_cpu_percent(seconds):
     return 100.0 * (1 - (i1 - i0) / max(1, t1 - t0))
 
 
-def wisp_ticks():
-    """CPU ticks used so far by wispd and every VMM process (all threads,
-    including KVM's per-VM kernel task)."""
-    total = 0
+def processes(match):
+    """Pids of the processes whose name (`comm`) `match` accepts."""
     for p in os.listdir("/proc"):
         if not p.isdigit():
             continue
         try:
             with open("/proc/%s/comm" % p) as f:
-                if f.read().strip() not in ("wispd", "wisp-vmm"):
-                    continue
-            for t in os.listdir("/proc/%s/task" % p):
-                with open("/proc/%s/task/%s/stat" % (p, t)) as f:
-                    s = f.read()
-                fields = s[s.rindex(")") + 2:].split()
-                total += int(fields[11]) + int(fields[12])
+                if match(f.read().strip()):
+                    yield p
         except OSError:
             continue
+
+
+def ticks(stat_path):
+    """utime + stime of a /proc/.../stat file (0 if it is gone)."""
+    try:
+        with open(stat_path) as f:
+            s = f.read()
+    except OSError:
+        return 0
+    fields = s[s.rindex(")") + 2:].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def wisp_ticks():
+    """CPU ticks used so far by wispd and every VMM process (all threads,
+    including KVM's per-VM kernel task)."""
+    total = 0
+    for p in processes(lambda c: c in ("wispd", "wisp-vmm")):
+        try:
+            tasks = os.listdir("/proc/%s/task" % p)
+        except OSError:
+            continue
+        total += sum(ticks("/proc/%s/task/%s/stat" % (p, t)) for t in tasks)
     return total
 
 
@@ -112,35 +128,16 @@ METHOD = ("Each VM is created with POST /v1/vms?wait_line=true (sleeper 24h 60s,
 
 def kdamond_ticks():
     """CPU ticks used so far by the kernel's DAMON threads (kdamond.*)."""
-    total = 0
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            with open("/proc/%s/comm" % p) as f:
-                if not f.read().startswith("kdamond"):
-                    continue
-            with open("/proc/%s/stat" % p) as f:
-                s = f.read()
-            fields = s[s.rindex(")") + 2:].split()
-            total += int(fields[11]) + int(fields[12])
-        except OSError:
-            continue
-    return total
+    return sum(ticks("/proc/%s/stat" % p) for p in processes(lambda c: c.startswith("kdamond")))
 
 
 def wisp_tasks():
     """(VMM processes, their tasks: threads and KVM's kernel tasks)."""
     procs = tasks = 0
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
+    for p in processes(lambda c: c == "wisp-vmm"):
         try:
-            with open("/proc/%s/comm" % p) as f:
-                if f.read().strip() != "wisp-vmm":
-                    continue
-            procs += 1
             tasks += len(os.listdir("/proc/%s/task" % p))
+            procs += 1
         except OSError:
             continue
     return procs, tasks
