@@ -6,6 +6,7 @@ mod common;
 
 use common::daemon::Daemon;
 use common::{console, eventually, wait_console};
+use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
@@ -585,4 +586,28 @@ fn many_vms_are_removed_in_one_request() {
     // A request naming more VMs than the API takes is refused whole.
     let many = vec!["x".to_string(); wisp_api::MAX_REMOVE + 1];
     assert!(matches!(c.remove_many(&many, true), Err(ApiError::Status(400, _))));
+}
+
+#[test]
+fn a_daemon_whose_binary_is_replaced_on_disk_keeps_starting_vmm_processes() {
+    // An upgrade replaces (or removes) wispd's file while the daemon runs:
+    // the VMM processes it starts from then on are still its own binary.
+    let dir = common::fresh_dir("replaced-bin");
+    let exe = dir.join("wispd");
+    std::fs::copy(Path::new(env!("CARGO_BIN_EXE_wisp")).with_file_name("wispd"), &exe).unwrap();
+    let d = Daemon::launch_exe("replaced", false, &exe, &["--pool", "16M=1", "--vms-per-process", "2"]);
+    std::fs::remove_file(&exe).unwrap();
+    let mut c = d.client();
+    // More VMs than the pool holds, and a group of two: new processes.
+    for _ in 0..3 {
+        assert_eq!(create(&mut c, "family", &["hold"], None).state, VmState::Running);
+    }
+    let a = create(&mut c, "sleeper", &["1h"], None);
+    let b = create(&mut c, "sleeper", &["1h"], None);
+    assert!(a.group.is_some() && a.group == b.group, "{a:?} {b:?}");
+    eventually(Duration::from_secs(10), || format!("the pool did not refill: {}", d.log()), || {
+        (c.pool().ok()?.ready.iter().map(|p| p.count).sum::<u32>() == 1).then_some(())
+    });
+    assert!(!d.log().contains("cannot prepare"), "{}", d.log());
+    assert_eq!(d.wisp(&["rm", "-f", "--all"]).status.code(), Some(0));
 }

@@ -21,6 +21,8 @@ pub struct Daemon {
     pub netns: Option<String>,
     /// What wispd is started with after `--socket`, `--state-dir`, `--images`.
     args: Vec<String>,
+    /// The wispd binary.
+    exe: PathBuf,
 }
 
 fn bin(name: &str) -> PathBuf {
@@ -51,7 +53,13 @@ impl Daemon {
     /// a new network namespace of its own if `own_netns`. Its directory and
     /// namespace are named after `tag` and this test process.
     pub fn launch(tag: &str, own_netns: bool, args: &[&str]) -> Daemon {
-        assert!(bin("wispd").exists(), "wispd not built next to wisp");
+        Self::launch_exe(tag, own_netns, &bin("wispd"), args)
+    }
+
+    /// [`Daemon::launch`] of the wispd binary `exe` (a copy of the one
+    /// built, say).
+    pub fn launch_exe(tag: &str, own_netns: bool, exe: &Path, args: &[&str]) -> Daemon {
+        assert!(exe.exists(), "{} not built", exe.display());
         assert!(images().join("noop").is_file(), "guest images missing: `make guest`");
         let dir = std::env::temp_dir().join(format!("wispd-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -71,21 +79,21 @@ impl Daemon {
             all.extend(["--pool".to_string(), "16M=1".to_string()]);
         }
         all.extend(args.iter().map(|a| a.to_string()));
-        let child = Self::spawn(&dir, &socket, netns.as_deref(), &all);
-        let mut d = Daemon { child, dir, socket, netns, args: all };
+        let child = Self::spawn(exe, &dir, &socket, netns.as_deref(), &all);
+        let mut d = Daemon { child, dir, socket, netns, args: all, exe: exe.to_path_buf() };
         d.wait_ready();
         d
     }
 
-    fn spawn(dir: &Path, socket: &Path, netns: Option<&str>, args: &[String]) -> Child {
+    fn spawn(exe: &Path, dir: &Path, socket: &Path, netns: Option<&str>, args: &[String]) -> Child {
         let mut cmd = match netns {
             // ip netns exec execs wispd: the child is wispd itself.
             Some(ns) => {
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns]).arg(bin("wispd"));
+                c.args(["netns", "exec", ns]).arg(exe);
                 c
             }
-            None => Command::new(bin("wispd")),
+            None => Command::new(exe),
         };
         cmd.arg("--socket").arg(socket).arg("--state-dir").arg(dir.join("state")).arg("--images").arg(images());
         let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("wispd.log")).unwrap();
@@ -137,7 +145,7 @@ impl Daemon {
     /// Start wispd again, with the same directory, socket, namespace and
     /// arguments, and wait until it answers.
     pub fn restart(&mut self) {
-        self.child = Self::spawn(&self.dir, &self.socket, self.netns.as_deref(), &self.args);
+        self.child = Self::spawn(&self.exe, &self.dir, &self.socket, self.netns.as_deref(), &self.args);
         self.wait_ready();
     }
 
