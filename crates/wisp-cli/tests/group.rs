@@ -139,24 +139,52 @@ fn a_restarted_daemon_adopts_a_group_and_its_vms() {
     let mut c = d.client();
     let a = create(&mut c, "sleeper", &["1h", "10ms"], None);
     let b = create(&mut c, "sleeper", &["1h", "10ms"], None);
-    assert_eq!(a.pid, b.pid);
+    let done = create(&mut c, "noop", &[], None);
+    assert_eq!(c.wait(&done.id).unwrap().code, 0);
+    assert!(a.pid == b.pid && b.pid == done.pid, "{a:?} {b:?} {done:?}");
     drop(c);
     d.sigkill_and_restart();
     let mut c = d.client();
+    // An ended VM of the group is one of its members too: removing it
+    // leaves the group and its running VMs alone.
+    assert_eq!(d.wisp(&["rm", &done.id]).status.code(), Some(0));
+    assert!(std::path::Path::new(&format!("/proc/{}", a.pid)).exists(), "the group went with an ended VM");
     for v in [&a, &b] {
         let got = c.get(&v.id).unwrap();
         assert_eq!((got.state, got.pid, got.group.as_deref()), (VmState::Running, a.pid, a.group.as_deref()), "{got:?}");
     }
-    // Still controlled, and its end still seen.
+    // Still controlled, and its end still seen; removing it leaves the
+    // group to its last VM.
     c.kill(&a.id).unwrap();
     assert_eq!(c.wait(&a.id).unwrap().code, 137);
+    assert_eq!(d.wisp(&["rm", &a.id]).status.code(), Some(0));
     assert_eq!(c.get(&b.id).unwrap().state, VmState::Running);
+    c.pause(&b.id).unwrap();
+    c.resume(&b.id).unwrap();
     // A new VM goes to a new group (the adopted one takes no more).
     let n = create(&mut c, "sleeper", &["1h"], None);
     assert!(n.pid != a.pid && n.group.is_some(), "{n:?}");
-    let r = c.remove_many(&[a.id.clone(), b.id.clone(), n.id.clone()], true).unwrap();
+    let r = c.remove_many(&[b.id.clone(), n.id.clone()], true).unwrap();
     assert!(r.failed.is_empty(), "{r:?}");
     common::eventually(Duration::from_secs(5), || format!("adopted group {} still there", a.pid), || {
         (!std::path::Path::new(&format!("/proc/{}", a.pid)).exists()).then_some(())
     });
+}
+
+#[test]
+fn a_group_whose_process_died_takes_no_new_vms() {
+    let d = Daemon::start("group-dead", &["--pool", "16M=1", "--vms-per-process", "8"]);
+    let mut c = d.client();
+    let a = create(&mut c, "sleeper", &["1h"], Some("t"));
+    // The group's process dies (from outside: as the OOM killer would).
+    // SAFETY: killing a process this test created through the daemon.
+    unsafe { libc::kill(a.pid as i32, libc::SIGKILL) };
+    let x = c.wait(&a.id).unwrap();
+    assert_eq!((x.code, x.reason.as_str()), (137, "the VMM process died"));
+    // The tenant's next VM goes to a new group, at once.
+    let t = std::time::Instant::now();
+    let b = create(&mut c, "sleeper", &["1h"], Some("t"));
+    assert!(b.pid != a.pid && b.group.is_some() && b.group != a.group, "{a:?} {b:?}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert_eq!(d.wisp(&["rm", "-f", "--all"]).status.code(), Some(0));
 }

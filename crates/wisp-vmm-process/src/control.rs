@@ -318,10 +318,12 @@ fn serve(shared: &Arc<Shared>, conn: UnixStream, req: Request) -> io::Result<()>
             shared.state.lock().unwrap().status()
         }
         Request::Kill | Request::Shutdown => {
-            if let Some(c) = control() {
-                c.kill();
+            let mut st = shared.state.lock().unwrap();
+            match st.control.clone() {
+                Some(c) => c.kill(),
+                None => st.kill_asked = true,
             }
-            shared.state.lock().unwrap().status()
+            st.status()
         }
         Request::Wait => {
             let mut st = shared.state.lock().unwrap();

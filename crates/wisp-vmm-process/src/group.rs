@@ -135,6 +135,10 @@ fn run(dir: &Path, mem: u64, uid: u32, n: u32) -> Result<(), String> {
     let mut vms: Vec<Hosted> = Vec::new();
     loop {
         // Poll: the wake-up, then each VM's listener and sessions.
+        // Without a spare in a group with room (its making failed), try
+        // again every 100 ms.
+        let want_spare = || !g.spare.load(Ordering::Acquire) && g.running.load(Ordering::Acquire) < g.n;
+        let timeout = want_spare().then_some(rustix::event::Timespec { tv_sec: 0, tv_nsec: 100_000_000 });
         let (wake, ready) = {
             let mut fds = Vec::with_capacity(1 + 2 * vms.len());
             fds.push(PollFd::new(&g.wake, PollFlags::IN));
@@ -142,7 +146,7 @@ fn run(dir: &Path, mem: u64, uid: u32, n: u32) -> Result<(), String> {
                 fds.push(PollFd::new(&v.listener, PollFlags::IN));
                 fds.extend(v.sessions.iter().map(|c| PollFd::new(c, PollFlags::IN)));
             }
-            if poll(&mut fds, None).is_err() {
+            if poll(&mut fds, timeout.as_ref()).is_err() {
                 continue;
             }
             let hit = |i: usize| !fds[i].revents().is_empty();
@@ -181,11 +185,11 @@ fn run(dir: &Path, mem: u64, uid: u32, n: u32) -> Result<(), String> {
                 let st = v.shared.state.lock().unwrap();
                 !(st.phase == WorkerState::Exited && st.conns == 0)
             });
-            // The spare took a VM (or one ended in a full group): the next.
-            if !g.spare.load(Ordering::Acquire) && g.running.load(Ordering::Acquire) < g.n {
-                if let Err(e) = make_spare(&g) {
-                    wisp_vmm::stderr_line(&format!("wisp-vmm group: {e}"));
-                }
+        }
+        // The spare took a VM (or one ended in a full group): the next.
+        if want_spare() {
+            if let Err(e) = make_spare(&g) {
+                wisp_vmm::stderr_line(&format!("wisp-vmm group: {e}"));
             }
         }
     }
@@ -332,6 +336,10 @@ fn run_vm(shell: wisp_vmm::Result<Shell>, job: Job) {
     crate::narrow::narrow_from(Role::VcpuFork, Role::Vcpu);
     let boot_us = t.elapsed().as_micros() as u64;
     let mut sink = begin(&shared, &vm, conn, Started { boot_us, received_ns, held: false }, attach, client);
+    // Killed before it ran (its control did not exist yet).
+    if shared.state.lock().unwrap().kill_asked {
+        vm.control().kill();
+    }
     let deadline = timeout.map(|t| Instant::now() + t);
     let exit = match vm.run_until_fork(&mut sink, deadline) {
         Some(outcome) => exit_info(&outcome, Runner::Daemon),

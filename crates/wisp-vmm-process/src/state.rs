@@ -24,6 +24,9 @@ pub(crate) struct State {
     /// `wait` requests parked until the VM ends (a group's VMs: no thread
     /// per waiter).
     pub waiters: Vec<UnixStream>,
+    /// A kill came before the VM ran (a group's VM between its `host` and
+    /// its start): it is killed as it starts.
+    pub kill_asked: bool,
 }
 
 impl State {
@@ -46,7 +49,7 @@ impl Shared {
     pub fn new(files: JailFiles, phase: WorkerState, control: Option<Arc<Control>>) -> Arc<Shared> {
         Arc::new(Shared {
             files: Mutex::new(Some(files)),
-            state: Mutex::new(State { phase, exit: None, boot_us: None, control, conns: 0, waiters: Vec::new() }),
+            state: Mutex::new(State { phase, exit: None, boot_us: None, control, conns: 0, waiters: Vec::new(), kill_asked: false }),
             cv: Condvar::new(),
             console: Console::new(),
         })

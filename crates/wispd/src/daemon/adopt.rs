@@ -170,6 +170,11 @@ impl Daemon {
         // A forked VM's process carries its family root's command line; a
         // group's VM is its (adopted) group's, watched on a pending `wait`.
         let cmd_id = info.family.clone().unwrap_or_else(|| id.to_string());
+        // Every VM of an adopted group is one of its members, ended or not
+        // (the group goes with the last of them).
+        if let Some(g) = info.group.as_deref().filter(|g| self.groups.matches(g, rec.pid, rec.uid)) {
+            self.groups.join(g);
+        }
         let pidfd = match &info.group {
             _ if info.exit.is_some() => None,
             Some(g) => self.adopt_hosted(g, &rec, &dir),

@@ -354,12 +354,21 @@ impl Daemon {
     /// socket, and the pending `wait` that watches the VM in a pidfd's
     /// place) and what goes with the `host` request.
     fn host_in_group(&self, tenant: &str, mem: u64, undo: &mut Rollback<'_>) -> Result<(Worker, Hosted), ActionError> {
-        let mut place = self.take_place(tenant, mem)?;
-        let slot = match self.take_slot(&mut place) {
-            Ok(s) => s,
-            Err(e) => {
-                self.leave_group(&place.group);
-                return Err(e);
+        // A group that cannot make the slot (its process died) is closed,
+        // and the VM goes to another, once.
+        let mut tries = 2;
+        let (place, slot) = loop {
+            let mut place = self.take_place(tenant, mem)?;
+            match self.take_slot(&mut place) {
+                Ok(s) => break (place, s),
+                Err(e) => {
+                    self.close_group(&place.group);
+                    self.leave_group(&place.group);
+                    tries -= 1;
+                    if tries == 0 {
+                        return Err(e);
+                    }
+                }
             }
         };
         let super::group::Slot { hd, watch, session } = slot;

@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -67,6 +67,21 @@ pub struct Slot {
     pub hd: HostedDir,
     pub watch: OwnedFd,
     pub session: UnixStream,
+}
+
+impl Group {
+    /// Whether its process has ended or is ending: its pidfd is readable,
+    /// or the session of its next VM's slot was closed (a process's
+    /// descriptors close before it has quite ended).
+    fn ended(&self) -> bool {
+        use rustix::event::{poll, PollFd, PollFlags};
+        let now = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
+        let ready = |fd: BorrowedFd<'_>| {
+            let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+            poll(&mut fds, Some(&now)).is_ok_and(|n| n > 0)
+        };
+        self.pidfd.as_ref().is_some_and(|fd| ready(fd.as_fd())) || self.next.as_ref().is_some_and(|s| ready(s.session.as_fd()))
+    }
 }
 
 /// The groups, by id, and the thread that makes their next VMs' slots.
@@ -222,6 +237,10 @@ impl Daemon {
         };
         {
             let mut groups = self.groups.by_id.lock().unwrap();
+            // A group whose process has ended (killed, crashed) takes no more.
+            for g in groups.values_mut().filter(|g| !g.closed && g.ended()) {
+                g.closed = true;
+            }
             let open = groups.values_mut().find(|g| !g.closed && g.tenant == tenant && g.mem == mem && g.members < g.hosts as usize);
             if let Some(g) = open {
                 g.members += 1;
@@ -233,7 +252,11 @@ impl Daemon {
         let cg = self.cgroups.as_ref().map(|c| (c, &limits));
         let mut w = process::spawn(&self.vms_dir(), &self.records, &self.uids, self.pidns.as_ref(), mem, cg, Some(n))
             .map_err(ActionError::Prepare)?;
-        let uid = super::uids::dir_uid(&w.dir).unwrap_or(0);
+        // Its directory was given to its user id when it got ready.
+        let Some(uid) = super::uids::dir_uid(&w.dir) else {
+            self.discard_worker(w);
+            return Err(ActionError::Prepare(process::SpawnError::NotReady("the group's directory has no owner".into())));
+        };
         let g = Group {
             id: w.id.clone(),
             pid: w.pid,
@@ -309,6 +332,14 @@ impl Daemon {
         slot
     }
 
+    /// Group `id` failed to take a VM (its process gone or not answering):
+    /// it takes no more.
+    pub(super) fn close_group(&self, id: &str) {
+        if let Some(g) = self.groups.by_id.lock().unwrap().get_mut(id) {
+            g.closed = true;
+        }
+    }
+
     /// SIGKILL group `id`'s process (through its pidfd): every VM of it
     /// ends. For a group that does not answer; it takes no new VMs.
     pub(super) fn kill_group(&self, id: &str) {
@@ -372,7 +403,6 @@ impl Daemon {
             eprintln!("wispd: VM {}: its group {group} is gone", rec.id);
             return None;
         }
-        self.groups.join(group);
         hosted_watch(dir).inspect_err(|e| eprintln!("wispd: VM {}: cannot watch it: {e}", rec.id)).ok()
     }
 

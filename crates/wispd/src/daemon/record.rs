@@ -128,13 +128,13 @@ impl Records {
         self.dir.join(format!("{id}.json"))
     }
 
-    /// Record VMM process `id` (held by `p`) with `vm` (none for a pooled shell).
     /// Know VM `id`'s process without writing its record yet (the first
     /// [`Records::save`] writes it).
     pub fn track(&self, id: &str, p: Proc) {
         self.procs.lock().unwrap().insert(id.to_string(), p);
     }
 
+    /// Record VMM process `id` (held by `p`) with `vm` (none for a pooled shell).
     pub fn register(&self, id: &str, p: Proc, vm: Option<VmInfo>) -> io::Result<()> {
         let mut procs = self.procs.lock().unwrap();
         procs.insert(id.to_string(), p);

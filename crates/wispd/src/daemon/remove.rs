@@ -35,28 +35,34 @@ impl Daemon {
                 self.kill_process(&id);
             }
             if self.wait(&id, Some(Duration::from_secs(5))).is_err() {
-                match &info.group {
-                    // A group that does not end its VM when asked is not
-                    // working: the whole group goes (its tenant's VMs only).
-                    Some(g) => self.kill_group(g),
-                    None => self.kill_process(&id),
+                self.kill_process(&id);
+                if let Some(g) = &info.group {
+                    // A group that does not end its VM when asked twice is
+                    // not working: the whole group goes (its tenant's VMs).
+                    if self.wait(&id, Some(Duration::from_secs(2))).is_err() {
+                        self.kill_group(g);
+                    }
                 }
                 self.wait(&id, Some(Duration::from_secs(5)))?;
             }
         }
         let root = info.family.clone().unwrap_or_else(|| id.clone());
         let mut t = self.vms.lock();
-        if let Some(e) = t.remove(&id) {
+        let removed = t.remove(&id);
+        if let Some(e) = &removed {
             for fd in e.pidfd.iter().chain(e.uplink.iter()) {
                 self.unwatch(fd.as_fd());
             }
         }
         let family_left = t.family_count(&root).0 > 0;
         drop(t);
-        // A group's VM leaves its group (the group goes with its last).
+        // A group's VM leaves its group (the group goes with its last),
+        // once: a removal that found it gone already leaves nothing.
         if let Some(g) = &info.group {
-            self.remove_dir(&dir);
-            self.leave_group(g);
+            if removed.is_some() {
+                self.remove_dir(&dir);
+                self.leave_group(g);
+            }
             return Ok(());
         }
         // The family's last VM: whatever still runs in its control group
@@ -159,7 +165,17 @@ impl Daemon {
         for (k, id) in ids {
             match self.remove(&id, true) {
                 Ok(()) => out.removed.push(id),
-                Err(e) => out.failed.push(RemoveFailure { vm: k, error: e.to_string() }),
+                Err(e) => {
+                    // Not removed after all: its end is recorded as any VM's.
+                    let ended = self.vms.lock().by_id.get_mut(&id).map(|en| {
+                        en.removing = false;
+                        en.info.exit.is_some()
+                    });
+                    if ended == Some(true) {
+                        let _ = self.save(&id);
+                    }
+                    out.failed.push(RemoveFailure { vm: k, error: e.to_string() })
+                }
             }
         }
         out
