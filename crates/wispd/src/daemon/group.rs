@@ -237,14 +237,18 @@ impl Daemon {
         };
         {
             let mut groups = self.groups.by_id.lock().unwrap();
-            // A group whose process has ended (killed, crashed) takes no more.
-            for g in groups.values_mut().filter(|g| !g.closed && g.ended()) {
-                g.closed = true;
-            }
-            let open = groups.values_mut().find(|g| !g.closed && g.tenant == tenant && g.mem == mem && g.members < g.hosts as usize);
-            if let Some(g) = open {
-                g.members += 1;
-                return Ok(place(g));
+            loop {
+                let open = groups.values_mut().find(|g| !g.closed && g.tenant == tenant && g.mem == mem && g.members < g.hosts as usize);
+                match open {
+                    // A group whose process has ended (killed, crashed)
+                    // takes no more: the next candidate.
+                    Some(g) if g.ended() => g.closed = true,
+                    Some(g) => {
+                        g.members += 1;
+                        return Ok(place(g));
+                    }
+                    None => break,
+                }
             }
         }
         let n = self.cfg.vms_per_process;
