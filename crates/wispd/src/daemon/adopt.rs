@@ -33,6 +33,7 @@ use wisp_vmm_process::proto::{self, Request, WorkerState};
 use super::process::{is_ours, kill_fd, open_ours, proc_start};
 use super::record::{check_ports, valid_id, Claimed, Proc, Record, MAX_RECORD};
 use super::uids::{UID_BASE, UID_COUNT};
+use super::table::root_of;
 use super::Daemon;
 use crate::forward::Forward;
 use crate::fsutil::read_capped;
@@ -75,7 +76,7 @@ impl Daemon {
         self.drop_empty_groups();
         self.renew_uplinks();
         // Families none of whose VMs runs: their (empty) groups go.
-        let roots: HashSet<String> = self.vms.lock().by_id.values().map(|e| e.info.family.clone().unwrap_or_else(|| e.info.id.clone())).collect();
+        let roots: HashSet<String> = self.vms.lock().by_id.values().map(|e| root_of(&e.info).to_string()).collect();
         for root in roots {
             self.family_ended(&root);
         }
@@ -222,7 +223,7 @@ impl Daemon {
         {
             let t = self.vms.lock();
             for e in t.by_id.values().filter(|e| e.pidfd.is_some() && e.info.exit.is_none()) {
-                let root = e.info.family.clone().unwrap_or_else(|| e.info.id.clone());
+                let root = root_of(&e.info).to_string();
                 if t.by_id.get(&root).is_some_and(|r| r.uplink.is_none()) {
                     families.entry(root).or_default().push((e.info.id.clone(), e.dir.clone()));
                 }

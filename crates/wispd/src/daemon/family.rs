@@ -192,7 +192,7 @@ impl Daemon {
     fn fork_child(&self, root: &str, note: &ForkNote, child_pid: u32) -> Result<Child, ForkError> {
         let (parent, uid, old) = {
             let t = self.vms.lock();
-            let in_family = |e: &&Entry| e.info.id == root || e.info.family.as_deref() == Some(root);
+            let in_family = |e: &&Entry| super::table::root_of(&e.info) == root;
             // The forking VM may have ended already (fork, then exit at once).
             let e = t
                 .by_id

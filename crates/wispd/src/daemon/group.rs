@@ -357,12 +357,6 @@ impl Daemon {
         }
     }
 
-    /// Kill VM `id` of a group: a `kill` request (a signal would end the
-    /// whole group).
-    pub(super) fn kill_hosted(&self, dir: &std::path::Path) {
-        let _ = proto::call(&dir.join("ctl.sock"), &Request::Kill, None, Some(Duration::from_secs(2)));
-    }
-
     /// Adopt the group VMM process of record `rec` (closed to new VMs), if
     /// it is one of ours (as `adopt` checks any VMM process); else its
     /// record, directory and control group go.

@@ -104,7 +104,7 @@ impl Daemon {
         if info.state == VmState::Exited {
             return Err(ActionError::Exited(id));
         }
-        if proto::call(&dir.join("ctl.sock"), &Request::Kill, None, Some(Duration::from_secs(2))).is_err() {
+        if !ask_kill(&dir) {
             self.kill_process(&id);
         }
         self.wait(&id, Some(Duration::from_secs(5)))?;
@@ -132,4 +132,10 @@ impl Daemon {
         let saved = read_tail(&dir.join("console.log"), wisp_vmm_process::CONSOLE_RING as u64).unwrap_or_default();
         Ok(Console::Saved(Cursor::new(saved)))
     }
+}
+
+/// Ask the VMM process of the VM in `dir` to kill it (a `kill` request, 2 s
+/// at most): whether it answered.
+pub(super) fn ask_kill(dir: &Path) -> bool {
+    proto::call(&dir.join("ctl.sock"), &Request::Kill, None, Some(Duration::from_secs(2))).is_ok()
 }

@@ -8,9 +8,10 @@ use std::os::fd::AsFd;
 use std::time::Duration;
 
 use wisp_api::{RemoveFailure, RemovedVms, VmState};
-use wisp_vmm_process::proto::{self, Request};
 
 use super::error::ActionError;
+use super::lifecycle::ask_kill;
+use super::table::root_of;
 use super::Daemon;
 
 /// VMM processes killed at once by a batch removal, whose ends are waited
@@ -31,7 +32,7 @@ impl Daemon {
             if !force {
                 return Err(ActionError::Running(id));
             }
-            if proto::call(&dir.join("ctl.sock"), &Request::Kill, None, Some(Duration::from_secs(2))).is_err() {
+            if !ask_kill(&dir) {
                 self.kill_process(&id);
             }
             if self.wait(&id, Some(Duration::from_secs(5))).is_err() {
@@ -46,7 +47,7 @@ impl Daemon {
                 self.wait(&id, Some(Duration::from_secs(5)))?;
             }
         }
-        let root = info.family.clone().unwrap_or_else(|| id.clone());
+        let root = root_of(&info).to_string();
         let mut t = self.vms.lock();
         let removed = t.remove(&id);
         if let Some(e) = &removed {
@@ -77,7 +78,7 @@ impl Daemon {
     /// The ids of family `root`'s VMs (the root's too, if it is still there).
     fn family_ids(&self, root: &str) -> Vec<String> {
         let t = self.vms.lock();
-        t.by_id.values().filter(|e| e.info.id == root || e.info.family.as_deref() == Some(root)).map(|e| e.info.id.clone()).collect()
+        t.by_id.values().filter(|e| root_of(&e.info) == root).map(|e| e.info.id.clone()).collect()
     }
 
     /// Remove every VM of VM `key`'s family (with `force`, running ones
@@ -89,7 +90,7 @@ impl Daemon {
         let root = info.family.clone().unwrap_or(id);
         if !force {
             let t = self.vms.lock();
-            let running = t.by_id.values().find(|e| (e.info.id == root || e.info.family.as_deref() == Some(root.as_str())) && e.info.state != VmState::Exited);
+            let running = t.by_id.values().find(|e| root_of(&e.info) == root && e.info.state != VmState::Exited);
             if let Some(e) = running {
                 return Err(ActionError::Running(e.info.id.clone()));
             }

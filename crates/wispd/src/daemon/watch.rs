@@ -73,7 +73,7 @@ impl Daemon {
         if e.info.group.is_some() {
             let dir = e.dir.clone();
             drop(t);
-            self.kill_hosted(&dir);
+            super::lifecycle::ask_kill(&dir);
         } else if let Some(fd) = e.pidfd.as_ref() {
             kill_fd(fd);
         }
@@ -108,7 +108,7 @@ impl Daemon {
             e.info.exit = Some(exit);
         }
         let ip = e.info.ip.clone();
-        let root = e.info.family.clone().unwrap_or_else(|| id.to_string());
+        let root = super::table::root_of(&e.info).to_string();
         let removing = e.removing;
         drop(t);
         self.net.free(ip.as_deref());
