@@ -109,3 +109,48 @@ fn an_attached_create_is_answered_by_the_vmm_process_and_refusals_by_the_daemon(
     let (out, _) = run(&mut c, "hello", &["again"]);
     assert!(out.starts_with("Hello from wisp! args: [\"again\"]"), "{out}");
 }
+
+/// The start is answered once the guest has first run, at its first exit
+/// (`wisp-vmm-process` `sink.rs`): a guest that makes none, printing
+/// nothing, is answered all the same (a timer brings it back to the
+/// monitor), its control socket is served, and it is killed on request.
+#[test]
+fn a_guest_that_never_leaves_the_guest_is_answered_served_and_killed() {
+    let d = Daemon::start("warm-quiet", &["--pool", "16M=1"]);
+    let mut c = d.client();
+    let req = CreateVm { image: "hostile".into(), args: vec!["spin-quiet".into()], ..Default::default() };
+    let t = std::time::Instant::now();
+    let vm = c.create(&req).expect("create");
+    assert!(t.elapsed() < Duration::from_secs(5), "answered after {:?}", t.elapsed());
+    assert_eq!(vm.state, wisp_api::VmState::Running);
+    // Its control socket went to its thread: a pause and a resume.
+    c.pause(&vm.id).expect("pause");
+    assert_eq!(c.get(&vm.id).unwrap().state, wisp_api::VmState::Paused);
+    c.resume(&vm.id).expect("resume");
+    // Attached, on a raw connection: the response's head comes without any
+    // console output.
+    let mut s = UnixStream::connect(&d.socket).unwrap();
+    s.set_read_timeout(Some(TEN)).unwrap();
+    let body = r#"{"image":"hostile","args":["spin-quiet"]}"#;
+    write!(s, "POST /v1/vms?attach=true HTTP/1.1\r\nHost: wisp\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+        .unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut b).expect("the head comes"), 1, "closed after {:?}", String::from_utf8_lossy(&head));
+        head.push(b[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    assert!(head.starts_with("HTTP/1.1 201"), "{head}");
+    let id = head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("x-wisp-vm-id: ").map(str::to_string));
+    let id = id.expect("an id in the head");
+    for id in [vm.id.as_str(), id.as_str()] {
+        c.kill(id).expect("kill");
+        let exit = c.wait(id).expect("wait");
+        assert_ne!(exit.code, 0, "{exit:?}");
+    }
+    // The attached connection ends with the VM.
+    let mut rest = String::new();
+    s.read_to_string(&mut rest).unwrap();
+    assert!(rest.ends_with("0\r\n\r\n"), "{rest:?}");
+}

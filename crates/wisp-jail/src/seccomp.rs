@@ -285,6 +285,9 @@ fn role_rules(role: Role, kick_signal: i32) -> Rules {
             sockets(&mut r);
             threads(&mut r);
             any(&mut r, &[libc::SYS_pread64, libc::SYS_pwrite64, libc::SYS_lseek]);
+            // A timer that kicks this thread out of the guest by a deadline
+            // (wisp-vmm `signal::KickTimer`: the first exit's flush).
+            any(&mut r, &[libc::SYS_timer_create, libc::SYS_timer_settime, libc::SYS_timer_delete]);
             let fork = role == Role::VcpuFork;
             ioctls(&mut r, true, fork);
             if fork {

@@ -188,6 +188,20 @@ pub(crate) fn next_pooled(listener: &UnixListener, sessions: &mut Vec<UnixStream
     }
 }
 
+/// Spin (without sleeping, so the CPU does not go idle) until `conn` has
+/// something to read or `most` has passed.
+pub(crate) fn stay_awake(conn: &UnixStream, most: Duration) {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let deadline = Instant::now() + most;
+    while Instant::now() < deadline {
+        let mut fds = [PollFd::new(conn, PollFlags::IN)];
+        if poll(&mut fds, Some(&rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 })).is_ok_and(|n| n > 0) {
+            return;
+        }
+        std::hint::spin_loop();
+    }
+}
+
 /// Accept a connection, whose reads then end within 10 s (a request line
 /// comes whole: reads come when a poll said there is something).
 pub(crate) fn accept_timed(listener: &UnixListener) -> io::Result<(UnixStream, std::os::unix::net::SocketAddr)> {

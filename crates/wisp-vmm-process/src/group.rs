@@ -335,7 +335,7 @@ fn run_vm(shell: wisp_vmm::Result<Shell>, job: Job) {
     // A vCPU thread's role from here (a deny list on the forking one's).
     crate::narrow::narrow_from(Role::VcpuFork, Role::Vcpu);
     let boot_us = t.elapsed().as_micros() as u64;
-    let mut sink = begin(&shared, &vm, conn, Started { boot_us, received_ns, held: false }, attach, client);
+    let mut sink = begin(&shared, &mut vm, conn, Started { boot_us, received_ns, held: false }, attach, client, None);
     // Killed before it ran (its control did not exist yet).
     if shared.state.lock().unwrap().kill_asked {
         vm.control().kill();

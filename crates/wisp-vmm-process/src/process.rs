@@ -22,7 +22,7 @@ use wisp_jail::JailFiles;
 
 use crate::boot::{self, Boot};
 use crate::console::Framing;
-use crate::sink::Sink;
+use crate::sink::{Deferred, Sink, FIRST_EXIT_WITHIN};
 use crate::control::{next_pooled, serve_pooled, spawn_server, Pooled};
 use crate::exit::{exit_info, Runner, ERROR};
 use crate::fork::become_child_vm;
@@ -80,6 +80,12 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
     let mut sessions = Vec::new();
     loop {
         let Some(conn) = next_pooled(&listener, &mut sessions) else { continue };
+        // A poke: the start that follows finds this thread awake.
+        if crate::proto::take_pokes(&conn) {
+            crate::control::stay_awake(&conn, SOON_SPIN);
+            sessions.push(conn);
+            continue;
+        }
         let (mut cmd, conn) = match serve_pooled(&shared, conn) {
             None => continue,
             Some((Pooled::Preload(image), conn)) => {
@@ -148,8 +154,11 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
         }
         // The image's pages are mapped: its descriptor is needed no more.
         drop(image);
-        let sink = begin(&shared, &vm, conn, Started { boot_us, received_ns: cmd.received_ns, held }, cmd.attach, cmd.client.take());
-        let _ = ltx.send(listener);
+        // The control socket goes to its thread once the guest has run.
+        let handover = ltx.clone();
+        let then: Box<dyn FnOnce() + Send> = Box::new(move || drop(handover.send(listener)));
+        let started = Started { boot_us, received_ns: cmd.received_ns, held };
+        let sink = begin(&shared, &mut vm, conn, started, cmd.attach, cmd.client.take(), Some(then));
         let deadline = cmd.timeout.map(|t| Instant::now() + t);
         let mut shared = shared;
         let mut sink = sink;
@@ -168,7 +177,7 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
                     std::process::exit(ERROR.into());
                 }
             };
-            sink = Sink::new(shared.clone(), None, None);
+            sink = Sink::new(shared.clone(), None, None, None);
         };
         drop(sink);
         let st = vm.stats();
@@ -183,6 +192,10 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
         finish(&shared, exit_info(&outcome, Runner::Daemon));
     }
 }
+
+/// Longest a poked shell stays awake for the start (a create that did not
+/// come to this shell costs this much CPU time at most).
+const SOON_SPIN: Duration = Duration::from_micros(500);
 
 /// The VM has ended: write `console.log` and `exit.json`, tell waiters,
 /// let followers and waiters read the end (5 s at most), and exit.
@@ -206,17 +219,20 @@ pub(crate) struct Started {
     pub held: bool,
 }
 
-/// The VM is loaded and about to run: record it as running, answer the
-/// start on `conn`, and set up where its console goes (the client's own
-/// connection if handed over, with `conn` told of the first output; else
-/// `conn` itself with `attach`). Returns the vCPU thread's console sink.
+/// The VM is loaded and about to run: record it as running, and set up
+/// where its console goes (the client's own connection if handed over,
+/// with `conn` told of the first output; else `conn` itself with
+/// `attach`) and what waits for the guest's first exit ([`Deferred`]): the
+/// reply on `conn`, the client's response head, then `then` (the control
+/// socket's hand-over). Returns the vCPU thread's console sink.
 pub(crate) fn begin(
     shared: &Arc<Shared>,
-    vm: &wisp_vmm::Vm,
+    vm: &mut wisp_vmm::Vm,
     conn: std::os::unix::net::UnixStream,
     started: Started,
     attach: bool,
     client: Option<(std::os::unix::net::UnixStream, Vec<u8>)>,
+    then: Option<Box<dyn FnOnce() + Send>>,
 ) -> Sink {
     let Started { boot_us, received_ns, held } = started;
     let attached = client.is_some() || attach;
@@ -236,28 +252,30 @@ pub(crate) fn begin(
         preloaded: held,
         ..Reply::ok(WorkerState::Running)
     };
-    // The reply first: a daemon that gets none may still answer the
-    // client itself, as nothing has been written to it yet.
-    let _ = send_line(&conn, &reply, None);
-    // The console goes to the client's own connection (handed over by
-    // the daemon), after the response's head (the daemon's own writer's,
-    // written here blocking within the daemon's write timeout); the
+    let mut line = serde_json::to_vec(&reply).unwrap_or_default();
+    line.push(b'\n');
+    // Without the timer the answers go out now (this thread never enters
+    // a guest that makes no exit).
+    if let Err(e) = vm.flush_at_first_exit(FIRST_EXIT_WITHIN) {
+        wisp_vmm::stderr_line(&format!("wisp-vmm: {e}: the start is answered before the guest runs"));
+    }
+    // The console goes to the client's own connection (handed over by the
+    // daemon), after the response's head (the daemon's own writer's); the
     // daemon hears on the start's connection when the first output went
-    // out. Else to the start's connection if attached.
-    let (attached, first_out) = match client {
-        Some((client, head)) if (&client).write_all(&head).is_ok() => (Some((client, Framing::Chunked)), Some(conn)),
-        Some(_) => {
-            shared.release_conn();
-            drop(conn);
-            (None, None)
-        }
-        None if attach => (Some((conn, Framing::Raw)), None),
-        // Nothing more goes to the daemon on the start's connection: it
-        // is not kept for the VM's life.
-        None => {
-            drop(conn);
-            (None, None)
-        }
+    // out (with the reply, if that waited for it: the client's bytes go
+    // first). Else to the start's connection if attached. A daemon that
+    // hears nothing may answer the client itself: nothing was written to
+    // it before the VM ran.
+    let (attached, start, head) = match client {
+        Some((client, head)) => (Some((client, Framing::Chunked)), Some(conn), head),
+        None if attach => (Some((conn, Framing::Raw)), None, Vec::new()),
+        // Nothing more goes to the daemon on the start's connection than
+        // the reply: it is not kept for the VM's life.
+        None => (None, Some(conn), Vec::new()),
     };
-    Sink::new(shared.clone(), attached, first_out)
+    let mut sink = Sink::new(shared.clone(), attached, start, Some(Deferred { reply: line, head, then }));
+    if !vm.flushes_at_first_exit() {
+        let _ = sink.flush();
+    }
+    sink
 }

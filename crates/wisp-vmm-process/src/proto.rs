@@ -191,6 +191,32 @@ impl Reply {
 /// Most descriptors one message carries.
 pub const MAX_FDS: usize = 5;
 
+/// A poke on a pooled shell's session: one byte, outside any request
+/// line, that says a start may come within a moment. The shell stays
+/// awake (spins) a short while for it ([`take_pokes`]), so that the start
+/// does not wait for its CPU to wake from idle (tens of µs on a
+/// virtualised host): the daemon pokes as it begins a create, and the
+/// wake-up overlaps the daemon's own work.
+pub const POKE: u8 = 0;
+
+/// Consume the pokes ([`POKE`] bytes) at the head of `sock` without
+/// waiting; whether there were any. A request line never starts with one,
+/// and a poke carries no descriptors, so it is read on its own.
+pub fn take_pokes(sock: &UnixStream) -> bool {
+    let mut head = [0u8; 16];
+    let peek = RecvFlags::PEEK | RecvFlags::DONTWAIT;
+    let n = match rustix::net::recv(sock, &mut head, peek) {
+        Ok((n, _)) => head[..n].iter().take_while(|&&b| b == POKE).count(),
+        Err(_) => 0,
+    };
+    n > 0 && rustix::net::recv(sock, &mut head[..n], RecvFlags::DONTWAIT).is_ok()
+}
+
+/// Poke pooled shell session `sock` (see [`POKE`]); never waits.
+pub fn poke(sock: &UnixStream) {
+    let _ = rustix::net::send(sock, &[POKE], SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
+}
+
 /// Sent by a forked VMM process on its family's uplink (a SEQPACKET socket
 /// to the daemon), with one descriptor: its end of a fresh socket pair on
 /// which the daemon answers with a [`ForkKit`].

@@ -5,6 +5,13 @@
 //! (handed over by the daemon, framed as HTTP chunks). If the reader is
 //! slow (the socket would block) a streaming thread takes the connection
 //! over from the ring, so the guest never waits for a client.
+//!
+//! A start is answered at the guest's first exit, not before it runs
+//! ([`Deferred`]): the reply to the daemon, the client's response head
+//! (sent with the first chunk, one wake-up of the client instead of two)
+//! and the control socket's hand-over to its thread wait until the
+//! monitor flushes the sink, which it does at the first exit (within
+//! [`FIRST_EXIT_WITHIN`]: `Vm::flush_at_first_exit`).
 
 use std::io::{self, Write};
 use std::os::unix::net::UnixStream;
@@ -13,6 +20,24 @@ use std::sync::Arc;
 use crate::console::Framing;
 use crate::state::{spawn_conn, Shared};
 
+/// Longest the guest runs before its start is answered (a guest that
+/// makes no exit sooner is kicked out of the guest then).
+/// (Long enough that arming it rarely reprograms the CPU's timer, an exit
+/// to the hypervisor on a virtualised host.)
+pub(crate) const FIRST_EXIT_WITHIN: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// What a start sends once its guest has first run.
+pub(crate) struct Deferred {
+    /// The reply line for the daemon (on `Sink::start`, or before the
+    /// console on a daemon-attached connection).
+    pub reply: Vec<u8>,
+    /// The client's response head (a client's start), sent with the first
+    /// chunk.
+    pub head: Vec<u8>,
+    /// Run last (the control socket's hand-over).
+    pub then: Option<Box<dyn FnOnce() + Send>>,
+}
+
 /// Where the vCPU thread writes the guest's console: the ring, and the
 /// attached connection if there is one.
 pub(crate) struct Sink {
@@ -20,27 +45,70 @@ pub(crate) struct Sink {
     direct: Option<(UnixStream, Framing)>,
     /// A chunk's frame being sent.
     frame: Vec<u8>,
-    /// Told when the first output has gone out (the start's connection to
-    /// the daemon, for a client's start), then dropped.
-    first_out: Option<UnixStream>,
+    /// The start's connection to the daemon when the console does not go
+    /// there: answered, and for a client's start told when the first
+    /// output has gone out ([`Sink::first_output`]), then dropped.
+    start: Option<UnixStream>,
+    /// Sent at the first write or flush.
+    deferred: Option<Deferred>,
+    /// Something was written to the attached connection.
+    wrote: bool,
 }
 
 impl Sink {
     /// A sink for `shared`'s console; `attached` is the connection of an
     /// attached start (counted as an open connection) and how it is framed;
-    /// `first_out` is told when the first output has gone out.
-    pub fn new(shared: Arc<Shared>, attached: Option<(UnixStream, Framing)>, first_out: Option<UnixStream>) -> Sink {
-        Sink { shared, direct: attached, frame: Vec::new(), first_out }
+    /// `start` is the start's connection if the console does not go there
+    /// (told when the first output has gone out if `attached` is a
+    /// client's); `deferred` is sent once the guest has run.
+    pub fn new(shared: Arc<Shared>, attached: Option<(UnixStream, Framing)>, start: Option<UnixStream>, deferred: Option<Deferred>) -> Sink {
+        Sink { shared, direct: attached, frame: Vec::new(), start, deferred, wrote: false }
+    }
+
+    /// Send what waited for the guest's first run: the reply (before any
+    /// console on a daemon-attached connection), the client's head unless
+    /// it goes with the first chunk (`first_chunk`: the caller sent it),
+    /// the hand-over. A client that cannot take its head loses the console.
+    fn settle(&mut self, first_chunk: bool) {
+        let Some(d) = self.deferred.take() else { return };
+        match &self.direct {
+            Some((c, Framing::Raw)) => {
+                let _ = (&*c).write_all(&d.reply);
+            }
+            Some((c, Framing::Chunked)) => {
+                if !first_chunk && (&*c).write_all(&d.head).is_err() {
+                    self.drop_direct();
+                }
+                self.send_start(&d.reply);
+            }
+            None => {
+                self.send_start(&d.reply);
+                self.start = None;
+            }
+        }
+        if let Some(then) = d.then {
+            then();
+        }
+    }
+
+    /// A line (or lines) to the daemon on the start's connection.
+    fn send_start(&mut self, line: &[u8]) {
+        if let Some(c) = &self.start {
+            let _ = (&*c).write_all(line);
+        }
     }
 
     /// Tell the daemon that the first output went out (it stops holding
     /// back the pool's refill and keeps the time); best effort, no wait.
-    fn first_output(&mut self) {
-        if let Some(c) = self.first_out.take() {
-            let reply = crate::proto::Reply { first_output_ns: Some(crate::monotonic_ns()), ..Default::default() };
-            let mut line = serde_json::to_vec(&reply).unwrap_or_default();
-            line.push(b'\n');
-            let _ = send_now(&c, &line);
+    /// (With the start's reply when that waited for this output: one
+    /// message to the daemon.)
+    fn first_output(&mut self, reply: &[u8]) {
+        if let Some(c) = self.start.take() {
+            let note = crate::proto::Reply { first_output_ns: Some(crate::monotonic_ns()), ..Default::default() };
+            let mut lines = reply.to_vec();
+            lines.extend(serde_json::to_vec(&note).unwrap_or_default());
+            lines.push(b'\n');
+            let _ = send_now(&c, &lines);
         }
     }
 
@@ -81,14 +149,33 @@ fn send_now(conn: &UnixStream, data: &[u8]) -> rustix::io::Result<usize> {
 impl Write for Sink {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
         let total = self.shared.console.push(data);
+        // A client's first chunk carries its response head.
+        let client_first = matches!(self.direct, Some((_, Framing::Chunked))) && self.deferred.is_some();
+        let (head, reply) = match self.deferred.as_mut().filter(|_| client_first) {
+            Some(d) => (std::mem::take(&mut d.head), std::mem::take(&mut d.reply)),
+            None => {
+                self.settle(false);
+                (Vec::new(), Vec::new())
+            }
+        };
         let Some((conn, framing)) = &self.direct else { return Ok(data.len()) };
         let framing = *framing;
         if framing == Framing::Chunked {
             wisp_api::http::chunk_frame(data, &mut self.frame);
+            self.frame.splice(0..0, head);
         }
         let out: &[u8] = if framing == Framing::Chunked { &self.frame } else { data };
         let (sent, len) = (send_now(conn, out), out.len());
-        self.first_output();
+        let first = !std::mem::replace(&mut self.wrote, true);
+        self.first_output(&reply);
+        if client_first {
+            self.settle(true);
+        }
+        // The reader of the first output waits for it, and the scheduler
+        // may queue it behind this thread (the guest runs on): let it run.
+        if first {
+            std::thread::yield_now();
+        }
         // Unsent: from this byte of `out`.
         let unsent = match sent {
             Ok(n) if n == len => return Ok(data.len()),
@@ -110,13 +197,17 @@ impl Write for Sink {
         }
         Ok(data.len())
     }
+    /// The monitor's flush at the guest's first exit (and at its end):
+    /// what waited for the guest to run goes out now.
     fn flush(&mut self) -> io::Result<()> {
+        self.settle(false);
         Ok(())
     }
 }
 
 impl Drop for Sink {
     fn drop(&mut self) {
+        self.settle(false);
         self.drop_direct();
     }
 }

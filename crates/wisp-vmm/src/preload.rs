@@ -2,8 +2,9 @@
 //! ask for: loaded, mapped, its page tables written and live, and its
 //! pages touched once by a few instructions of the monitor's
 //! ([`arch::PREFAULT_CODE`]) in a first run with the image's own page
-//! tables. A start of that image then only writes the boot-info page and
-//! the registers: no parsing, no mappings, no page-table reload, and the
+//! tables, its entry registers set, its family region and control block
+//! made. A start of that image then only writes the boot-info page: no
+//! parsing, no mappings, no page-table reload, no call into KVM, and the
 //! guest's first accesses find their pages (host and KVM page tables)
 //! in place.
 //!
@@ -55,12 +56,15 @@ impl Shell {
         let regs = arch::prefault(&self.ram, &pages(&image, self.ram.size()))?;
         self.vcpu.set_regs(&regs).map_err(|e| Error::Kvm("set registers", e.into()))?;
         self.run_to_warmup_port("prefault run")?;
+        // The entry registers too: a start writes only the boot-info page.
+        self.vcpu.set_regs(&arch::initial_regs(image.entry)).map_err(|e| Error::Kvm("set registers", e.into()))?;
         self.warmed = true;
         self.preloaded = Some(Preloaded { image, user });
         // The family region too (its pages touched by making it).
         if self.family.is_none() {
             let f = Family::new_root(FamilyOptions::default()).map_err(|e| Error::Host("family region", e))?;
-            self.family = Some(f);
+            let control = std::sync::Arc::new(crate::control::Control::new(f.bell_ref()));
+            self.family = Some((f, control));
         }
         Ok(())
     }

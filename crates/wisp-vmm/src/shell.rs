@@ -65,9 +65,13 @@ pub struct Shell {
     pub(crate) sync_regs: bool,
     /// The image loaded ahead of a request (`preload.rs`).
     pub(crate) preloaded: Option<Preloaded>,
-    /// The VM's family region, made ahead with a preloaded image (by the
-    /// thread that will run the VM).
-    pub(crate) family: Option<crate::family::Family>,
+    /// The VM's family region and control block, made ahead with a
+    /// preloaded image (by the thread that will run the VM).
+    pub(crate) family: Option<(crate::family::Family, std::sync::Arc<crate::control::Control>)>,
+    /// The guest TSC's offset from the host's, if the host's TSC is stable
+    /// (read once here: a start then reads the guest's clock base without
+    /// a call into KVM).
+    pub(crate) tsc_offset: Option<u64>,
 }
 
 /// The image a shell holds loaded ahead (`preload.rs`), and the guest's
@@ -122,7 +126,8 @@ impl Shell {
         stats.phase("arch_setup", t);
 
         let kvm = if can_fork { dup_kvm(kvm) } else { None };
-        Ok(Shell { vm, vcpu, ram, tsc_hz, stats, warmed: false, kvm, sync_regs, preloaded: None, family: None })
+        let tsc_offset = state::stable_tsc().then(|| state::tsc_offset(&vcpu)).transpose()?;
+        Ok(Shell { vm, vcpu, ram, tsc_hz, stats, warmed: false, kvm, sync_regs, preloaded: None, family: None, tsc_offset })
     }
 
     /// Enter the guest once, before any image is loaded, so the expensive

@@ -1,6 +1,7 @@
 //! Kicking a vCPU thread out of `KVM_RUN`: a no-op handler on a real-time
-//! signal, and `pthread_kill` to deliver it. The only libc `unsafe` of the
-//! monitor lives here.
+//! signal, `pthread_kill` to deliver it, and a POSIX timer that delivers
+//! it by a deadline ([`KickTimer`]). The only libc `unsafe` of the monitor
+//! lives here.
 
 use std::sync::Once;
 
@@ -46,6 +47,64 @@ impl ThreadId {
         // joined only after every kicker has stopped.
         unsafe {
             libc::pthread_kill(self.0, kick_signal());
+        }
+    }
+}
+
+/// A one-shot timer that kicks the thread that made it: a bound on how
+/// long that thread stays in `KVM_RUN` without an exit (a guest that makes
+/// none still comes back to the monitor by then). A POSIX timer with
+/// `SIGEV_THREAD_ID`: no thread of its own, one call to arm.
+pub struct KickTimer(libc::timer_t);
+
+// SAFETY: a timer id is a plain handle the kernel checks on every call;
+// any thread may arm, disarm or delete it.
+unsafe impl Send for KickTimer {}
+
+impl KickTimer {
+    /// A disarmed timer whose expiry kicks the calling thread.
+    pub fn for_this_thread() -> std::io::Result<KickTimer> {
+        install_kick_handler();
+        // SAFETY: `sigevent` is plain data (zeroed, then the fields the
+        // kernel reads for SIGEV_THREAD_ID set); `gettid` has no
+        // preconditions; `timer_create` writes the id into `id` only.
+        unsafe {
+            let mut ev: libc::sigevent = std::mem::zeroed();
+            ev.sigev_notify = libc::SIGEV_THREAD_ID;
+            ev.sigev_signo = kick_signal();
+            ev.sigev_notify_thread_id = libc::gettid();
+            let mut id: libc::timer_t = std::ptr::null_mut();
+            if libc::timer_create(libc::CLOCK_MONOTONIC, &mut ev, &mut id) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(KickTimer(id))
+        }
+    }
+
+    /// Kick once, `after` from now (zero: disarm).
+    pub fn arm(&self, after: std::time::Duration) {
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
+            it_value: libc::timespec { tv_sec: after.as_secs() as libc::time_t, tv_nsec: after.subsec_nanos() as libc::c_long },
+        };
+        // SAFETY: `self.0` came from `timer_create` and is deleted only on
+        // drop; `spec` is read during the call only.
+        unsafe {
+            libc::timer_settime(self.0, 0, &spec, std::ptr::null_mut());
+        }
+    }
+
+    /// Do not kick.
+    pub fn disarm(&self) {
+        self.arm(std::time::Duration::ZERO);
+    }
+}
+
+impl Drop for KickTimer {
+    fn drop(&mut self) {
+        // SAFETY: `self.0` came from `timer_create` and is deleted once.
+        unsafe {
+            libc::timer_delete(self.0);
         }
     }
 }

@@ -47,6 +47,34 @@ pub fn read_tsc(vcpu: &VcpuFd) -> Result<u64> {
     Ok(msrs.as_slice()[0].data)
 }
 
+/// The host's time-stamp counter.
+pub fn host_tsc() -> u64 {
+    // SAFETY: `rdtsc` reads a counter into registers: no memory effects,
+    // and user mode may use it (Linux leaves CR4.TSD clear).
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+/// Whether the host's TSC is stable: the kernel's clock source is the TSC
+/// (it is not if the kernel found the TSC unreliable). Only then does KVM
+/// keep a guest's TSC offset fixed for the guest's life, and
+/// [`tsc_offset`] stays true. Read once, before any sandbox hides `/sys`.
+pub fn stable_tsc() -> bool {
+    static STABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *STABLE.get_or_init(|| {
+        std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+            .is_ok_and(|s| s.trim() == "tsc")
+    })
+}
+
+/// The guest TSC's offset from the host's: guest TSC = host TSC + this
+/// (wrapping). Read between two host readings.
+pub fn tsc_offset(vcpu: &VcpuFd) -> Result<u64> {
+    let before = host_tsc();
+    let guest = read_tsc(vcpu)?;
+    let after = host_tsc();
+    Ok(guest.wrapping_sub(before.wrapping_add(after.wrapping_sub(before) / 2)))
+}
+
 /// Set the guest's TSC.
 pub fn write_tsc(vcpu: &VcpuFd, tsc: u64) -> Result<()> {
     vcpu.set_msrs(&tsc_msrs(tsc)?).map_err(|e| Error::Kvm("set TSC", e.into()))?;

@@ -169,7 +169,8 @@ impl Pool {
         Busy(self)
     }
 
-    /// Take a ready shell of `mem` bytes for `image`, if there is one: one
+    /// Take a ready shell of `mem` bytes for `image`, if there is one (the
+    /// caller holds a [`Pool::busy`] guard, whose drop starts the refill): one
     /// that holds the image loaded ahead, else one that holds none, else
     /// any. The image becomes the size's likely one (shells made from now
     /// on get it loaded ahead).
@@ -182,9 +183,22 @@ impl Pool {
             .position(|w| holds(w, image))
             .or_else(|| q.iter().position(|w| w.preloaded.is_none()))
             .or_else(|| q.iter().position(|w| !sealed(w)));
-        let w = q.remove(i?);
-        self.cv.notify_all();
-        w
+        // The refill hears of it when the create is done (`Busy`'s drop):
+        // no wake-up on the create's path.
+        q.remove(i?)
+    }
+
+    /// Poke the shell [`Pool::take`] will most likely give a create of
+    /// `mem` bytes for the image named `image` (`proto::POKE`): it stays
+    /// awake a moment, and the start finds it so.
+    pub fn poke(&self, mem: u64, image: &str) {
+        let p = self.inner.lock().unwrap();
+        let Some(q) = p.ready.get(&mem) else { return };
+        let named = |w: &&Worker| w.preloaded.as_ref().is_some_and(|i| i.image.name == image);
+        let likely = q.iter().find(named).or_else(|| q.iter().find(|w| w.preloaded.is_none()));
+        if let Some(s) = likely.and_then(|w| w.session.as_ref()) {
+            wisp_vmm_process::proto::poke(s);
+        }
     }
 
     /// Stop refilling and remove every ready shell (for shutdown). Waits for

@@ -30,7 +30,7 @@ use crate::fault::{Fault, Outcome, StopReason};
 use crate::image::Image;
 use crate::loader;
 use crate::shell::Shell;
-use crate::signal::ThreadId;
+use crate::signal::{KickTimer, ThreadId};
 use crate::state::{self, VmState};
 use crate::stats::Stats;
 use watchdog::Watchdog;
@@ -78,6 +78,9 @@ pub struct Vm {
     /// Descriptors of the embedder's that a forked child keeps
     /// ([`Vm::keep_in_children`]).
     keep: Vec<i32>,
+    /// The console's flush is due at the guest's first exit, which this
+    /// timer brings within a bound ([`Vm::flush_at_first_exit`]).
+    first_flush: Option<(KickTimer, std::time::Duration)>,
 }
 
 /// What the run loop saw at one exit, copied out of the `kvm_run` page.
@@ -168,11 +171,17 @@ impl Shell {
         devices.describe(&mut info);
         let boot = Instant::now();
         info.wall_clock_ns = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-        info.boot_tsc = state::read_tsc(&self.vcpu)?;
+        info.boot_tsc = match self.tsc_offset {
+            Some(offset) => state::host_tsc().wrapping_add(offset),
+            None => state::read_tsc(&self.vcpu)?,
+        };
         self.ram.write_obj(BOOT_INFO, &info)?;
-        self.vcpu
-            .set_regs(&arch::initial_regs(image.entry))
-            .map_err(|e| Error::Kvm("set registers", e.into()))?;
+        // A preloaded image's entry registers were set with it.
+        if !preloaded {
+            self.vcpu
+                .set_regs(&arch::initial_regs(image.entry))
+                .map_err(|e| Error::Kvm("set registers", e.into()))?;
+        }
         if self.warmed && !preloaded {
             // Reloading CR3 flushes the warm-up's translations (a preloaded
             // image's are the ones wanted).
@@ -180,11 +189,14 @@ impl Shell {
         }
         self.stats.phase("boot_info", t);
         // A family made ahead with a preloaded image, else now.
-        let family = match self.family.take() {
-            Some(f) => f,
-            None => Family::new_root(FamilyOptions::default()).map_err(|e| Error::Host("family region", e))?,
+        let (family, control) = match self.family.take() {
+            Some(fc) => fc,
+            None => {
+                let f = Family::new_root(FamilyOptions::default()).map_err(|e| Error::Host("family region", e))?;
+                let control = Arc::new(Control::new(f.bell_ref()));
+                (f, control)
+            }
         };
-        let control = Arc::new(Control::new(family.bell_ref()));
         devices.activate(&self.ram, &control, &self.vm)?;
         Ok(Vm { devices, shell: self, features, user, boot, control, family, forked: false,
             on_end: None,
@@ -198,6 +210,7 @@ impl Shell {
             forks: 0,
             spare_round: 0,
             keep: Vec::new(),
+            first_flush: None,
         })
     }
 }
@@ -232,6 +245,10 @@ impl Vm {
         };
         let start = Instant::now();
         let mut first_exit = true;
+        let mut first_flush = self.first_flush.take();
+        if let Some((timer, within)) = &first_flush {
+            timer.arm(*within);
+        }
         let outcome = loop {
             self.control.checkpoint();
             match self.control.halted() {
@@ -262,6 +279,13 @@ impl Vm {
                     Exit::Other(s) => Err(StopReason::Kvm(s)),
                 }
             };
+            if self.forked {
+                // Timers are not inherited: this one is the parent's.
+                std::mem::forget(first_flush.take());
+            } else if let Some((timer, _)) = first_flush.take() {
+                timer.disarm();
+                let _ = console.flush();
+            }
             if self.forked {
                 // A new process: the parent's watchdog thread is not here.
                 self.forked = false;
@@ -326,6 +350,23 @@ impl Vm {
             self.shell.kvm = None;
         }
         self.family.set_options(opts);
+    }
+
+    /// Flush `console` at the guest's first exit of any kind, which comes
+    /// `within` the first entry at the latest (a kick brings a guest that
+    /// makes none back to the monitor). An embedder defers to that flush
+    /// what the guest does not need to start (answers, hand-overs), so the
+    /// path from a request to the guest's first instruction is only what
+    /// the guest needs.
+    pub fn flush_at_first_exit(&mut self, within: std::time::Duration) -> Result<()> {
+        let timer = KickTimer::for_this_thread().map_err(|e| Error::Host("first-exit timer", e))?;
+        self.first_flush = Some((timer, within));
+        Ok(())
+    }
+
+    /// Whether [`Vm::flush_at_first_exit`] is set for the next run.
+    pub fn flushes_at_first_exit(&self) -> bool {
+        self.first_flush.is_some()
     }
 
     /// Have `f` called with the outcome when the VM ends, before its

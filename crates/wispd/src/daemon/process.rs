@@ -198,8 +198,11 @@ fn start(id: &str, dir: &Path, records: &Records, uid: u32, pidns: Option<&PidNs
         cmd.arg("--group").arg(n.to_string());
     }
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
-    // One malloc arena: a VMM process has two threads and little heap.
+    // One malloc arena: a VMM process has two threads and little heap. The
+    // heap is not given back between the pooled phase and the start (a
+    // `brk` on the start's path otherwise; what it keeps is small).
     cmd.env("MALLOC_ARENA_MAX", "1");
+    cmd.env("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1048576:glibc.malloc.top_pad=262144");
     // Its own process group: signals for the daemon's group (Ctrl-C) do
     // not reach VMs, and the VMs outlive the daemon.
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);

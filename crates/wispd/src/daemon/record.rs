@@ -6,7 +6,8 @@
 //! A record says which process holds the VM (pid, its start time against
 //! pid reuse, the user id it runs under) and, once it holds a VM, the VM as
 //! the API shows it (addresses, host ports, family links, exit status).
-//! Records are written atomically by the daemon and still checked when
+//! Records are written by the daemon, atomically or in place in one
+//! step ([`crate::fsutil::rewrite`]), and still checked when
 //! read back ([`check_ports`], [`valid_id`], and the pid, address and
 //! directory checks of re-adoption).
 
@@ -20,7 +21,7 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 use wisp_api::{PortMap, VmInfo};
 
-use crate::fsutil::{read_capped, write_atomic, ReadError};
+use crate::fsutil::{read_capped, rewrite, ReadError};
 
 /// Largest record read back.
 pub const MAX_RECORD: u64 = 1 << 20;
@@ -151,7 +152,7 @@ impl Records {
 
     fn write(&self, id: &str, p: Proc, vm: Option<VmInfo>) -> io::Result<()> {
         let r = Record { id: id.to_string(), uid: p.uid, pid: p.pid, start: p.start, contained: p.contained, vm, hosts: p.hosts };
-        write_atomic(&self.path(id), &serde_json::to_vec(&r).map_err(io::Error::other)?)
+        rewrite(&self.path(id), &serde_json::to_vec(&r).map_err(io::Error::other)?)
     }
 
     /// Drop `id`'s record.

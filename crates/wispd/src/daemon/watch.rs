@@ -27,12 +27,23 @@ fn token(id: &str) -> u64 {
 }
 
 impl Daemon {
-    /// Record a VM held by `worker`, a VMM process this daemon spawned, and
-    /// watch it (a process already gone, or none, is recorded as exited at
-    /// once).
-    pub(super) fn insert(&self, info: VmInfo, worker: Worker) {
+    /// Record a VM held by `worker`, a VMM process this daemon spawned,
+    /// without watching the process yet: a create
+    /// watches it ([`Daemon::watch_pid`]) once the start is sent, off the
+    /// path to the guest (a pidfd that became readable meanwhile is
+    /// reported when added: epoll is level-triggered).
+    pub(super) fn insert_unwatched(&self, info: VmInfo, worker: Worker) {
         let ns_pid = worker.pidfd.as_ref().and(worker.ns_pid);
-        self.insert_with(info, worker.dir, worker.child, worker.pidfd, ns_pid)
+        let mut e = Entry::new(info, worker.dir, worker.child, worker.pidfd);
+        e.ns_pid = ns_pid;
+        self.vms.lock().insert(e);
+    }
+
+    /// Watch VM `id`'s VMM process (see [`Daemon::insert_unwatched`]).
+    pub(super) fn watch_pid(&self, id: &str) {
+        if let Some(fd) = self.vms.lock().by_id.get(id).and_then(|e| e.pidfd.as_ref()) {
+            let _ = epoll::add(&self.epoll, fd.as_fd(), epoll::EventData::new_u64(token(id)), epoll::EventFlags::IN);
+        }
     }
 
     /// Record a VM whose VMM process `pidfd` refers to (checked to be its

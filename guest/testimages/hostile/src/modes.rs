@@ -18,6 +18,13 @@ pub fn main() -> i32 {
     if mode == "late-line" {
         return late_line();
     }
+    // No exit at all, not even a line: the monitor must still answer the
+    // start (its first-exit timer) and stop the VM when asked.
+    if mode == "spin-quiet" {
+        loop {
+            core::hint::spin_loop();
+        }
+    }
     wisp::println!("hostile: {}", mode);
     // SAFETY (all asm below): deliberately invalid operations; the monitor
     // must stop the VM. None of them returns normally.
