@@ -231,11 +231,12 @@ def hops(traces):
          lambda s, l, t: t["sent_ns"] - t["arrived_ns"]),
         ("daemon_to_vmm", "the start command (with the client's connection) reaching the VMM process",
          lambda s, l, t: t["received_ns"] - t["sent_ns"]),
-        ("vmm_execute", "the VMM process's execute phase: the preloaded image's boot-info page and registers, "
-                        "the family, the devices (start received -> guest about to run)",
+        ("vmm_execute", "the VMM process's execute phase: the preloaded image's boot-info page (its registers, "
+                        "family and control block were made with the preload), the devices (start received -> "
+                        "guest about to run)",
          lambda s, l, t: t["entered_ns"] - t["received_ns"]),
-        ("guest_to_first_output", "the reply to the daemon, the response head to the client, the guest running "
-                                  "to its first console write (one exit), that write sent to the client",
+        ("guest_to_first_output", "the guest running to its first console write (one exit), that write sent to "
+                                  "the client with the response head (the reply to the daemon goes after it)",
          lambda s, l, t: t["first_output_ns"] - t["entered_ns"]),
         ("output_to_client", "the first output on the client's socket -> read by the client",
          lambda s, l, t: l - t["first_output_ns"]),

@@ -302,15 +302,19 @@ impl Daemon {
         if let Attach::Client(c) = attach {
             fds.push(c.as_fd());
         }
-        // The record lives where VMM processes cannot write (`record`):
-        // written before the VM runs (in place, ~10 µs: `fsutil::rewrite`).
-        self.save(&info.id).map_err(ActionError::Record)?;
         let sent_ns = wisp_vmm_process::monotonic_ns();
         let arrived_ns = sent_ns.saturating_sub(arrived.elapsed().as_nanos() as u64);
-        // Nothing between the start and the wait for its answer: the VMM
-        // process may run on this very CPU as soon as this thread waits.
         let sent = super::process::send_to_shell(session, &dir, &start, &fds);
+        // The record lives where VMM processes cannot write (`record`):
+        // written while the VMM process starts the VM (in place, ~10-25 µs:
+        // `fsutil::rewrite`; before the send it costs the start that much).
+        // A daemon killed in between leaves a VM whose record is still its
+        // shell's: the next daemon stops it as a pooled shell.
+        let saved = self.save(&info.id);
+        // Nothing else before the wait for the answer: the VMM process may
+        // run on this very CPU as soon as this thread waits.
         let answer = sent.and_then(proto::read_reply);
+        saved.map_err(ActionError::Record)?;
         drop(fds);
         if watched_pid {
             self.watch_pid(&info.id);
