@@ -65,18 +65,18 @@ impl Sink {
         Sink { shared, direct: attached, frame: Vec::new(), start, deferred, wrote: false }
     }
 
-    /// Send what waited for the guest's first run: the reply (before any
-    /// console on a daemon-attached connection), the client's head unless
-    /// it goes with the first chunk (`first_chunk`: the caller sent it),
-    /// the hand-over. A client that cannot take its head loses the console.
-    fn settle(&mut self, first_chunk: bool) {
+    /// Send what waited for the guest's first run when it goes without
+    /// console output: the reply (before any console on a daemon-attached
+    /// connection), the client's head, the hand-over. A client that cannot
+    /// take its head loses the console.
+    fn settle(&mut self) {
         let Some(d) = self.deferred.take() else { return };
         match &self.direct {
             Some((c, Framing::Raw)) => {
                 let _ = (&*c).write_all(&d.reply);
             }
             Some((c, Framing::Chunked)) => {
-                if !first_chunk && (&*c).write_all(&d.head).is_err() {
+                if (&*c).write_all(&d.head).is_err() {
                     self.drop_direct();
                 }
                 self.send_start(&d.reply);
@@ -149,27 +149,30 @@ fn send_now(conn: &UnixStream, data: &[u8]) -> rustix::io::Result<usize> {
 impl Write for Sink {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
         let total = self.shared.console.push(data);
-        // A client's first chunk carries its response head.
-        let client_first = matches!(self.direct, Some((_, Framing::Chunked))) && self.deferred.is_some();
-        let (head, reply) = match self.deferred.as_mut().filter(|_| client_first) {
-            Some(d) => (std::mem::take(&mut d.head), std::mem::take(&mut d.reply)),
-            None => {
-                self.settle(false);
-                (Vec::new(), Vec::new())
+        // A client's first chunk carries its response head (and the daemon
+        // hears of the reply with the first output); else what waited goes
+        // out first.
+        let mut with_chunk = match self.direct {
+            Some((_, Framing::Chunked)) => self.deferred.take(),
+            _ => {
+                self.settle();
+                None
             }
         };
         let Some((conn, framing)) = &self.direct else { return Ok(data.len()) };
         let framing = *framing;
         if framing == Framing::Chunked {
             wisp_api::http::chunk_frame(data, &mut self.frame);
-            self.frame.splice(0..0, head);
+            if let Some(d) = &mut with_chunk {
+                self.frame.splice(0..0, std::mem::take(&mut d.head));
+            }
         }
         let out: &[u8] = if framing == Framing::Chunked { &self.frame } else { data };
         let (sent, len) = (send_now(conn, out), out.len());
         let first = !std::mem::replace(&mut self.wrote, true);
-        self.first_output(&reply);
-        if client_first {
-            self.settle(true);
+        self.first_output(with_chunk.as_ref().map_or(&[][..], |d| &d.reply));
+        if let Some(then) = with_chunk.and_then(|d| d.then) {
+            then();
         }
         // The reader of the first output waits for it, and the scheduler
         // may queue it behind this thread (the guest runs on): let it run.
@@ -200,14 +203,14 @@ impl Write for Sink {
     /// The monitor's flush at the guest's first exit (and at its end):
     /// what waited for the guest to run goes out now.
     fn flush(&mut self) -> io::Result<()> {
-        self.settle(false);
+        self.settle();
         Ok(())
     }
 }
 
 impl Drop for Sink {
     fn drop(&mut self) {
-        self.settle(false);
+        self.settle();
         self.drop_direct();
     }
 }

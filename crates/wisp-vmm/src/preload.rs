@@ -21,6 +21,7 @@ use crate::family::{Family, FamilyOptions};
 use crate::image::{Image, PF_W};
 use crate::loader;
 use crate::shell::{load_sregs, Preloaded, Shell};
+use crate::state;
 
 /// Writable pages of a segment touched ahead (more are touched by the
 /// guest itself: a large zeroed area is not made resident in every shell).
@@ -56,10 +57,12 @@ impl Shell {
         let regs = arch::prefault(&self.ram, &pages(&image, self.ram.size()))?;
         self.vcpu.set_regs(&regs).map_err(|e| Error::Kvm("set registers", e.into()))?;
         self.run_to_warmup_port("prefault run")?;
-        // The entry registers too: a start writes only the boot-info page.
+        // The entry registers too: a start writes only the boot-info page
+        // (and takes the guest's clock base from the host's TSC).
         self.vcpu.set_regs(&arch::initial_regs(image.entry)).map_err(|e| Error::Kvm("set registers", e.into()))?;
+        let tsc_offset = state::stable_tsc().then(|| state::tsc_offset(&self.vcpu)).transpose()?;
         self.warmed = true;
-        self.preloaded = Some(Preloaded { image, user });
+        self.preloaded = Some(Preloaded { image, user, tsc_offset });
         // The family region too (its pages touched by making it).
         if self.family.is_none() {
             let f = Family::new_root(FamilyOptions::default()).map_err(|e| Error::Host("family region", e))?;

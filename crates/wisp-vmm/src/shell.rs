@@ -68,10 +68,6 @@ pub struct Shell {
     /// The VM's family region and control block, made ahead with a
     /// preloaded image (by the thread that will run the VM).
     pub(crate) family: Option<(crate::family::Family, std::sync::Arc<crate::control::Control>)>,
-    /// The guest TSC's offset from the host's, if the host's TSC is stable
-    /// (read once here: a start then reads the guest's clock base without
-    /// a call into KVM).
-    pub(crate) tsc_offset: Option<u64>,
 }
 
 /// The image a shell holds loaded ahead (`preload.rs`), and the guest's
@@ -79,6 +75,11 @@ pub struct Shell {
 pub(crate) struct Preloaded {
     pub image: crate::image::Image,
     pub user: crate::access::UserMap,
+    /// The guest TSC's offset from the host's, if the host's TSC is stable
+    /// (`state::tsc_offset`: the start then reads the guest's clock base
+    /// without a call into KVM). Of this vCPU: a new one comes with a new
+    /// preload.
+    pub tsc_offset: Option<u64>,
 }
 
 /// A second handle on the same `/dev/kvm` open file.
@@ -126,8 +127,7 @@ impl Shell {
         stats.phase("arch_setup", t);
 
         let kvm = if can_fork { dup_kvm(kvm) } else { None };
-        let tsc_offset = state::stable_tsc().then(|| state::tsc_offset(&vcpu)).transpose()?;
-        Ok(Shell { vm, vcpu, ram, tsc_hz, stats, warmed: false, kvm, sync_regs, preloaded: None, family: None, tsc_offset })
+        Ok(Shell { vm, vcpu, ram, tsc_hz, stats, warmed: false, kvm, sync_regs, preloaded: None, family: None })
     }
 
     /// Enter the guest once, before any image is loaded, so the expensive

@@ -54,6 +54,15 @@ fn holds(w: &Worker, image: &Arc<CachedImage>) -> bool {
     w.preloaded.as_ref().is_some_and(|p| Arc::ptr_eq(p, image))
 }
 
+/// The shell of `q` a create takes: one that `holds` its image loaded
+/// ahead, else one that holds none, else any that is not sealed.
+fn pick(q: &VecDeque<Worker>, holds: impl Fn(&Worker) -> bool) -> Option<usize> {
+    q.iter()
+        .position(holds)
+        .or_else(|| q.iter().position(|w| w.preloaded.is_none()))
+        .or_else(|| q.iter().position(|w| !sealed(w)))
+}
+
 /// Whether `w` can run only the image it holds: one that cannot fork (its
 /// VMM process narrowed itself for that image when it loaded it ahead).
 fn sealed(w: &Worker) -> bool {
@@ -178,25 +187,21 @@ impl Pool {
         let mut p = self.inner.lock().unwrap();
         p.likely.insert(mem, image.clone());
         let q = p.ready.get_mut(&mem)?;
-        let i = q
-            .iter()
-            .position(|w| holds(w, image))
-            .or_else(|| q.iter().position(|w| w.preloaded.is_none()))
-            .or_else(|| q.iter().position(|w| !sealed(w)));
+        let i = pick(q, |w| holds(w, image));
         // The refill hears of it when the create is done (`Busy`'s drop):
         // no wake-up on the create's path.
         q.remove(i?)
     }
 
     /// Poke the shell [`Pool::take`] will most likely give a create of
-    /// `mem` bytes for the image named `image` (`proto::POKE`): it stays
-    /// awake a moment, and the start finds it so.
+    /// `mem` bytes for the image named `image` (`proto::POKE`; before the
+    /// image is looked up, so the name stands for it): it stays awake a
+    /// moment, and the start finds it so.
     pub fn poke(&self, mem: u64, image: &str) {
         let p = self.inner.lock().unwrap();
         let Some(q) = p.ready.get(&mem) else { return };
-        let named = |w: &&Worker| w.preloaded.as_ref().is_some_and(|i| i.image.name == image);
-        let likely = q.iter().find(named).or_else(|| q.iter().find(|w| w.preloaded.is_none()));
-        if let Some(s) = likely.and_then(|w| w.session.as_ref()) {
+        let i = pick(q, |w| w.preloaded.as_ref().is_some_and(|i| i.image.name == image));
+        if let Some(s) = i.and_then(|i| q[i].session.as_ref()) {
             wisp_vmm_process::proto::poke(s);
         }
     }

@@ -137,7 +137,7 @@ impl Shell {
         }
         // The image the shell holds already (same bytes), or a new one.
         let held = match self.preloaded.take() {
-            Some(p) if Arc::ptr_eq(&p.image.bytes, &image.bytes) => Some(p.user),
+            Some(p) if Arc::ptr_eq(&p.image.bytes, &image.bytes) => Some((p.user, p.tsc_offset)),
             Some(_) => {
                 self.clear_preloaded()?;
                 None
@@ -145,8 +145,9 @@ impl Shell {
             None => None,
         };
         let preloaded = held.is_some();
+        let tsc_offset = held.as_ref().and_then(|h| h.1);
         let user = match held {
-            Some(user) => user,
+            Some((user, _)) => user,
             None => {
                 for s in &image.segments {
                     loader::load_segment(&self.ram, image, s)?;
@@ -171,7 +172,7 @@ impl Shell {
         devices.describe(&mut info);
         let boot = Instant::now();
         info.wall_clock_ns = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-        info.boot_tsc = match self.tsc_offset {
+        info.boot_tsc = match tsc_offset {
             Some(offset) => state::host_tsc().wrapping_add(offset),
             None => state::read_tsc(&self.vcpu)?,
         };

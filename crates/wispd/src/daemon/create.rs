@@ -240,7 +240,6 @@ impl Daemon {
         };
         let dir = worker.dir.clone();
         // Watched once the start is sent (below).
-        let watched_pid = worker.pidfd.is_some();
         self.insert_unwatched(info.clone(), worker);
         undo.tabled(&info.id);
         if let Some(e) = self.vms.lock().by_id.get_mut(&info.id) {
@@ -316,9 +315,7 @@ impl Daemon {
         let answer = sent.and_then(proto::read_reply);
         saved.map_err(ActionError::Record)?;
         drop(fds);
-        if watched_pid {
-            self.watch_pid(&info.id);
-        }
+        self.watch_pid(&info.id);
         if let Some((mine, _)) = &unused_uplink {
             self.unwatch(mine.as_fd());
         }

@@ -34,9 +34,7 @@ impl Daemon {
     /// reported when added: epoll is level-triggered).
     pub(super) fn insert_unwatched(&self, info: VmInfo, worker: Worker) {
         let ns_pid = worker.pidfd.as_ref().and(worker.ns_pid);
-        let mut e = Entry::new(info, worker.dir, worker.child, worker.pidfd);
-        e.ns_pid = ns_pid;
-        self.vms.lock().insert(e);
+        self.table_insert(info, worker.dir, worker.child, worker.pidfd, ns_pid);
     }
 
     /// Watch VM `id`'s VMM process (see [`Daemon::insert_unwatched`]).
@@ -55,9 +53,14 @@ impl Daemon {
     }
 
     fn insert_with(&self, info: VmInfo, dir: PathBuf, child: Option<Child>, pidfd: Option<OwnedFd>, ns_pid: Option<u32>) {
-        if let Some(fd) = &pidfd {
-            let _ = epoll::add(&self.epoll, fd.as_fd(), epoll::EventData::new_u64(token(&info.id)), epoll::EventFlags::IN);
-        }
+        let id = info.id.clone();
+        self.table_insert(info, dir, child, pidfd, ns_pid);
+        self.watch_pid(&id);
+    }
+
+    /// Put a VM in the table (a VM without a process, and no exit yet, is
+    /// recorded as exited at once).
+    fn table_insert(&self, info: VmInfo, dir: PathBuf, child: Option<Child>, pidfd: Option<OwnedFd>, ns_pid: Option<u32>) {
         let gone = pidfd.is_none() && info.exit.is_none();
         let id = info.id.clone();
         let mut e = Entry::new(info, dir, child, pidfd);
