@@ -188,8 +188,10 @@ pub(crate) fn next_pooled(listener: &UnixListener, sessions: &mut Vec<UnixStream
     }
 }
 
-/// Spin (without sleeping, so the CPU does not go idle) until `conn` has
-/// something to read or `most` has passed.
+/// Stay on the CPU (without sleeping, so the CPU does not go idle) until
+/// `conn` has something to read or `most` has passed; yielding between
+/// looks, so that on a busy host whatever else is runnable (the daemon
+/// making the start, other VMs) runs first.
 pub(crate) fn stay_awake(conn: &UnixStream, most: Duration) {
     use rustix::event::{poll, PollFd, PollFlags};
     let deadline = Instant::now() + most;
@@ -198,7 +200,7 @@ pub(crate) fn stay_awake(conn: &UnixStream, most: Duration) {
         if poll(&mut fds, Some(&rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 })).is_ok_and(|n| n > 0) {
             return;
         }
-        std::hint::spin_loop();
+        std::thread::yield_now();
     }
 }
 
