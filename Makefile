@@ -2,7 +2,8 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 GUEST_TARGET := x86_64-unknown-none
-GUEST_APPS := noop hello sleeper daytime echo iperf family kvstore
+# Every crate under guest/apps is an app (the workspace takes them all too).
+GUEST_APPS := $(sort $(patsubst guest/apps/%/Cargo.toml,%,$(wildcard guest/apps/*/Cargo.toml)))
 TEST_PACKAGES := hostile
 TEST_IMAGES := hostile hostile-lone
 IMAGES := build/images
@@ -20,9 +21,11 @@ deps:
 host: deps
 	$(CARGO) build --release
 
+# A failed build leaves no image behind: the old one would run as if new.
 guest: deps
-	$(CARGO) build --profile guest --target $(GUEST_TARGET) $(addprefix -p ,$(GUEST_APPS) $(TEST_PACKAGES))
 	@mkdir -p $(IMAGES)
+	@for i in $(GUEST_APPS) $(TEST_IMAGES); do rm -f $(IMAGES)/$$i; done
+	$(CARGO) build --profile guest --target $(GUEST_TARGET) $(addprefix -p ,$(GUEST_APPS) $(TEST_PACKAGES))
 	@for i in $(GUEST_APPS) $(TEST_IMAGES); do cp target/$(GUEST_TARGET)/guest/$$i $(IMAGES)/$$i; done
 
 run: all

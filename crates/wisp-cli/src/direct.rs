@@ -81,6 +81,9 @@ pub fn inspect(image: &str) -> Result<u8, String> {
         })
         .collect();
     println!("devices:   {}", if devices.is_empty() { "none".to_string() } else { devices.join(", ") });
+    if let Some(n) = img.relocated {
+        println!("placed:    position-independent, at {:#x} ({n} relocations)", wisp_abi::layout::IMAGE_BASE);
+    }
     println!("entry:     {:#x}", img.entry);
     println!("loaded:    {:#x}..{:#x} ({} KiB)", img.start(), img.end(), (img.end() - img.start()) >> 10);
     println!("min --mem: {} MiB", min_mem >> 20);

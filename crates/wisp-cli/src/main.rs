@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
+mod app;
 mod direct;
 mod remote;
 mod units;
@@ -36,7 +37,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub count: Option<u32>,
     /// Guest RAM, e.g. 16M, 1G (rounded up to 2 MiB).
-    #[arg(long, value_parser = units::parse_size)]
+    #[arg(long, value_parser = units::parse_mem)]
     pub mem: Option<u64>,
     /// End the VM after this long, e.g. 1s, 500ms.
     #[arg(long, value_parser = units::parse_duration)]
@@ -55,7 +56,7 @@ pub struct RunArgs {
     /// Memory limit of the VM's family (guest RAM, monitors, what its forked
     /// VMs copy), e.g. 256M; past it the family meets the OOM killer, alone
     /// (needs wispd) [default: room for every VM the family may hold].
-    #[arg(long, value_parser = units::parse_size)]
+    #[arg(long, value_parser = units::parse_mem)]
     pub memory: Option<u64>,
     /// CPU quota of the VM's family in CPUs, e.g. 0.5 or 2 (needs wispd)
     /// [default: no quota, a fair share].
@@ -89,7 +90,8 @@ pub struct RunArgs {
     /// The NIC's MAC address (default: derived from the IP address).
     #[arg(long, value_parser = units::parse_mac, requires = "tap")]
     pub mac: Option<[u8; 6]>,
-    /// Path of an image, or the name of a bundled app (hello, noop, sleeper).
+    /// Path of an image, the name of a bundled app, or an app's crate
+    /// directory (built first, as by `wisp build`).
     pub image: String,
     /// Arguments passed to the guest.
     #[arg(last = true)]
@@ -173,6 +175,21 @@ enum Cmd {
         #[arg(required_unless_present = "all")]
         vms: Vec<String>,
     },
+    /// Make an app: a crate from the library OS's template that builds
+    /// anywhere (`wisp run PATH` builds and boots it).
+    New {
+        /// A TCP server (a NIC in its manifest) instead of a hello app.
+        #[arg(long)]
+        net: bool,
+        /// The app's directory; its last component is the app's name.
+        path: PathBuf,
+    },
+    /// Build an app's crate for the guest target and print the image's path.
+    Build {
+        /// The crate's directory.
+        #[arg(default_value = ".")]
+        path: PathBuf,
+    },
     /// Show or set the pool of prepared shells.
     Pool {
         /// Keep COUNT shells of MEM ready, as MEM=COUNT (e.g. 16M=8).
@@ -192,18 +209,47 @@ fn socket_path(flag: Option<PathBuf>) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(wisp_api::DEFAULT_SOCKET))
 }
 
-fn main() -> ExitCode {
-    let t_main = monotonic_ns();
-    let cli = Cli::parse();
-    let socket = socket_path(cli.socket);
-    let r = match cli.cmd {
-        Cmd::Run(a) if a.net_rate.is_some() && a.tap.is_none() && !a.net && a.ports.is_empty() => {
+/// Parse the command line. Help for `run` lists the bundled apps found;
+/// an argument after `run`'s image suggests the `--` it needs.
+fn parse() -> Cli {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let mut cmd = Cli::command();
+    if argv.iter().any(|a| a == "-h" || a == "--help" || a == "help") {
+        let apps = wisp_vmm_process::images::bundled();
+        let list = if apps.is_empty() { "none built: run `make`".to_string() } else { apps.join(", ") };
+        cmd = cmd.mut_subcommand("run", |c| c.after_help(format!("Bundled apps (by name as IMAGE): {list}")));
+    }
+    let err = match cmd.try_get_matches_from_mut(&argv).and_then(|m| Cli::from_arg_matches(&m)) {
+        Ok(cli) => return cli,
+        Err(e) => e,
+    };
+    let unexpected = match err.get(clap::error::ContextKind::InvalidArg) {
+        Some(clap::error::ContextValue::String(a)) if err.kind() == clap::error::ErrorKind::UnknownArgument => Some(a.clone()),
+        _ => None,
+    };
+    let in_run = argv.iter().skip(1).find(|a| !a.to_string_lossy().starts_with('-')).is_some_and(|a| a == "run");
+    let _ = err.print();
+    if let (Some(arg), true) = (unexpected, in_run) {
+        if let Some(at) = argv.iter().position(|a| a.to_string_lossy() == arg) {
+            let mut fixed: Vec<String> = argv.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+            fixed[0] = "wisp".into();
+            fixed.insert(at, "--".into());
+            eprintln!("\nArguments for the guest go after `--`: {}", fixed.join(" "));
+        }
+    }
+    std::process::exit(err.exit_code())
+}
+
+/// `wisp run`: through wispd if it is there, else in this process.
+fn run(a: RunArgs, socket: &std::path::Path, t_main: u64) -> Result<(u8, Option<wisp_vmm::Vm>), String> {
+    match a {
+        a if a.net_rate.is_some() && a.tap.is_none() && !a.net && a.ports.is_empty() => {
             Err("--net-rate limits a NIC: give the VM one with --net, -p or --tap".into())
         }
-        Cmd::Run(a) if a.net_peers && !a.net && a.ports.is_empty() => {
+        a if a.net_peers && !a.net && a.ports.is_empty() => {
             Err("--net-peers opens a NIC's bridge port to the other VMs: give the VM one with --net or -p".into())
         }
-        Cmd::Run(a) => match wisp_api::client::Client::connect(&socket) {
+        a => match wisp_api::client::Client::connect(&socket) {
             Ok(_) if a.tap.is_some() => Err("--tap boots the VM in this process: not with wispd (unset WISP_SOCKET or use --socket to a path without a daemon)".into()),
             Ok(c) => remote::run(c, &a).map(|c| (c, None)),
             Err(e) if a.detach || a.name.is_some() || a.count.is_some() => {
@@ -219,6 +265,30 @@ fn main() -> ExitCode {
             )),
             Err(_) => direct::run(&a, t_main),
         },
+    }
+}
+
+fn main() -> ExitCode {
+    let t_main = monotonic_ns();
+    let cli = parse();
+    let socket = socket_path(cli.socket);
+    let r = match cli.cmd {
+        Cmd::New { net, path } => app::new(&path, net).map(|msg| {
+            println!("{msg}");
+            (0, None)
+        }),
+        Cmd::Build { path } => app::build(&path).map(|image| {
+            println!("{}", image.display());
+            (0, None)
+        }),
+        Cmd::Run(mut a) if app::is_crate(std::path::Path::new(&a.image)) => match app::build(std::path::Path::new(&a.image)) {
+            Ok(image) => {
+                a.image = image.display().to_string();
+                run(a, &socket, t_main)
+            }
+            Err(e) => Err(e),
+        },
+        Cmd::Run(a) => run(a, &socket, t_main),
         Cmd::Inspect { target } => match remote::inspect(&socket, &target) {
             Some(r) => r.map(|c| (c, None)),
             None => direct::inspect(&target).map(|c| (c, None)),

@@ -6,6 +6,17 @@ use std::time::Duration;
 
 pub use wisp_vmm_process::units::parse_size;
 
+/// Parse an amount of memory (`--mem`, `--memory`): a size with a unit,
+/// e.g. `64M`, `1G`. A bare number is refused: `--mem 64` meant 64 MiB,
+/// not 64 bytes.
+pub fn parse_mem(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if !t.is_empty() && t.chars().all(|c| c.is_ascii_digit()) {
+        return Err(format!("'{s}' has no unit: write {t}M for MiB or {t}G for GiB (K, M, G, T)"));
+    }
+    parse_size(s)
+}
+
 /// Parse a duration: a number with a unit (ns, us, ms, s, m, h), e.g.
 /// `1s`, `500ms`, `1.5s`; a bare number means seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -98,6 +109,15 @@ mod tests {
         assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
         assert!(parse_duration("1y").is_err());
         assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn memory_needs_a_unit() {
+        assert_eq!(parse_mem("64M"), Ok(64 << 20));
+        assert_eq!(parse_mem("1g"), Ok(1 << 30));
+        let e = parse_mem("64").unwrap_err();
+        assert!(e.contains("64M"), "{e}");
+        assert!(parse_mem("64x").is_err());
     }
 
     #[test]

@@ -166,5 +166,5 @@ fn segments_must_fit_the_memory_asked_for() {
 fn linux_executables_are_rejected() {
     // A static Linux executable (busybox-static) and a dynamic one.
     assert_rejected(&PathBuf::from("/bin/busybox"), "no wisp ABI note");
-    assert_rejected(&PathBuf::from("/bin/true"), "not a static executable");
+    assert_rejected(&PathBuf::from("/bin/true"), "dynamically linked (PT_INTERP)");
 }

@@ -34,18 +34,25 @@ pub fn resolve_image(image: &str) -> Result<PathBuf, String> {
     if let Some(found) = dirs.iter().map(|d| d.join(image)).find(|c| c.is_file()) {
         return Ok(found);
     }
-    let mut bundled: Vec<String> = dirs
+    let bundled = bundled();
+    Err(format!(
+        "no such image: '{image}' is neither a file nor a bundled app (bundled: {}); \
+         a new app: `wisp new NAME`, then `wisp run NAME` (docs/adding-an-app.md)",
+        if bundled.is_empty() { "none found; run `make` first".to_string() } else { bundled.join(", ") }
+    ))
+}
+
+/// The bundled apps found in the image directories, sorted.
+pub fn bundled() -> Vec<String> {
+    let mut names: Vec<String> = image_dirs(None)
         .iter()
         .filter_map(|d| std::fs::read_dir(d).ok())
         .flatten()
-        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter_map(|e| e.ok().filter(|e| e.path().is_file()).map(|e| e.file_name().to_string_lossy().into_owned()))
         .collect();
-    bundled.sort();
-    bundled.dedup();
-    Err(format!(
-        "no such image: '{image}' is neither a file nor a bundled app (bundled: {})",
-        if bundled.is_empty() { "none found; run `make` first".to_string() } else { bundled.join(", ") }
-    ))
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// Resolve IMAGE and read and validate it.

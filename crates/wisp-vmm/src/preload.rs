@@ -131,6 +131,7 @@ mod tests {
             abi_version: wisp_abi::ABI_VERSION,
             manifest: wisp_abi::manifest::ImageNote::new(),
             file: None,
+            relocated: None,
         };
         let p = pages(&image, 16 << 20);
         assert!(p.len() <= arch::PREFAULT_MAX);

@@ -18,7 +18,21 @@
 //! ```
 #![no_std]
 
+// A host build (`cargo build -p APP` without the guest target) would fail
+// later with a linker error about `_start`; say what to do instead.
+#[cfg(not(all(target_arch = "x86_64", target_os = "none")))]
+compile_error!(
+    "wisp-libos builds only for the guest target: build the app with `wisp build [PATH]` \
+     (or `cargo build --release --target x86_64-unknown-none`); see docs/libos.md"
+);
+
 extern crate alloc;
+
+/// Hash maps and sets (`alloc` has only B-tree ones): hashbrown's, with
+/// its default hasher.
+pub mod collections {
+    pub use hashbrown::{hash_map, hash_set, HashMap, HashSet};
+}
 
 pub mod console;
 pub mod env;

@@ -48,8 +48,14 @@ pub fn fresh_dir(tag: &str) -> PathBuf {
 
 /// Run `wisp ARGS`, killing it (and failing) if it takes longer than `limit`.
 pub fn wisp_limit(args: &[&str], limit: Duration) -> Run {
+    wisp_with(args, &[] as &[(&str, &str)], limit)
+}
+
+/// [`wisp_limit`] with environment variables `envs` added.
+pub fn wisp_with<K: AsRef<std::ffi::OsStr>, V: AsRef<std::ffi::OsStr>>(args: &[&str], envs: &[(K, V)], limit: Duration) -> Run {
     let start = Instant::now();
     let child = direct(Command::new(env!("CARGO_BIN_EXE_wisp")).args(args))
+        .envs(envs.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -393,6 +393,10 @@ fn msgq() -> R {
 /// reached the queue when it went finds none (EINVAL), which proves
 /// nothing either way, and the round is run again on a new queue. Any
 /// other outcome fails, and so do 20 rounds without a blocked receiver.
+/// The parent parks a little longer each round before it removes the
+/// queue: VMs that share a CPU would otherwise run the woken parent ahead
+/// of the child every time (a park changes only the odds, not what is
+/// checked).
 fn removed_while_blocked() -> R {
     const ROUNDS: u32 = 20;
     let (ready_r, ready_w) = f::pipe().map_err(e)?;
@@ -412,6 +416,9 @@ fn removed_while_blocked() -> R {
         }
         let mut b = [0u8; 1];
         f::read(ready_r, &mut b).map_err(e)?;
+        if round > 1 {
+            wisp::time::sleep(core::time::Duration::from_micros(200 * round as u64));
+        }
         f::msgrmid(q).map_err(e)?;
         match reap(c)? {
             0 => {

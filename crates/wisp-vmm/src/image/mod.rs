@@ -1,4 +1,6 @@
-//! Images: static ELF64 x86-64 executables that carry the wisp ABI note.
+//! Images: static ELF64 x86-64 executables that carry the wisp ABI note, or
+//! static position-independent ones, placed at the image base when read
+//! (`pie.rs`).
 //!
 //! An image file is untrusted input. [`Image::parse`] checks every field it
 //! uses against the file's length and the guest memory map before anything
@@ -12,6 +14,8 @@ use wisp_abi::layout::{align_up, IMAGE_BASE, MAX_MEM, PAGE_SIZE};
 use wisp_abi::{ImageNote, ABI_VERSION, NOTE_NAME, NOTE_TYPE_ABI};
 
 use crate::error::{Error, Result};
+
+mod pie;
 
 /// Largest image file accepted.
 pub const MAX_IMAGE_FILE: u64 = 256 << 20;
@@ -75,6 +79,9 @@ pub struct Image {
     /// set, whole pages of segments are mapped copy-on-write from it
     /// instead of copied.
     pub file: Option<Arc<OwnedFd>>,
+    /// For a position-independent file: the relocations applied to place
+    /// it at the image base (`bytes` holds the result, a static executable).
+    pub relocated: Option<usize>,
 }
 
 fn u16_at(b: &[u8], off: usize) -> u16 {
@@ -134,11 +141,8 @@ impl Image {
         if machine != 62 {
             return bad(format!("ELF machine {machine} is not x86-64 (62)"));
         }
-        if e_type != 2 {
-            return bad(format!(
-                "ELF type {e_type} is not a static executable (ET_EXEC); \
-                 position-independent or dynamic executables are not wisp images"
-            ));
+        if e_type != 2 && e_type != 3 {
+            return bad(format!("ELF type {e_type} is not an executable (ET_EXEC, or ET_DYN for a static PIE)"));
         }
         let entry = u64_at(b, 24);
         let phoff = u64_at(b, 32);
@@ -153,6 +157,12 @@ impl Image {
         let ph_end = phoff.checked_add((phnum * PHDR_SIZE) as u64);
         if ph_end.is_none_or(|e| e > b.len() as u64) {
             return bad("program headers extend past the end of the file (truncated?)");
+        }
+        if e_type == 3 {
+            let (exec, n) = pie::relocate(b)?;
+            let mut img = Image::parse(name, exec.into())?;
+            img.relocated = Some(n);
+            return Ok(img);
         }
         let mut segments = Vec::new();
         let mut note = None;
@@ -217,7 +227,7 @@ impl Image {
         if note.abi_version != ABI_VERSION {
             return Err(Error::AbiMismatch { image: note.abi_version, monitor: ABI_VERSION });
         }
-        Ok(Image { name: name.to_string(), bytes, entry, segments, abi_version: note.abi_version, manifest: note, file: None })
+        Ok(Image { name: name.to_string(), bytes, entry, segments, abi_version: note.abi_version, manifest: note, file: None, relocated: None })
     }
 
     /// Parse an image held in a file descriptor (read by position, so a
@@ -319,6 +329,85 @@ mod tests {
         f
     }
 
+    /// A minimal static PIE linked at 0: one RX segment over the whole
+    /// file, the note, and a dynamic section with one relative relocation
+    /// (the word at 0x900 becomes the address of 0x850).
+    fn tiny_pie() -> Vec<u8> {
+        let mut f = tiny_image(ABI_VERSION);
+        f[16..18].copy_from_slice(&3u16.to_le_bytes());
+        f[24..32].copy_from_slice(&0x800u64.to_le_bytes());
+        f[56..58].copy_from_slice(&3u16.to_le_bytes());
+        let put = |f: &mut Vec<u8>, at: usize, v: u64| f[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        // The load segment: offset 0, vaddr 0, 0x1000 bytes.
+        put(&mut f, 64 + 8, 0);
+        put(&mut f, 64 + 16, 0);
+        put(&mut f, 64 + 32, 0x1000);
+        put(&mut f, 64 + 40, 0x1000);
+        // PT_DYNAMIC at 0x300.
+        f[176..180].copy_from_slice(&2u32.to_le_bytes());
+        put(&mut f, 176 + 8, 0x300);
+        put(&mut f, 176 + 16, 0x300);
+        put(&mut f, 176 + 32, 0x40);
+        put(&mut f, 176 + 40, 0x40);
+        for (i, (tag, val)) in [(7u64, 0x400u64), (8, 24), (9, 24), (0, 0)].into_iter().enumerate() {
+            put(&mut f, 0x300 + 16 * i, tag);
+            put(&mut f, 0x308 + 16 * i, val);
+        }
+        put(&mut f, 0x400, 0x900);
+        put(&mut f, 0x408, 8);
+        put(&mut f, 0x410, 0x850);
+        f
+    }
+
+    #[test]
+    fn a_static_pie_is_placed_at_the_image_base() {
+        let img = parse(tiny_pie()).unwrap();
+        assert_eq!(img.relocated, Some(1));
+        assert_eq!(img.entry, IMAGE_BASE + 0x800);
+        assert_eq!((img.segments[0].vaddr, img.segments[0].offset), (IMAGE_BASE, 0));
+        assert_eq!(u64_at(&img.bytes, 0x900), IMAGE_BASE + 0x850);
+        // What it became is an ordinary image, read again the same way
+        // (as a VMM process reads the daemon's cached copy).
+        let again = parse(img.bytes.to_vec()).unwrap();
+        assert_eq!((again.relocated, again.entry, u64_at(&again.bytes, 0x900)), (None, img.entry, IMAGE_BASE + 0x850));
+    }
+
+    #[test]
+    fn a_pie_that_is_not_static_is_refused() {
+        let refused = |f: Vec<u8>, what: &str| match parse(f) {
+            Err(Error::BadImage(m)) => assert!(m.contains(what), "{m}"),
+            other => panic!("accepted: {other:?}"),
+        };
+        let mut b = tiny_pie();
+        b[0x408] = 1; // R_X86_64_64: a symbol's address
+        refused(b, "type 1");
+        let mut b = tiny_pie();
+        b[0x300] = 1; // DT_NEEDED
+        refused(b, "DT_NEEDED");
+        let mut b = tiny_pie();
+        b[0x400..0x408].copy_from_slice(&0x2000u64.to_le_bytes()); // outside the segment
+        refused(b, "outside");
+        let mut b = tiny_pie();
+        b[0x308..0x310].copy_from_slice(&0x5000u64.to_le_bytes()); // the table outside
+        refused(b, "relocation table");
+        let full = tiny_pie();
+        for len in 0..full.len() {
+            assert!(parse(full[..len].to_vec()).is_err(), "truncated to {len} accepted");
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..2000 {
+            let mut b = full.clone();
+            for _ in 0..6 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let i = [0x300, 0x400, 176, 64, 16][(x % 5) as usize] + ((x >> 8) % 24) as usize;
+                b[i] = (x >> 32) as u8;
+            }
+            let _ = parse(b);
+        }
+    }
+
     fn parse(b: Vec<u8>) -> Result<Image> {
         Image::parse("t", b.into())
     }
@@ -354,7 +443,7 @@ mod tests {
         b[18] = 3;
         assert!(matches!(parse(b), Err(Error::BadImage(m)) if m.contains("machine")));
         let mut b = tiny_image(ABI_VERSION);
-        b[16] = 3;
+        b[16] = 4;
         assert!(matches!(parse(b), Err(Error::BadImage(m)) if m.contains("ET_EXEC")));
         // Huge segment.
         let mut b = tiny_image(ABI_VERSION);
