@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write docs/benchmarks.md from bench/results/{boot,density,net,fork}.json."""
+"""Write docs/benchmarks.md from bench/results/{boot,density,net,fork,app,ab}.json."""
 
 import json
 import os
@@ -288,6 +288,33 @@ def ab_section(a):
     return out + [""]
 
 
+def app_section(a):
+    m, r, sz, peer = a["medians_s"], a["ratios"], a["image_bytes"], a["peer_bytes"]
+    w, c = m["wisp"], m["cargo_host"]
+    out = ["## Writing an app (`make bench-app`, `bench/results/app.json`)", "",
+           "From a new app's crate to its first run, wall seconds until the run exits (median of %d):" % a["runs"],
+           "`wisp new NAME` + `wisp run NAME` (cargo for the guest target, then the VM boots in this process),",
+           "against the host Rust equivalent, `cargo new NAME` + `cargo run --release` of the same hello.",
+           "\"After the library OS's first build\" shares a target directory in which it was built once;",
+           "\"edit\" is one line of `src/main.rs` changed, then the same run command.", "",
+           "| case | wisp | cargo (host) | wisp ÷ cargo |", "|---|---|---|---|",
+           "| first build, own target directory (the library OS compiled too) | %.1f s | %.1f s | %s |" % (
+               w["own_target"], c["own_target"], ratio(w["own_target"] / c["own_target"])),
+           "| first build after the library OS's first build (target: under 30 s) | %.1f s | %.1f s | `new_to_run_vs_cargo_host` %s |" % (
+               w["shared_target"], c["shared_target"], ratio(r["new_to_run_vs_cargo_host"])),
+           "| edit, then run | %.1f s | %.1f s | `edit_to_run_vs_cargo_host` %s |" % (
+               w["edit"], c["edit"], ratio(r["edit_to_run_vs_cargo_host"])),
+           "", "Image sizes (bytes; target: `hello` at most 40 KB), against a static C hello (`cc -static -Os -s`) "
+           "and the host Rust hello (release, LTO, stripped):", "",
+           "| image | bytes |", "|---|---|"]
+    for n, b in sz.items():
+        out.append("| `%s` | %d |" % (n, b))
+    out += ["| static C hello (peer) | %d |" % peer["c_static_hello"],
+            "| host Rust hello (peer) | %d |" % peer["rust_host_hello"], "",
+            "`hello_image_vs_static_c` = %s." % ratio(r["hello_image_vs_static_c"]), ""]
+    return out
+
+
 def main():
     head = open(os.path.join(BENCH, "report-notes.md")).read()
     b, d = load("boot.json"), load("density.json")
@@ -299,6 +326,9 @@ def main():
     if os.path.exists(os.path.join(BENCH, "results", "fork.json")):
         fork_text = "\n".join(fork_section(load("fork.json")))
         text = text.replace("<!-- fork -->", fork_text) if "<!-- fork -->" in text else text + "\n" + fork_text
+    if os.path.exists(os.path.join(BENCH, "results", "app.json")):
+        app_text = "\n".join(app_section(load("app.json")))
+        text = text.replace("<!-- app -->", app_text) if "<!-- app -->" in text else text + "\n" + app_text
     if os.path.exists(os.path.join(BENCH, "results", "ab.json")):
         ab_text = "\n".join(ab_section(load("ab.json")))
         text = text.replace("<!-- ab -->", ab_text) if "<!-- ab -->" in text else text + "\n" + ab_text

@@ -69,3 +69,31 @@ pub struct Fork {
     /// monitor cannot fork).
     pub ret: i64,
 }
+
+/// Operations of [`crate::Hypercall::Stdio`] (`Stdio::op`).
+pub mod stdio_op {
+    /// Write `len` bytes at `data` to standard error (at most
+    /// [`super::CONSOLE_WRITE_MAX`]); `ret` = bytes written.
+    pub const WRITE_ERR: u32 = 0;
+    /// Read up to `len` bytes of standard input into `data`, without
+    /// blocking: `ret` = bytes read, 0 at its end (or when the VM has no
+    /// standard input), `EAGAIN` when none are there yet — an idle
+    /// hypercall then returns [`crate::events::STDIN`] once there are.
+    pub const READ_IN: u32 = 1;
+}
+
+/// [`crate::Hypercall::Stdio`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct Stdio {
+    /// A [`stdio_op`] value.
+    pub op: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+    /// Guest-physical address of the buffer.
+    pub data: u64,
+    /// Its length in bytes.
+    pub len: u64,
+    /// Out: bytes written or read, or a negative [`crate::errno`] value.
+    pub ret: i64,
+}

@@ -21,6 +21,10 @@ pub enum DeviceKind {
     None = 0,
     /// A virtual NIC (see [`crate::net`]).
     Net = 1,
+    /// The environment and read-only files given at start (see
+    /// [`crate::data`]): a region the monitor fills before the first
+    /// instruction; no kicks.
+    Data = 2,
 }
 
 impl DeviceKind {
@@ -29,6 +33,7 @@ impl DeviceKind {
         match v {
             0 => Some(DeviceKind::None),
             1 => Some(DeviceKind::Net),
+            2 => Some(DeviceKind::Data),
             _ => None,
         }
     }
@@ -38,6 +43,7 @@ impl DeviceKind {
         match self {
             DeviceKind::None => "none",
             DeviceKind::Net => "net",
+            DeviceKind::Data => "data",
         }
     }
 }

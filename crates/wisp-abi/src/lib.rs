@@ -29,6 +29,7 @@
 
 pub mod args;
 pub mod bootinfo;
+pub mod data;
 pub mod family;
 pub mod layout;
 pub mod manifest;
@@ -96,6 +97,9 @@ pub enum Hypercall {
     /// the operation is in the block. Feature [`features::FAMILY`].
     /// Args: [`family::Call`].
     Family = 6,
+    /// Standard error and standard input: the operation is in the block.
+    /// Feature [`features::STDIO`]. Args: [`args::Stdio`].
+    Stdio = 7,
 }
 
 impl Hypercall {
@@ -109,6 +113,7 @@ impl Hypercall {
             4 => Some(Hypercall::Notify),
             5 => Some(Hypercall::Fork),
             6 => Some(Hypercall::Family),
+            7 => Some(Hypercall::Stdio),
             _ => None,
         }
     }
@@ -124,6 +129,7 @@ impl Hypercall {
         match self {
             Hypercall::Fork => features::FORK,
             Hypercall::Family => features::FAMILY,
+            Hypercall::Stdio => features::STDIO,
             _ => 0,
         }
     }
@@ -138,6 +144,7 @@ impl Hypercall {
             Hypercall::Notify => "notify",
             Hypercall::Fork => "fork",
             Hypercall::Family => "family",
+            Hypercall::Stdio => "stdio",
         }
     }
 }
@@ -153,6 +160,9 @@ pub mod events {
     /// with [`crate::family::op::SIGNALS`]) or an IPC object it may wait on
     /// changed.
     pub const FAMILY: u64 = 1 << 2;
+    /// Standard input has bytes to read, or reached its end
+    /// ([`crate::args::stdio_op::READ_IN`] answers at once).
+    pub const STDIN: u64 = 1 << 3;
 }
 
 /// Error codes returned in the `ret` field of argument blocks
@@ -220,11 +230,13 @@ mod tests {
             Hypercall::Notify,
             Hypercall::Fork,
             Hypercall::Family,
+            Hypercall::Stdio,
         ] {
             assert_eq!(Hypercall::from_port(hc.port()), Some(hc));
             assert!(hc.port() < HYPERCALL_PORT_BASE + HYPERCALL_PORT_COUNT);
         }
         assert_eq!(Hypercall::from_port(HYPERCALL_PORT_BASE + 9), None);
+        assert_eq!(Hypercall::Stdio.feature(), features::STDIO);
         assert_eq!(Hypercall::from_port(0x10), None);
         assert!(FAULT_PORT >= HYPERCALL_PORT_BASE + HYPERCALL_PORT_COUNT);
     }

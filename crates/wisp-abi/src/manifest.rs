@@ -34,8 +34,11 @@ pub mod features {
     /// Family IPC ([`crate::Hypercall::Family`]): pipes, signals, wait,
     /// message queues, shared memory.
     pub const FAMILY: u64 = 1 << 1;
+    /// Standard error and standard input ([`crate::Hypercall::Stdio`]).
+    /// Declared by every image of the library OS (`wisp::main!`).
+    pub const STDIO: u64 = 1 << 2;
     /// Every feature this version of the ABI defines.
-    pub const ALL: u64 = FORK | FAMILY;
+    pub const ALL: u64 = FORK | FAMILY | STDIO;
 
     /// The name of feature bit `bit` (0..64), or `None` if this ABI does
     /// not define it.
@@ -43,6 +46,7 @@ pub mod features {
         match bit {
             0 => Some("fork"),
             1 => Some("family"),
+            2 => Some("stdio"),
             _ => None,
         }
     }
@@ -283,11 +287,12 @@ mod tests {
         use core::fmt::Write;
         assert_eq!(features::name(0), Some("fork"));
         assert_eq!(features::name(1), Some("family"));
+        assert_eq!(features::name(2), Some("stdio"));
         assert_eq!(features::name(40), None);
-        assert_eq!(features::ALL.count_ones(), 2);
+        assert_eq!(features::ALL.count_ones(), 3);
         let mut s = Buf::default();
         write!(s, "{}|{}", features::Names(features::ALL | 1 << 40), features::Names(0)).unwrap();
-        assert_eq!(s.as_str(), "fork, family, bit 40|none");
+        assert_eq!(s.as_str(), "fork, family, stdio, bit 40|none");
     }
 
     /// A fixed buffer to format into (no alloc here).

@@ -29,6 +29,8 @@ pub enum LimitError {
     FamilyLimit(u32),
     /// `memory` is zero.
     NoMemory,
+    /// `files` hold more than [`crate::MAX_FILE_BYTES`] together.
+    Files(usize),
 }
 
 impl fmt::Display for LimitError {
@@ -37,6 +39,11 @@ impl fmt::Display for LimitError {
             LimitError::Cpus(c) => write!(f, "cpus {c}: must be a number of CPUs from {MIN_CPUS} to {MAX_CPUS}"),
             LimitError::FamilyLimit(n) => write!(f, "family_limit {n}: must be 1 to {MAX_FAMILY}"),
             LimitError::NoMemory => write!(f, "memory 0: a family needs memory"),
+            LimitError::Files(n) => write!(
+                f,
+                "files of {n} bytes: at most {} KiB of files go through wispd (more: without a daemon, or the block device)",
+                crate::MAX_FILE_BYTES >> 10
+            ),
         }
     }
 }
@@ -58,6 +65,11 @@ pub fn check_limits(vm: &CreateVm) -> Result<(), LimitError> {
     }
     if vm.memory == Some(0) {
         return Err(LimitError::NoMemory);
+    }
+    // (Decoded, base64 is 3 bytes in 4.)
+    let files: usize = vm.files.iter().map(|f| f.data.len() / 4 * 3).sum();
+    if files > crate::MAX_FILE_BYTES {
+        return Err(LimitError::Files(files));
     }
     Ok(())
 }
@@ -100,14 +112,23 @@ pub enum Action {
     KillVm(String),
     /// `GET /v1/vms/{vm}/wait`.
     WaitVm(String),
-    /// `GET /v1/vms/{vm}/logs[?follow=true]`: the console buffer, then (with
+    /// `GET /v1/vms/{vm}/logs[?follow=true][&stream=stderr]`: the console
+    /// buffer (standard output's, or standard error's), then (with
     /// `follow`) new output until the VM ends, streamed.
     Logs {
         /// Which VM.
         vm: String,
         /// Keep streaming until the VM ends.
         follow: bool,
+        /// Standard error instead of standard output.
+        stderr: bool,
     },
+    /// `POST /v1/vms/{vm}/stdin`: the connection becomes the VM's standard
+    /// input (`101 Switching Protocols`, `Upgrade: wisp-stdin`): every byte
+    /// the client sends after the response's head, until it shuts its
+    /// side, is what the guest reads. The VM must have been created with
+    /// `stdin`, and its input is taken once.
+    Stdin(String),
     /// `DELETE /v1/vms/{vm}[?force=true][&family=true]`: remove a VM (with
     /// `force`, kill it first if it runs); with `family`, every VM of its
     /// family (all killed at once, so that none forks meanwhile).
@@ -234,8 +255,15 @@ impl Action {
             Action::StopVm { vm, grace_ms } => call("POST", vm_target(vm, "/stop"), json(&StopVm { grace_ms: *grace_ms })),
             Action::KillVm(vm) => call("POST", vm_target(vm, "/kill"), None),
             Action::WaitVm(vm) => call("GET", vm_target(vm, "/wait"), None),
-            Action::Logs { vm, follow } => {
-                call("GET", vm_target(vm, if *follow { "/logs?follow=true" } else { "/logs" }), None)
+            Action::Stdin(vm) => call("POST", vm_target(vm, "/stdin"), None),
+            Action::Logs { vm, follow, stderr } => {
+                let q = match (*follow, *stderr) {
+                    (false, false) => "/logs",
+                    (true, false) => "/logs?follow=true",
+                    (false, true) => "/logs?stream=stderr",
+                    (true, true) => "/logs?follow=true&stream=stderr",
+                };
+                call("GET", vm_target(vm, q), None)
             }
             Action::RemoveVm { vm, force, family } => {
                 let q = match (*force, *family) {
@@ -290,7 +318,15 @@ impl Action {
                 Action::StopVm { vm: vm(id), grace_ms: body.grace_ms }
             }
             ("GET", ["vms", id, "wait"]) => Action::WaitVm(vm(id)),
-            ("GET", ["vms", id, "logs"]) => Action::Logs { vm: vm(id), follow: flag(req, "follow")? },
+            ("POST", ["vms", id, "stdin"]) => Action::Stdin(vm(id)),
+            ("GET", ["vms", id, "logs"]) => {
+                let stderr = match req.query_param("stream") {
+                    None | Some("stdout") => false,
+                    Some("stderr") => true,
+                    Some(v) => return Err(HttpError::new(400, format!("query parameter stream={v}: expected stdout or stderr"))),
+                };
+                Action::Logs { vm: vm(id), follow: flag(req, "follow")?, stderr }
+            }
             ("GET", ["pool"]) => Action::GetPool,
             ("PUT", ["pool"]) => Action::SetPool(req.json()?),
             (m, ["version"] | ["vms"] | ["vms", _] | ["vms", _, _] | ["pool"]) => {
@@ -338,8 +374,15 @@ mod tests {
             cpus: Some(1.5),
             family_limit: Some(8),
             tenant: Some("acme".into()),
+            env: vec!["A=1".into(), "B=".into()],
+            files: vec![crate::GuestFile::new("/etc/x", b"\x00\xffbytes")],
+            stdin: true,
         };
         assert_eq!(check_limits(&create), Ok(()));
+        assert_eq!(create.files[0].bytes().unwrap(), b"\x00\xffbytes");
+        let mut big = create.clone();
+        big.files = vec![crate::GuestFile::new("/big", &vec![0u8; crate::MAX_FILE_BYTES + 3])];
+        assert!(matches!(check_limits(&big), Err(LimitError::Files(_))));
         let pool = PoolInfo { target: vec![PoolTarget { mem: 16 << 20, count: 3 }], ..Default::default() };
         let all = [
             Action::Version,
@@ -354,8 +397,11 @@ mod tests {
             Action::StopVm { vm: "abc".into(), grace_ms: Some(300) },
             Action::KillVm("abc".into()),
             Action::WaitVm("abc".into()),
-            Action::Logs { vm: "abc".into(), follow: false },
-            Action::Logs { vm: "abc".into(), follow: true },
+            Action::Stdin("abc".into()),
+            Action::Logs { vm: "abc".into(), follow: false, stderr: false },
+            Action::Logs { vm: "abc".into(), follow: true, stderr: false },
+            Action::Logs { vm: "abc".into(), follow: false, stderr: true },
+            Action::Logs { vm: "abc".into(), follow: true, stderr: true },
             Action::RemoveVm { vm: "abc".into(), force: false, family: false },
             Action::RemoveVm { vm: "abc".into(), force: true, family: false },
             Action::RemoveVm { vm: "abc".into(), force: false, family: true },
@@ -370,7 +416,7 @@ mod tests {
         }
         // Keys are percent-encoded on the way and decoded back; a '/' in
         // one makes more path segments, as it always did.
-        let a = Action::Logs { vm: "a b?ü".into(), follow: true };
+        let a = Action::Logs { vm: "a b?ü".into(), follow: true, stderr: false };
         assert_eq!(Action::from_request(&wire(&a.to_request())).unwrap(), a);
         assert_eq!(Action::from_request(&wire(&Action::GetVm("a/b".into()).to_request())).unwrap_err().status, 405);
     }

@@ -102,7 +102,28 @@ impl Client {
     /// `POST /v1/vms?attach=true`: create a VM and deliver its console
     /// output as it comes, until the VM ends. Returns the VM's id.
     pub fn create_attached(&mut self, req: &CreateVm, on_data: &mut dyn FnMut(&[u8]) -> bool) -> Result<String> {
-        self.call_streaming(&Action::CreateVm { vm: req.clone(), attach: true, wait_line: false }, on_data)?;
+        self.create_attached_with(req, &mut |_| {}, on_data)
+    }
+
+    /// [`Client::create_attached`], with `on_start` called with the VM's id
+    /// once the response's head has come (before its console output).
+    pub fn create_attached_with(
+        &mut self,
+        req: &CreateVm,
+        on_start: &mut dyn FnMut(&str),
+        on_data: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> Result<String> {
+        let c = Action::CreateVm { vm: req.clone(), attach: true, wait_line: false }.to_request();
+        let mut on_head = |headers: &[(String, String)]| {
+            if let Some((_, id)) = headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(VM_ID_HEADER)) {
+                on_start(id);
+            }
+        };
+        let status = self.http.stream_with_head(c.method, &c.target, c.body.as_deref(), &mut on_head, on_data)?;
+        if !(200..300).contains(&status) {
+            let msg = self.http.take_error().map(|r| r.error_message()).unwrap_or_default();
+            return Err(ApiError::Status(status, msg));
+        }
         self.http
             .last_header(VM_ID_HEADER)
             .map(str::to_string)
@@ -161,7 +182,22 @@ impl Client {
 
     /// `GET /v1/vms/{id}/logs[?follow=true]`, delivering output as it comes.
     pub fn logs(&mut self, id: &str, follow: bool, on_data: &mut dyn FnMut(&[u8]) -> bool) -> Result<()> {
-        self.call_streaming(&Action::Logs { vm: id.into(), follow }, on_data)
+        self.call_streaming(&Action::Logs { vm: id.into(), follow, stderr: false }, on_data)
+    }
+
+    /// `GET /v1/vms/{id}/logs?stream=stderr[&follow=true]`: as [`Client::logs`], of standard error.
+    pub fn logs_stderr(&mut self, id: &str, follow: bool, on_data: &mut dyn FnMut(&[u8]) -> bool) -> Result<()> {
+        self.call_streaming(&Action::Logs { vm: id.into(), follow, stderr: true }, on_data)
+    }
+
+    /// `POST /v1/vms/{id}/stdin`: the connection that carries the VM's
+    /// standard input (write to it; shut its write side at the end).
+    pub fn open_stdin(&mut self, id: &str) -> Result<std::os::unix::net::UnixStream> {
+        let c = Action::Stdin(id.into()).to_request();
+        match self.http.upgrade(c.method, &c.target)? {
+            Ok(conn) => Ok(conn),
+            Err(status) => Err(ApiError::Status(status, self.http.take_error().map(|r| r.error_message()).unwrap_or_default())),
+        }
     }
 
     /// `GET /v1/pool`.

@@ -60,6 +60,47 @@ pub struct CreateVm {
     /// do. Default: the anonymous tenant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// The guest's environment, `KEY=VALUE` entries (the guest reads
+    /// `wisp::env::var`; a key given twice: the last wins).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    /// Read-only files for the guest (`wisp::fs`), at most
+    /// [`MAX_FILE_BYTES`] together.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<GuestFile>,
+    /// Keep the guest's standard input open until a client sends it
+    /// (`POST /v1/vms/{id}/stdin`) and closes it; without it the guest
+    /// reads an empty input.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub stdin: bool,
+}
+
+/// Most bytes of [`CreateVm::files`] together (they travel base64-encoded
+/// in a request body of at most 1 MiB).
+pub const MAX_FILE_BYTES: usize = 512 * 1024;
+
+/// A read-only file given to a guest.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuestFile {
+    /// Its absolute path in the guest.
+    pub path: String,
+    /// Its contents, base64 (standard alphabet, padded).
+    pub data: String,
+}
+
+impl GuestFile {
+    /// The file at guest path `path` holding `bytes`.
+    pub fn new(path: &str, bytes: &[u8]) -> GuestFile {
+        use base64::Engine;
+        GuestFile { path: path.to_string(), data: base64::engine::general_purpose::STANDARD.encode(bytes) }
+    }
+
+    /// Its contents.
+    pub fn bytes(&self) -> Result<Vec<u8>, String> {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.decode(&self.data).map_err(|e| format!("file {}: contents are not base64: {e}", self.path))
+    }
 }
 
 /// Whether `t` can name a tenant: 1-64 of `[A-Za-z0-9_.-]`, not starting

@@ -4,12 +4,13 @@
 
 use std::io::Write;
 
-use wisp_vmm::{Outcome, Vm, DEFAULT_MEM};
+use wisp_vmm::{DataDevice, Outcome, Vm, DEFAULT_MEM};
 use wisp_vmm_process::boot::{self, Boot};
 use wisp_vmm_process::exit::{exit_info, Runner};
 use wisp_vmm_process::images::load_image;
 use wisp_vmm_process::nic::tap_nic;
 
+use crate::guestio::{self, Terminal};
 use crate::{monotonic_ns, RunArgs};
 
 pub fn run(a: &RunArgs, t_main: u64) -> Result<(u8, Option<Vm>), String> {
@@ -19,9 +20,14 @@ pub fn run(a: &RunArgs, t_main: u64) -> Result<(u8, Option<Vm>), String> {
         (Some(tap), Some(ip)) => Some(tap_nic(tap, ip, a.mac, a.gw, a.net_rate.unwrap_or_default())?),
         _ => None,
     };
+    let (env, files) = (guestio::env(a)?, guestio::files(a)?);
+    let data = if env.is_empty() && files.is_empty() { None } else { Some(DataDevice::new(&env, &files).map_err(|e| e.to_string())?) };
     let shell = boot::prepare(mem.unwrap_or(DEFAULT_MEM)).map_err(|e| e.to_string())?;
     let family = boot::direct_family(a.family_limit.unwrap_or(wisp_api::MAX_FAMILY));
-    let mut vm = boot::load(shell, Boot { image: &img, args, net, family }).map_err(|e| e.to_string())?;
+    let mut vm = boot::load(shell, Boot { image: &img, args, net, data, family }).map_err(|e| e.to_string())?;
+    if a.interactive {
+        guestio::feed_stdin(vm.attach_stdin());
+    }
     // A stopped VM says why before its parent hears of it (a forked child
     // ends with its parent: after that it could say nothing).
     vm.on_end(|o| {
@@ -29,10 +35,10 @@ pub fn run(a: &RunArgs, t_main: u64) -> Result<(u8, Option<Vm>), String> {
             wisp_vmm::stderr_line(&format!("wisp: VM stopped: {}", exit_info(o, Runner::Direct).reason));
         }
     });
-    let mut stdout = std::io::stdout().lock();
-    let outcome = vm.run(&mut stdout, timeout);
-    let _ = stdout.flush();
-    drop(stdout);
+    let mut term = Terminal(std::io::stdout().lock());
+    let outcome = vm.run(&mut term, timeout);
+    let _ = term.flush();
+    drop(term);
     let t_done = monotonic_ns();
     let exit = exit_info(&outcome, Runner::Direct);
     if stats {

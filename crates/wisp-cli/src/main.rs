@@ -9,6 +9,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod app;
 mod direct;
+mod guestio;
 mod remote;
 mod units;
 
@@ -90,6 +91,23 @@ pub struct RunArgs {
     /// The NIC's MAC address (default: derived from the IP address).
     #[arg(long, value_parser = units::parse_mac, requires = "tap")]
     pub mac: Option<[u8; 6]>,
+    /// Set an environment variable of the guest: KEY=VALUE, or KEY for
+    /// this shell's value (repeatable; the guest reads `wisp::env::var`).
+    #[arg(short = 'e', long = "env")]
+    pub env: Vec<String>,
+    /// Read environment variables from a file of KEY=VALUE lines (blank
+    /// lines and # comments skipped; repeatable, before -e).
+    #[arg(long)]
+    pub env_file: Vec<PathBuf>,
+    /// Give the guest a read-only file, HOST:GUEST with GUEST an absolute
+    /// path (repeatable; the guest reads `wisp::fs::read`). Through wispd
+    /// at most 512 KiB of files in all.
+    #[arg(long = "file", value_parser = guestio::parse_file_map)]
+    pub files: Vec<(PathBuf, String)>,
+    /// Keep standard input open: the guest reads what this process reads
+    /// (`wisp::stdin`); without it the guest's input is empty.
+    #[arg(short = 'i', long)]
+    pub interactive: bool,
     /// Path of an image, the name of a bundled app, or an app's crate
     /// directory (built first, as by `wisp build`).
     pub image: String,
@@ -119,11 +137,14 @@ enum Cmd {
         /// VM id, id prefix or name; or an image.
         target: String,
     },
-    /// Print a VM's console output.
+    /// Print a VM's console output (standard output, or standard error).
     Logs {
         /// Keep printing new output until the VM ends.
         #[arg(short, long)]
         follow: bool,
+        /// Its standard error instead (printed on stdout).
+        #[arg(long)]
+        stderr: bool,
         /// VM id or name.
         vm: String,
     },
@@ -251,7 +272,7 @@ fn run(a: RunArgs, socket: &std::path::Path, t_main: u64) -> Result<(u8, Option<
         }
         a => match wisp_api::client::Client::connect(&socket) {
             Ok(_) if a.tap.is_some() => Err("--tap boots the VM in this process: not with wispd (unset WISP_SOCKET or use --socket to a path without a daemon)".into()),
-            Ok(c) => remote::run(c, &a).map(|c| (c, None)),
+            Ok(c) => remote::run(c, &a, socket).map(|c| (c, None)),
             Err(e) if a.detach || a.name.is_some() || a.count.is_some() => {
                 Err(format!("cannot reach wispd at {}: {e} (start it with `wispd`)", socket.display()))
             }

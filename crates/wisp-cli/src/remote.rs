@@ -42,7 +42,8 @@ fn image_ref(image: &str) -> Result<String, String> {
 }
 
 /// `wisp run` through the daemon.
-pub fn run(mut c: Client, a: &RunArgs) -> Result<u8, String> {
+pub fn run(mut c: Client, a: &RunArgs, socket: &Path) -> Result<u8, String> {
+    let files = crate::guestio::files(a)?.iter().map(|(p, d)| wisp_api::GuestFile::new(p, d)).collect();
     let req = CreateVm {
         image: image_ref(&a.image)?,
         args: a.args.clone(),
@@ -57,6 +58,9 @@ pub fn run(mut c: Client, a: &RunArgs) -> Result<u8, String> {
         cpus: a.cpus,
         family_limit: a.family_limit,
         tenant: a.tenant.clone(),
+        env: crate::guestio::env(a)?,
+        files,
+        stdin: a.interactive,
     };
     wisp_api::action::check_limits(&req).map_err(|e| e.to_string())?;
     if let Some(n) = a.count {
@@ -64,6 +68,9 @@ pub fn run(mut c: Client, a: &RunArgs) -> Result<u8, String> {
             return Err("--count needs -d (detached)".into());
         }
         return run_many(c, req, n);
+    }
+    if a.detach && a.interactive {
+        return Err("-i sends this terminal's input to an attached VM: not with -d".into());
     }
     if a.detach {
         let vm = c.create(&req).map_err(err)?;
@@ -73,13 +80,28 @@ pub fn run(mut c: Client, a: &RunArgs) -> Result<u8, String> {
     let t = Instant::now();
     let mut first: Option<f64> = None;
     let mut out = std::io::stdout().lock();
+    // Standard error comes on a connection of its own, followed from its
+    // start as soon as the VM's id is known, until the VM ends.
+    let mut errors = None;
     let id = c
-        .create_attached(&req, &mut |d| {
-            first.get_or_insert_with(|| t.elapsed().as_secs_f64() * 1e3);
-            out.write_all(d).and_then(|_| out.flush()).is_ok()
-        })
+        .create_attached_with(
+            &req,
+            &mut |id| {
+                errors = Some(follow_stderr(socket, id));
+                if a.interactive {
+                    send_stdin(socket, id);
+                }
+            },
+            &mut |d| {
+                first.get_or_insert_with(|| t.elapsed().as_secs_f64() * 1e3);
+                out.write_all(d).and_then(|_| out.flush()).is_ok()
+            },
+        )
         .map_err(err)?;
     let exit = c.wait(&id).map_err(err)?;
+    if let Some(t) = errors {
+        let _ = t.join();
+    }
     if a.stats {
         let vm = c.get(&id).map_err(err)?;
         eprintln!(
@@ -92,6 +114,31 @@ pub fn run(mut c: Client, a: &RunArgs) -> Result<u8, String> {
         eprintln!("wisp: VM stopped: {}", exit.reason);
     }
     Ok(exit.code as u8)
+}
+
+/// Send our standard input to VM `id`'s, on a thread (left blocked in a
+/// read if the VM ends first: this process ends then too).
+fn send_stdin(socket: &Path, id: &str) {
+    let (socket, id) = (socket.to_path_buf(), id.to_string());
+    std::thread::spawn(move || {
+        let conn = Client::connect(&socket).map_err(|e| e.to_string()).and_then(|mut c| c.open_stdin(&id).map_err(|e| e.to_string()));
+        let mut conn = match conn {
+            Ok(conn) => conn,
+            Err(e) => return eprintln!("wisp: standard input: {e}"),
+        };
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut conn);
+        let _ = conn.shutdown(std::net::Shutdown::Write);
+    });
+}
+
+/// Copy VM `id`'s standard error to ours until the VM ends, on a thread.
+fn follow_stderr(socket: &Path, id: &str) -> std::thread::JoinHandle<()> {
+    let (socket, id) = (socket.to_path_buf(), id.to_string());
+    std::thread::spawn(move || {
+        let Ok(mut c) = Client::connect(&socket) else { return };
+        let mut err = std::io::stderr();
+        let _ = c.logs_stderr(&id, true, &mut |d| err.write_all(d).is_ok());
+    })
 }
 
 fn run_many(mut c: Client, req: CreateVm, n: u32) -> Result<u8, String> {
@@ -241,9 +288,14 @@ pub fn manage(socket: &Path, cmd: Cmd) -> Result<u8, String> {
     let mut c = connect(socket)?;
     match cmd {
         Cmd::Ps { all, quiet } => ps(&mut c, all, quiet),
-        Cmd::Logs { follow, vm } => {
+        Cmd::Logs { follow, stderr: false, vm } => {
             let mut out = std::io::stdout().lock();
             c.logs(&vm, follow, &mut |d| out.write_all(d).and_then(|_| out.flush()).is_ok()).map_err(err)?;
+            Ok(0)
+        }
+        Cmd::Logs { follow, stderr: true, vm } => {
+            let mut out = std::io::stdout().lock();
+            c.logs_stderr(&vm, follow, &mut |d| out.write_all(d).and_then(|_| out.flush()).is_ok()).map_err(err)?;
             Ok(0)
         }
         Cmd::Stop { grace, vms } => each(&vms, |v| c.stop(v, Some(grace.as_millis() as u64)).map(drop)),

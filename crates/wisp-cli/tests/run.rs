@@ -48,10 +48,12 @@ fn guest_exit_code_is_wisps() {
 fn panic_prints_message_and_exits_nonzero() {
     let r = wisp(&["run", "hostile", "--", "panic"]);
     assert_eq!(r.code, Some(101));
-    assert!(r.stdout.contains("panicked at") && r.stdout.contains("deliberate panic"), "{}", r.stdout);
+    // On the guest's standard error, not its standard output.
+    assert!(r.stderr.contains("panicked at") && r.stderr.contains("deliberate panic"), "{}", r.stderr);
+    assert!(!r.stdout.contains("panicked"), "{}", r.stdout);
     let r = wisp(&["run", "--mem", "8M", "hostile", "--", "oom"]);
     assert_eq!(r.code, Some(101));
-    assert!(r.stdout.contains("memory allocation of"), "{}", r.stdout);
+    assert!(r.stderr.contains("memory allocation of"), "{}", r.stderr);
 }
 
 #[test]

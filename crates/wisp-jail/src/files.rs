@@ -16,12 +16,14 @@ use rustix::fs::{openat, Mode, OFlags, CWD};
 pub struct JailFiles {
     /// `exit.json`: how the VM ended.
     pub exit: File,
-    /// `console.log`: the end of its console.
+    /// `console.log`: the end of its console (standard output).
     pub console: File,
+    /// `stderr.log`: the end of its standard error.
+    pub errors: File,
 }
 
 impl JailFiles {
-    /// Create (empty) `exit.json` and `console.log` in the VM directory
+    /// Create (empty) `exit.json`, `console.log` and `stderr.log` in the VM directory
     /// `dir`, never through a link: this runs as root, before the jail
     /// closes.
     pub fn open(dir: &Path) -> std::io::Result<JailFiles> {
@@ -30,17 +32,17 @@ impl JailFiles {
             let flags = OFlags::CREATE | OFlags::TRUNC | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
             Ok(File::from(openat(&dir, name, flags, Mode::from_raw_mode(0o644))?))
         };
-        Ok(JailFiles { exit: file("exit.json")?, console: file("console.log")? })
+        Ok(JailFiles { exit: file("exit.json")?, console: file("console.log")?, errors: file("stderr.log")? })
     }
 
     /// The same from descriptors opened by someone else (the daemon, for a
     /// forked VM).
-    pub fn from_files(exit: File, console: File) -> JailFiles {
-        JailFiles { exit, console }
+    pub fn from_files(exit: File, console: File, errors: File) -> JailFiles {
+        JailFiles { exit, console, errors }
     }
 
-    /// The two files.
-    pub fn into_parts(self) -> (File, File) {
-        (self.exit, self.console)
+    /// The three files.
+    pub fn into_parts(self) -> (File, File, File) {
+        (self.exit, self.console, self.errors)
     }
 }

@@ -3,7 +3,7 @@
 //! family's rules. The daemon's VMM process prepares before a request (and
 //! warms the shell up); `wisp run` without a daemon does both at once.
 
-use wisp_vmm::{open_kvm, Device, FamilyOptions, Image, NetConfig, Nic, Shell, Vm};
+use wisp_vmm::{open_kvm, DataDevice, Device, FamilyOptions, Image, NetConfig, Nic, Shell, Vm};
 
 /// What a VM is booted with.
 pub struct Boot<'a> {
@@ -13,6 +13,8 @@ pub struct Boot<'a> {
     pub args: &'a [String],
     /// Its NIC, if any.
     pub net: Option<NetConfig>,
+    /// Its environment and files, if any.
+    pub data: Option<DataDevice>,
     /// How its family behaves ([`daemon_family`] or [`direct_family`]).
     pub family: FamilyOptions,
 }
@@ -25,10 +27,26 @@ pub fn prepare(mem: u64) -> wisp_vmm::Result<Shell> {
 
 /// Execute: load the image into the prepared `shell`; the VM is ready to run.
 pub fn load(shell: Shell, boot: Boot<'_>) -> wisp_vmm::Result<Vm> {
-    let devices: Vec<Box<dyn Device>> = boot.net.into_iter().map(|c| Box::new(Nic::new(c)) as Box<dyn Device>).collect();
+    let mut devices: Vec<Box<dyn Device>> = boot.net.into_iter().map(|c| Box::new(Nic::new(c)) as Box<dyn Device>).collect();
+    devices.extend(boot.data.map(|d| Box::new(d) as Box<dyn Device>));
     let mut vm = shell.load_devices(boot.image, boot.args, devices)?;
     vm.set_family_options(boot.family);
     Ok(vm)
+}
+
+/// The environment and files the daemon sent in memfd `fd` (at most
+/// 16 MiB: it lets through 512 KiB of files and 64 KiB of environment),
+/// checked again here.
+pub fn data_from_fd(fd: std::os::fd::OwnedFd) -> Result<DataDevice, String> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::from(fd);
+    let len = f.metadata().map_err(|e| format!("environment and files: {e}"))?.len();
+    if len > 16 << 20 {
+        return Err(format!("environment and files: {len} bytes is too many"));
+    }
+    let mut bytes = vec![0u8; len as usize];
+    f.read_exact_at(&mut bytes, 0).map_err(|e| format!("environment and files: {e}"))?;
+    DataDevice::from_region(&bytes).map_err(|e| e.to_string())
 }
 
 /// A family under the daemon: the guest may fork if the daemon gave it an

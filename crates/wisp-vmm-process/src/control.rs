@@ -36,6 +36,10 @@ pub(crate) struct StartCmd {
     pub client: Option<(UnixStream, Vec<u8>)>,
     /// When the request was read (host monotonic clock, ns).
     pub received_ns: u64,
+    /// The guest's environment and files.
+    pub data: Option<wisp_vmm::DataDevice>,
+    /// Keep its standard input open for a `stdin` request.
+    pub stdin: bool,
 }
 
 /// What a pooled shell is asked to do with itself.
@@ -57,7 +61,7 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
             Some(Err(e)) => Reply::err(e.to_string()),
             None => Reply::err("preload needs the image descriptor"),
         },
-        Request::Start { image_name, preloaded, args, timeout_ms, attach, net, uplink, family_limit, client_head } => {
+        Request::Start { image_name, preloaded, args, timeout_ms, attach, net, uplink, family_limit, client_head, data, stdin } => {
             let mut fds = fds.into_iter();
             let image_fd = if preloaded { None } else { fds.next() };
             if !preloaded && image_fd.is_none() {
@@ -83,13 +87,27 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
                     }
                 },
             };
+            let data = match data.then(|| fds.next()) {
+                None => None,
+                Some(Some(fd)) => match crate::boot::data_from_fd(fd) {
+                    Ok(d) => Some(d),
+                    Err(e) => {
+                        let _ = send_line(&conn, &Reply::err(e), None);
+                        return None;
+                    }
+                },
+                Some(None) => {
+                    let _ = send_line(&conn, &Reply::err("environment and files need their descriptor"), None);
+                    return None;
+                }
+            };
             // Parsed again here (the daemon is not trusted blindly); its
             // pages are mapped copy-on-write from the shared memfd.
             match image_fd.map(|fd| Image::from_fd(&image_name, fd)).transpose() {
                 Ok(image) => {
                     let timeout = timeout_ms.map(Duration::from_millis);
                     let cmd =
-                        StartCmd { image, image_name, args, timeout, attach, net, uplink, family_limit, client, received_ns };
+                        StartCmd { image, image_name, args, timeout, attach, net, uplink, family_limit, client, received_ns, data, stdin };
                     return Some((Pooled::Start(cmd), conn));
                 }
                 Err(e) => Reply::err(e.to_string()),
@@ -106,6 +124,7 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
             Reply::err("the VM has not been started")
         }
         Request::Host { .. } => Reply::err(NOT_A_GROUP),
+        Request::Stdin => Reply::err("the VM has not started: its standard input is not open yet"),
     };
     let _ = send_line(&conn, &reply, None);
     None
@@ -258,6 +277,7 @@ fn serve_request(shared: &Arc<Shared>, conn: UnixStream, park_waits: bool) -> Op
     }
     let r = match req {
         Request::Uplink => send_line(&reply_conn, &uplink(shared, fds), None),
+        Request::Stdin => send_line(&reply_conn, &stdin(shared, fds), None),
         req => serve(shared, reply_conn, req),
     };
     shared.release_conn();
@@ -283,6 +303,35 @@ fn uplink(shared: &Arc<Shared>, fds: Vec<OwnedFd>) -> Reply {
     }
 }
 
+/// The guest's standard input from the connection passed (the first
+/// descriptor), on a thread of its own until the connection's end. The
+/// thread is not counted as a connection: a VM that ends does not wait for
+/// its input to end.
+fn stdin(shared: &Arc<Shared>, fds: Vec<OwnedFd>) -> Reply {
+    let Some(fd) = fds.into_iter().next() else {
+        return Reply::err("stdin needs the connection's descriptor");
+    };
+    let Some(feed) = shared.stdin.lock().unwrap().take() else {
+        return Reply::err("this VM's standard input is not open (create it with stdin), or is taken already");
+    };
+    let conn = UnixStream::from(fd);
+    let _ = conn.set_read_timeout(None);
+    let spawned = std::thread::Builder::new().name("stdin".into()).spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match io::Read::read(&mut &conn, &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => feed.push(&buf[..n]),
+            }
+        }
+        feed.end();
+    });
+    match spawned {
+        Ok(_) => shared.state.lock().unwrap().status(),
+        Err(e) => Reply::err(format!("stdin thread: {e}")),
+    }
+}
+
 fn probe_open(path: &str) -> Reply {
     match File::open(path) {
         Ok(_) => Reply::ok(WorkerState::Running),
@@ -297,6 +346,7 @@ fn serve(shared: &Arc<Shared>, conn: UnixStream, req: Request) -> io::Result<()>
         Request::Start { .. } | Request::Preload { .. } => Reply::err("this VM has already been started"),
         Request::Host { .. } => Reply::err(NOT_A_GROUP),
         Request::Status => shared.state.lock().unwrap().status(),
+        Request::Stdin => Reply::err("stdin needs the connection's descriptor"),
         Request::Pause | Request::Resume => {
             let Some(c) = control() else {
                 return send_line(&conn, &Reply::err("the VM is not running"), None);
@@ -348,9 +398,13 @@ fn serve(shared: &Arc<Shared>, conn: UnixStream, req: Request) -> io::Result<()>
             }
             st.status()
         }
-        Request::Logs { follow } => {
+        Request::Logs { follow, stderr: false } => {
             send_line(&conn, &Reply::ok(shared.state.lock().unwrap().phase), None)?;
             return shared.stream_logs(conn, follow, None, crate::console::Framing::Raw, b"");
+        }
+        Request::Logs { follow, stderr: true } => {
+            send_line(&conn, &Reply::ok(shared.state.lock().unwrap().phase), None)?;
+            return shared.errors.stream(conn, follow, None, || shared.exited(), crate::console::Framing::Raw, b"");
         }
         Request::ProbeOpen { path } => probe_open(&path),
         Request::Uplink => Reply::err("uplink needs its descriptor"),

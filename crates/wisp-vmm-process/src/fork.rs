@@ -42,8 +42,8 @@ pub(crate) fn become_child_vm(vm: &wisp_vmm::Vm) -> Result<Arc<Shared>, String> 
     if let Some(e) = kit.error {
         return Err(e);
     }
-    let [exit, console, listener]: [OwnedFd; 3] = fds.try_into().map_err(|_| "the daemon's answer lacks descriptors")?;
-    let files = JailFiles::from_files(File::from(exit), File::from(console));
+    let [exit, console, errors, listener]: [OwnedFd; 4] = fds.try_into().map_err(|_| "the daemon's answer lacks descriptors")?;
+    let files = JailFiles::from_files(File::from(exit), File::from(console), File::from(errors));
     let shared = Shared::new(files, WorkerState::Running, Some(vm.control()));
     let listener = UnixListener::from(listener);
     spawn_server(&shared, move || Some(listener))?;

@@ -242,6 +242,8 @@ struct Job {
     attach: bool,
     client: Option<(UnixStream, Vec<u8>)>,
     received_ns: u64,
+    data: Option<wisp_vmm::DataDevice>,
+    stdin: bool,
 }
 
 /// The spare serves the group's control socket (its connections with one
@@ -255,18 +257,18 @@ fn serve_group(g: &Group) -> Job {
         let Some((req, fds)) = read_request(&conn) else { continue };
         let received_ns = crate::monotonic_ns();
         let reply = match req {
-            Request::Host { vm: _, image_name, args, timeout_ms, attach, client_head } => {
+            Request::Host { vm: _, image_name, args, timeout_ms, attach, client_head, data, stdin } => {
                 if g.running.load(Ordering::Acquire) >= g.n {
                     Reply::err(format!("this group runs {} VMs already", g.n))
                 } else {
-                    match host(fds, image_name, client_head, &g.last) {
+                    match host(fds, image_name, client_head, data, &g.last) {
                         Err(e) => Reply::err(e),
-                        Ok((shared, listener, image, client)) => {
+                        Ok((shared, listener, image, client, data)) => {
                             g.running.fetch_add(1, Ordering::AcqRel);
                             g.news.lock().unwrap().push(Hosted { shared: shared.clone(), listener, sessions: Vec::new() });
                             g.sessions.lock().unwrap().append(&mut sessions);
                             let timeout = timeout_ms.map(Duration::from_millis);
-                            return Job { shared, image, args, timeout, conn, attach, client, received_ns };
+                            return Job { shared, image, args, timeout, conn, attach, client, received_ns, data, stdin };
                         }
                     }
                 }
@@ -285,18 +287,18 @@ fn serve_group(g: &Group) -> Job {
 }
 
 /// A VM's pieces from a `host` request's descriptors: exit.json,
-/// console.log, the control socket's listener, the image, and the client
+/// console.log, stderr.log, the control socket's listener, the image, and the client
 /// if `client_head` says one comes.
-type Pieces = (Arc<Shared>, UnixListener, Image, Option<(UnixStream, Vec<u8>)>);
+type Pieces = (Arc<Shared>, UnixListener, Image, Option<(UnixStream, Vec<u8>)>, Option<wisp_vmm::DataDevice>);
 
-fn host(fds: Vec<OwnedFd>, image_name: String, client_head: Option<String>, last: &Mutex<Option<Last>>) -> Result<Pieces, String> {
-    let want = 4 + usize::from(client_head.is_some());
+fn host(fds: Vec<OwnedFd>, image_name: String, client_head: Option<String>, data: bool, last: &Mutex<Option<Last>>) -> Result<Pieces, String> {
+    let want = 5 + usize::from(client_head.is_some()) + usize::from(data);
     if fds.len() != want {
         return Err(format!("host needs {want} descriptors, {} came", fds.len()));
     }
     let mut fds = fds.into_iter();
     let mut next = || fds.next().expect("counted above");
-    let files = JailFiles::from_files(next().into(), next().into());
+    let files = JailFiles::from_files(next().into(), next().into(), next().into());
     let listener = UnixListener::from(next());
     // Parsed here (the daemon is not trusted blindly), unless it is the
     // very file the last VM's image was parsed from.
@@ -313,16 +315,17 @@ fn host(fds: Vec<OwnedFd>, image_name: String, client_head: Option<String>, last
         }
     };
     let client = client_head.map(|h| (UnixStream::from(next()), h.into_bytes()));
+    let data = if data { Some(boot::data_from_fd(next())?) } else { None };
     let shared = Shared::new(files, WorkerState::Pooled, None);
-    Ok((shared, listener, image, client))
+    Ok((shared, listener, image, client, data))
 }
 
 /// A VM's thread, once its job came: load, answer, run, record the end.
 fn run_vm(shell: wisp_vmm::Result<Shell>, job: Job) {
-    let Job { shared, image, args, timeout, conn, attach, client, received_ns } = job;
+    let Job { shared, image, args, timeout, conn, attach, client, received_ns, data, stdin } = job;
     let t = Instant::now();
     let family = boot::daemon_family(false, Some(1));
-    let loaded = shell.and_then(|s| boot::load(s, Boot { image: &image, args: &args, net: None, family }));
+    let loaded = shell.and_then(|s| boot::load(s, Boot { image: &image, args: &args, net: None, data, family }));
     drop(image);
     let mut vm = match loaded {
         Ok(vm) => vm,
@@ -332,6 +335,9 @@ fn run_vm(shell: wisp_vmm::Result<Shell>, job: Job) {
             return;
         }
     };
+    if stdin {
+        *shared.stdin.lock().unwrap() = Some(vm.attach_stdin());
+    }
     // A vCPU thread's role from here (a deny list on the forking one's).
     crate::narrow::narrow_from(Role::VcpuFork, Role::Vcpu);
     let boot_us = t.elapsed().as_micros() as u64;

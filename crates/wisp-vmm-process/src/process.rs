@@ -131,7 +131,7 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
                 }
             },
         };
-        let boot = Boot { image: &image, args: &cmd.args, net: cmd.net.take(), family };
+        let boot = Boot { image: &image, args: &cmd.args, net: cmd.net.take(), data: cmd.data.take(), family };
         let mut vm = match boot::load(shell, boot) {
             Ok(vm) => vm,
             Err(e) => {
@@ -139,6 +139,9 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
                 finish(&shared, ExitInfo { code: ERROR.into(), reason: e.to_string() });
             }
         };
+        if cmd.stdin {
+            *shared.stdin.lock().unwrap() = Some(vm.attach_stdin());
+        }
         let boot_us = t.elapsed().as_micros() as u64;
         // From here this is the vCPU thread: narrowed to a forking VM's
         // role before "ready"; a VM that cannot fork loses those calls too.

@@ -62,6 +62,13 @@ pub enum Request {
         /// closes without it if the VM printed nothing.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         client_head: Option<String>,
+        /// The guest's environment and files come as the last descriptor
+        /// (a sealed memfd holding `wisp_abi::data`'s region).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        data: bool,
+        /// Keep the guest's standard input open for a `stdin` request.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        stdin: bool,
     },
     /// To a group VMM process (`wispd __worker --group N`): run one more VM
     /// of its own, `vm`, in its own KVM VM on a thread of its own. The
@@ -79,6 +86,12 @@ pub enum Request {
         attach: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         client_head: Option<String>,
+        /// As for [`Request::Start`]: the environment and files, last.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        data: bool,
+        /// As for [`Request::Start`].
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        stdin: bool,
     },
     /// A pooled shell: load the image passed with the request ahead of a
     /// start (the one most likely asked for), and touch its pages.
@@ -93,10 +106,20 @@ pub enum Request {
     Stop { grace_ms: u64 },
     /// Stop the guest now.
     Kill,
-    /// Console output: the buffered bytes, then (if `follow`) new bytes until the VM ends.
-    Logs { follow: bool },
+    /// Console output: the buffered bytes, then (if `follow`) new bytes
+    /// until the VM ends; standard error's instead of standard output's
+    /// with `stderr`.
+    Logs {
+        follow: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        stderr: bool,
+    },
     /// Reply when the VM has exited.
     Wait,
+    /// The descriptor (an API client's connection) carries the guest's
+    /// standard input from now on: its bytes until its end. Once per VM,
+    /// and only for a VM started with `stdin`.
+    Stdin,
     /// Try to open a file (proves the sandbox in tests).
     ProbeOpen { path: String },
     /// End the VMM process (its VM is killed first).
@@ -188,8 +211,18 @@ impl Reply {
     }
 }
 
-/// Most descriptors one message carries.
-pub const MAX_FDS: usize = 5;
+/// Most descriptors one message carries (a group's `host`: its VM's three
+/// files and listener, the image, the client, the environment and files).
+pub const MAX_FDS: usize = 8;
+
+/// More descriptors than a message carries: an error for the sender
+/// (they would be dropped on the way).
+fn too_many(fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    if fds.len() > MAX_FDS {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} descriptors, more than the {MAX_FDS} a message carries", fds.len())));
+    }
+    Ok(())
+}
 
 /// A poke on a pooled shell's session: one byte, outside any request
 /// line, that says a start may come within a moment. The shell stays
@@ -255,7 +288,7 @@ fn send_packet_flags<T: Serialize>(sock: BorrowedFd<'_>, v: &T, fds: &[BorrowedF
     let msg = serde_json::to_vec(v).map_err(io::Error::other)?;
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut anc = SendAncillaryBuffer::new(&mut space);
-    let fds = &fds[..fds.len().min(MAX_FDS)];
+    too_many(fds)?;
     if !fds.is_empty() {
         anc.push(SendAncillaryMessage::ScmRights(fds));
     }
@@ -317,7 +350,7 @@ pub fn send_line_fds<T: Serialize>(sock: &UnixStream, v: &T, fds: &[BorrowedFd<'
     line.push(b'\n');
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut anc = SendAncillaryBuffer::new(&mut space);
-    let fds = &fds[..fds.len().min(MAX_FDS)];
+    too_many(fds)?;
     if !fds.is_empty() {
         anc.push(SendAncillaryMessage::ScmRights(fds));
     }

@@ -208,6 +208,15 @@ impl Write for Sink {
     }
 }
 
+/// Standard error goes to its own ring (`logs --stderr`, `stderr.log`),
+/// never onto a connection that carries standard output.
+impl wisp_vmm::Console for Sink {
+    fn write_err(&mut self, data: &[u8]) -> io::Result<()> {
+        self.shared.errors.push(data);
+        Ok(())
+    }
+}
+
 impl Drop for Sink {
     fn drop(&mut self) {
         self.settle();

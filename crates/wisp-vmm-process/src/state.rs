@@ -43,6 +43,10 @@ pub(crate) struct Shared {
     /// Signalled on changes of `state`.
     pub cv: Condvar,
     pub console: Console,
+    /// The guest's standard error (its own ring, `stderr.log`).
+    pub errors: Console,
+    /// The guest's standard input until a client takes it (`stdin`).
+    pub stdin: Mutex<Option<wisp_vmm::StdinFeed>>,
 }
 
 impl Shared {
@@ -52,6 +56,8 @@ impl Shared {
             state: Mutex::new(State { phase, exit: None, boot_us: None, control, conns: 0, waiters: Vec::new(), kill_asked: false }),
             cv: Condvar::new(),
             console: Console::new(),
+            errors: Console::new(),
+            stdin: Mutex::new(None),
         })
     }
 
@@ -66,11 +72,12 @@ impl Shared {
         self.console.stream(conn, follow, from, || self.exited(), framing, pending)
     }
 
-    /// The VM has ended: write `console.log` and `exit.json`, record the
+    /// The VM has ended: write `console.log`, `stderr.log` and `exit.json`, record the
     /// exit, wake every thread waiting and answer the parked waiters.
     pub fn end(&self, exit: ExitInfo) {
         if let Some(mut f) = self.files.lock().unwrap().take() {
             let _ = self.console.write_to(&mut f.console);
+            let _ = self.errors.write_to(&mut f.errors);
             let _ = f.exit.write_all(&serde_json::to_vec(&exit).unwrap_or_default());
         }
         let (waiters, reply) = {
@@ -82,6 +89,7 @@ impl Shared {
             (std::mem::take(&mut st.waiters), st.status())
         };
         self.console.wake();
+        self.errors.wake();
         for w in waiters {
             let _ = send_line(&w, &reply, None);
         }

@@ -203,13 +203,13 @@ fn status(e: &ActionError) -> u16 {
     match e {
         Pool(PoolError::TooLarge { .. } | PoolError::TooManySizes) | TooManyVms(_) => 429,
         GuestMemory { .. } => 507,
-        BadMemory(_) | InvalidName(_) | Invalid(_) | BadImage(_) | StartRefused(_) | Pool(_) => 400,
+        BadMemory(_) | InvalidName(_) | GuestData(_) | Invalid(_) | BadImage(_) | StartRefused(_) | Pool(_) => 400,
         Limits(_) | TooManyCpus { .. } | MemoryBelowVm { .. } | NoCgroups => 400,
         NotFound(_) | Gone(_) => 404,
         // A host address that is not this host's cannot be listened on: the request was wrong.
         PortInUse { source, .. } if source.kind() == io::ErrorKind::AddrNotAvailable => 400,
         NameInUse(_) | Ambiguous(_) | Exited(_) | Running(_) | Refused(_) | Unreachable { .. } | PortInUse { .. } => 409,
-        EndedBeforeLine { .. } => 409,
+        EndedBeforeLine { .. } | StdinRefused(_) => 409,
         Timeout(_) | NoLineInTime { .. } => 504,
         Prepare(_) | Network(_) | Record(_) | Vmm(_) | Contain(_) => 500,
     }

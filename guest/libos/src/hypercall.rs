@@ -28,6 +28,15 @@ pub fn console_write(data: &[u8]) -> i64 {
     a.ret
 }
 
+/// The `stdio` hypercall: operation `op` (`wisp_abi::args::stdio_op`) on
+/// `buf` (read from for a write, written to for a read). Returns bytes
+/// moved or a negative errno.
+pub fn stdio(op: u32, buf: *mut u8, len: usize) -> i64 {
+    let mut a = args::Stdio { op, reserved: 0, data: buf as u64, len: len as u64, ret: 0 };
+    call(Hypercall::Stdio, &mut a);
+    a.ret
+}
+
 /// End the VM.
 pub fn exit(code: i32) -> ! {
     let mut a = args::Exit { code, reserved: 0 };

@@ -38,6 +38,7 @@ pub mod console;
 pub mod env;
 pub mod exec;
 pub mod family;
+pub mod fs;
 mod global;
 pub mod heap;
 pub mod hypercall;
@@ -46,6 +47,7 @@ pub mod process;
 mod rings;
 mod signals;
 mod start;
+pub mod stdin;
 pub mod time;
 
 pub use process::{exit, ExitCode};
@@ -55,9 +57,10 @@ pub use wisp_abi::features;
 pub use wisp_abi::ImageNote as Manifest;
 
 /// Declare the application's entry point — a function taking no arguments
-/// and returning `()` or an `i32` exit code — and the image's manifest (a
-/// `const` [`Manifest`]: features and devices; none if left out), which
-/// goes into the image's ABI note.
+/// and returning `()`, an `i32` exit code or `Result<(), E: Display>`
+/// ([`ExitCode`]) — and the image's manifest (a `const` [`Manifest`]:
+/// features and devices; none if left out), which goes into the image's
+/// ABI note with the `stdio` feature every image has.
 #[macro_export]
 macro_rules! main {
     ($f:path) => {
@@ -71,8 +74,10 @@ macro_rules! main {
 
         // The ABI note with the manifest, read by the monitor at load
         // (an ELF note section: the linker keeps it and makes it PT_NOTE).
+        // (Every image has standard error and input: `stdio`.)
         #[used]
         #[link_section = ".note.wisp"]
-        static __WISP_NOTE: $crate::abi::manifest::Note = $crate::abi::manifest::Note::new($manifest);
+        static __WISP_NOTE: $crate::abi::manifest::Note =
+            $crate::abi::manifest::Note::new(($manifest).features($crate::features::STDIO));
     };
 }

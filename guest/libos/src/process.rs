@@ -51,7 +51,7 @@ impl<E: core::fmt::Display> ExitCode for Result<(), E> {
         match self {
             Ok(()) => 0,
             Err(e) => {
-                crate::println!("error: {}", e);
+                crate::eprintln!("error: {}", e);
                 1
             }
         }

@@ -36,6 +36,6 @@ extern "C" fn wisp_start(info: *const BootInfo) -> ! {
 
 #[panic_handler]
 fn panic(info: &PanicInfo) -> ! {
-    crate::println!("{}", info);
+    crate::eprintln!("{}", info);
     crate::hypercall::exit(101)
 }

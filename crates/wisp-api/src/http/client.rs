@@ -245,10 +245,24 @@ impl Client {
         body: Option<&[u8]>,
         on_data: &mut dyn FnMut(&[u8]) -> bool,
     ) -> io::Result<u16> {
+        self.stream_with_head(method, path_and_query, body, &mut |_| {}, on_data)
+    }
+
+    /// [`Client::stream`], with `on_head` given a 2xx response's headers
+    /// before its body.
+    pub fn stream_with_head(
+        &mut self,
+        method: &str,
+        path_and_query: &str,
+        body: Option<&[u8]>,
+        on_head: &mut dyn FnMut(&[(String, String)]),
+        on_data: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> io::Result<u16> {
         self.last_error = None;
         let head = self.send(method, path_and_query, body)?;
         self.last_headers = head.headers.clone();
         if (200..300).contains(&head.status) {
+            on_head(&head.headers);
             self.finish(method, &head, u64::MAX, on_data)?;
         } else {
             let mut out = Vec::new();
@@ -256,6 +270,25 @@ impl Client {
             self.last_error = Some(Response { status: head.status, headers: head.headers, body: out });
         }
         Ok(head.status)
+    }
+
+    /// Send a bodiless request that asks for the connection (`Upgrade`): on
+    /// `101 Switching Protocols` the raw connection, else the status (the
+    /// answer is kept for [`Client::take_error`]).
+    pub fn upgrade(&mut self, method: &str, path_and_query: &str) -> io::Result<Result<UnixStream, u16>> {
+        self.last_error = None;
+        let head = self.send(method, path_and_query, None)?;
+        if head.status == 101 {
+            let conn = self.conn.take().ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "connection closed"))?;
+            if !conn.buffer().is_empty() {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, "bytes after a 101 response's head"));
+            }
+            return Ok(Ok(conn.into_inner()));
+        }
+        let mut out = Vec::new();
+        self.finish(method, &head, CLIENT_MAX_BODY_BYTES as u64, &mut collect(&mut out))?;
+        self.last_error = Some(Response { status: head.status, headers: head.headers, body: out });
+        Ok(Err(head.status))
     }
 
     /// First header named `name` (case-insensitive) of the last response to [`Client::stream`].

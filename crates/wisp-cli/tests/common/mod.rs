@@ -53,14 +53,30 @@ pub fn wisp_limit(args: &[&str], limit: Duration) -> Run {
 
 /// [`wisp_limit`] with environment variables `envs` added.
 pub fn wisp_with<K: AsRef<std::ffi::OsStr>, V: AsRef<std::ffi::OsStr>>(args: &[&str], envs: &[(K, V)], limit: Duration) -> Run {
+    wisp_input(args, envs, None, limit)
+}
+
+/// [`wisp_with`], with `input` (if any) written to its standard input and
+/// then closed (else its standard input is empty).
+pub fn wisp_input<K: AsRef<std::ffi::OsStr>, V: AsRef<std::ffi::OsStr>>(
+    args: &[&str],
+    envs: &[(K, V)],
+    input: Option<Vec<u8>>,
+    limit: Duration,
+) -> Run {
     let start = Instant::now();
-    let child = direct(Command::new(env!("CARGO_BIN_EXE_wisp")).args(args))
+    let mut child = direct(Command::new(env!("CARGO_BIN_EXE_wisp")).args(args))
         .envs(envs.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
+        .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn wisp");
+    if let (Some(data), Some(mut w)) = (input, child.stdin.take()) {
+        std::thread::spawn(move || {
+            let _ = std::io::Write::write_all(&mut w, &data);
+        });
+    }
     let pid = child.id() as libc::pid_t;
     let out_handle = {
         let mut c = child;

@@ -11,6 +11,7 @@
 //! Adding a device: a new file here with a `Device` implementation, its
 //! kind in `wisp_abi::DeviceKind`, and the toolstack constructing it.
 
+pub mod data;
 pub mod net;
 
 use std::sync::Arc;

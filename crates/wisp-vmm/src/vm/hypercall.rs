@@ -9,14 +9,13 @@
 //! RAM before use, copied, then validated (a bad one stops the VM with a
 //! [`StopReason::BadHypercall`]).
 
-use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use wisp_abi::args::{self, CONSOLE_WRITE_MAX};
 use wisp_abi::{Hypercall, FAULT_PORT};
 
-use super::Vm;
+use super::{Console, Vm};
 use crate::access::UserMap;
 use crate::fault::StopReason;
 use crate::memory::RamView;
@@ -27,7 +26,7 @@ pub(super) type Served = Result<Option<i32>, StopReason>;
 
 impl Vm {
     /// Serve an `out`: a hypercall, or a fault report from the exception stubs.
-    pub(super) fn on_out(&mut self, port: u16, data: &[u8], console: &mut dyn Write, deadline: Option<Instant>) -> Served {
+    pub(super) fn on_out(&mut self, port: u16, data: &[u8], console: &mut dyn Console, deadline: Option<Instant>) -> Served {
         if port == FAULT_PORT {
             return Err(self.decode_fault(data.first().copied().unwrap_or(0xff)));
         }
@@ -60,10 +59,11 @@ impl Vm {
             Hypercall::Notify => self.notify(gpa),
             Hypercall::Fork => self.fork_call(gpa, declared),
             Hypercall::Family => self.family_call(gpa, declared, deadline),
+            Hypercall::Stdio => self.stdio(gpa, declared, console),
         }
     }
 
-    fn console_write(&mut self, gpa: u64, console: &mut dyn Write) -> Served {
+    fn console_write(&mut self, gpa: u64, console: &mut dyn Console) -> Served {
         let hc = Hypercall::ConsoleWrite;
         let ram: &RamView = &self.shell.ram;
         let mut a: args::ConsoleWrite = read_block(ram, &self.user, hc, gpa, true)?;

@@ -4,15 +4,15 @@
 //! Rooms: this file (loading, the run loop, exits), `hypercall.rs` (the
 //! hypercall table and the basic calls), `ipc.rs` (the family hypercall),
 //! `fork.rs` (fork), `spare.rs` (forks prepared ahead of time),
-//! `watchdog.rs` (the run's time limit).
+//! `stdio.rs` (stderr and stdin), `watchdog.rs` (the run's time limit).
 
 mod fork;
 mod hypercall;
 mod ipc;
 mod spare;
+mod stdio;
 mod watchdog;
 
-use std::io::Write;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -36,6 +36,7 @@ use crate::stats::Stats;
 use watchdog::Watchdog;
 
 pub use crate::loader::FEATURES;
+pub use stdio::{Console, StdinFeed};
 
 /// A VM with its image loaded, ready to run.
 pub struct Vm {
@@ -81,6 +82,8 @@ pub struct Vm {
     /// The console's flush is due at the guest's first exit, which this
     /// timer brings within a bound ([`Vm::flush_at_first_exit`]).
     first_flush: Option<(KickTimer, std::time::Duration)>,
+    /// Standard input, if the embedder gave one ([`Vm::attach_stdin`]).
+    stdin: Option<stdio::Stdin>,
 }
 
 /// What the run loop saw at one exit, copied out of the `kvm_run` page.
@@ -212,17 +215,18 @@ impl Shell {
             spare_round: 0,
             keep: Vec::new(),
             first_flush: None,
+            stdin: None,
         })
     }
 }
 
 impl Vm {
     /// Run until the guest exits or is stopped. Console output goes to
-    /// `console`. `timeout` bounds the whole run.
+    /// `console` (stdout and stderr). `timeout` bounds the whole run.
     /// A guest that forks goes on running in both processes: the parent's
     /// `run` continues, and in the child process `run` continues too (with
     /// the same console) and returns the child's outcome there.
-    pub fn run(&mut self, console: &mut dyn Write, timeout: Option<std::time::Duration>) -> Outcome {
+    pub fn run(&mut self, console: &mut dyn Console, timeout: Option<std::time::Duration>) -> Outcome {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             if let Some(o) = self.run_until_fork(console, deadline) {
@@ -235,7 +239,7 @@ impl Vm {
     /// process returns `None` right after the fork, before the child VM
     /// first runs: the caller can give the child an identity of its own
     /// (console, control channel) and then call this again to run it.
-    pub fn run_until_fork(&mut self, console: &mut dyn Write, deadline: Option<Instant>) -> Option<Outcome> {
+    pub fn run_until_fork(&mut self, console: &mut dyn Console, deadline: Option<Instant>) -> Option<Outcome> {
         self.control.set_vcpu_thread(Some(ThreadId::current()));
         let watchdog = match (deadline, self.kept_watchdog.take()) {
             (Some(d), Some(w)) if w.deadline() == d => {
@@ -288,8 +292,10 @@ impl Vm {
                 let _ = console.flush();
             }
             if self.forked {
-                // A new process: the parent's watchdog thread is not here.
+                // A new process: the parent's watchdog thread is not here,
+                // and standard input stays with the parent.
                 self.forked = false;
+                self.stdin = None;
                 if let Some(w) = watchdog {
                     w.forget_in_child();
                 }

@@ -159,6 +159,7 @@ impl Daemon {
         }
         // The router checked it already; the daemon does not rely on that.
         req.check()?;
+        let data = super::guestdata::memfd(&req)?;
         // The shell this create will likely take wakes while the daemon works.
         if self.cfg.vms_per_process <= 1 {
             self.pool.poke(mem, &req.image);
@@ -275,6 +276,8 @@ impl Daemon {
                 timeout_ms: req.timeout_ms,
                 attach: matches!(attach, Attach::Daemon),
                 client_head,
+                data: data.is_some(),
+                stdin: req.stdin,
             },
             None => Request::Start {
                 image_name: image.image.name.clone(),
@@ -286,10 +289,12 @@ impl Daemon {
                 uplink: uplink.is_some(),
                 family_limit: req.family_limit,
                 client_head,
+                data: data.is_some(),
+                stdin: req.stdin,
             },
         };
         // A group's VM: its files and control socket's listener first.
-        let mut fds: Vec<_> = hosted.iter().flat_map(|h| [h.files.exit.as_fd(), h.files.console.as_fd(), h.listener.as_fd()]).collect();
+        let mut fds: Vec<_> = hosted.iter().flat_map(|h| [h.files.exit.as_fd(), h.files.console.as_fd(), h.files.errors.as_fd(), h.listener.as_fd()]).collect();
         fds.extend((!preloaded).then(|| image.memfd.as_fd()));
         fds.extend(tap.as_ref().map(|t| t.as_fd()));
         if let Some((mine, theirs)) = &uplink {
@@ -301,6 +306,7 @@ impl Daemon {
         if let Attach::Client(c) = attach {
             fds.push(c.as_fd());
         }
+        fds.extend(data.as_ref().map(|d| d.as_fd()));
         let sent_ns = wisp_vmm_process::monotonic_ns();
         let arrived_ns = sent_ns.saturating_sub(arrived.elapsed().as_nanos() as u64);
         let sent = super::process::send_to_shell(session, &dir, &start, &fds);

@@ -34,6 +34,12 @@ pub enum ActionError {
     /// The name is not a valid VM name.
     #[error("invalid name '{0}': use 1-64 of [A-Za-z0-9_.-]")]
     InvalidName(String),
+    /// The environment or files cannot be given to a guest.
+    #[error("{0}")]
+    GuestData(String),
+    /// The VM's standard input cannot be taken.
+    #[error("standard input: {0}")]
+    StdinRefused(String),
     /// The request's options do not fit together (options of a NIC
     /// without one).
     #[error(transparent)]

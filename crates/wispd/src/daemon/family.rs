@@ -121,8 +121,8 @@ struct Child {
     info: VmInfo,
     dir: PathBuf,
     pidfd: OwnedFd,
-    /// `exit.json`, `console.log`, control socket.
-    fds: [OwnedFd; 3],
+    /// `exit.json`, `console.log`, `stderr.log`, control socket.
+    fds: [OwnedFd; 4],
 }
 
 impl Daemon {
@@ -263,8 +263,8 @@ impl Daemon {
             };
             let p = Proc { uid, pid: child_pid, start, contained, hosts: None };
             self.records.register(&id, p, Some(info.clone())).map_err(ForkError::Record)?;
-            let (x, c) = files.into_parts();
-            Ok((info, [OwnedFd::from(x), OwnedFd::from(c), OwnedFd::from(listener)]))
+            let (x, c, e) = files.into_parts();
+            Ok((info, [OwnedFd::from(x), OwnedFd::from(c), OwnedFd::from(e), OwnedFd::from(listener)]))
         })();
         match made {
             Ok((info, fds)) => Ok(Child { id, info, dir, pidfd, fds }),

@@ -2,7 +2,8 @@
 //! stop, kill, wait, console output (removal is `remove`); and the quick control
 //! requests they send to a VMM process.
 
-use std::io::{self, BufReader, Cursor};
+use std::io::{self, BufReader, Cursor, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -116,12 +117,13 @@ impl Daemon {
         self.vms.wait_exit(key, timeout)
     }
 
-    /// Console output: the buffer, then (if `follow`) new output until the
-    /// VM ends.
-    pub(super) fn logs(&self, key: &str, follow: bool) -> Result<Console, ActionError> {
+    /// Console output (standard output's, or with `stderr` standard
+    /// error's): the buffer, then (if `follow`) new output until the VM
+    /// ends.
+    pub(super) fn logs(&self, key: &str, follow: bool, stderr: bool) -> Result<Console, ActionError> {
         let (_, dir, info) = self.dir_of(key)?;
         if info.state != VmState::Exited {
-            if let Ok((r, stream)) = proto::call(&dir.join("ctl.sock"), &Request::Logs { follow }, None, None) {
+            if let Ok((r, stream)) = proto::call(&dir.join("ctl.sock"), &Request::Logs { follow, stderr }, None, None) {
                 if r.ok {
                     return Ok(Console::Live(stream));
                 }
@@ -129,8 +131,28 @@ impl Daemon {
         }
         // Exited (or exiting): the VMM process saved the buffer (untrusted:
         // its last CONSOLE_RING bytes at most, never through a link).
-        let saved = read_tail(&dir.join("console.log"), wisp_vmm_process::CONSOLE_RING as u64).unwrap_or_default();
+        let file = if stderr { "stderr.log" } else { "console.log" };
+        let saved = read_tail(&dir.join(file), wisp_vmm_process::CONSOLE_RING as u64).unwrap_or_default();
         Ok(Console::Saved(Cursor::new(saved)))
+    }
+}
+
+impl Daemon {
+    /// Hand `client`'s connection to VM `key`'s VMM process as its standard
+    /// input (`POST /v1/vms/{vm}/stdin`), then answer it `101`: from there
+    /// the daemon is out of that connection.
+    pub(super) fn stdin(&self, key: &str, client: &UnixStream) -> Result<(), ActionError> {
+        let (id, dir, info) = self.dir_of(key)?;
+        if info.state == VmState::Exited {
+            return Err(ActionError::StdinRefused(format!("VM {id} has exited")));
+        }
+        let fd = client.try_clone().map(OwnedFd::from).map_err(ActionError::Vmm)?;
+        let (r, _) = proto::call(&dir.join("ctl.sock"), &Request::Stdin, Some(&fd), Some(Duration::from_secs(5))).map_err(ActionError::Vmm)?;
+        if !r.ok {
+            return Err(ActionError::StdinRefused(r.error.unwrap_or_default()));
+        }
+        let head = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: wisp-stdin\r\n\r\n";
+        (&*client).write_all(head).map_err(ActionError::Vmm)
     }
 }
 

@@ -45,6 +45,7 @@ mod create;
 mod error;
 mod family;
 mod group;
+mod guestdata;
 mod lifecycle;
 mod net;
 pub mod process;
@@ -227,7 +228,11 @@ impl Daemon {
             }
             Action::KillVm(vm) => Outcome::Vm(self.kill(&vm)?),
             Action::WaitVm(vm) => Outcome::Exit(self.wait(&vm, None)?),
-            Action::Logs { vm, follow } => Outcome::Logs(self.logs(&vm, follow)?),
+            Action::Stdin(vm) => {
+                self.stdin(&vm, client)?;
+                Outcome::HandedOver
+            }
+            Action::Logs { vm, follow, stderr } => Outcome::Logs(self.logs(&vm, follow, stderr)?),
             Action::RemoveVm { vm, force, family: false } => {
                 self.remove(&vm, force)?;
                 Outcome::Removed

@@ -155,14 +155,14 @@ pub fn server_args(app: &str, n: usize, default: u16) -> core::result::Result<(u
         None => default,
         Some(Ok(p)) if p != 0 => p,
         Some(_) => {
-            crate::println!("usage: {} [PORT]", app);
+            crate::eprintln!("usage: {} [PORT]", app);
             return Err(2);
         }
     };
     match config() {
         Some(cfg) => Ok((port, cfg)),
         None => {
-            crate::println!("{}: no network device (run with a NIC)", app);
+            crate::eprintln!("{}: no network device (run with a NIC)", app);
             Err(1)
         }
     }

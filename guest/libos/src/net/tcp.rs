@@ -191,7 +191,7 @@ impl TcpListener {
     /// not (prefixed with `app`) and give the exit code to use (1).
     pub fn bind_app(app: &str, port: u16, opts: TcpOptions) -> core::result::Result<TcpListener, i32> {
         TcpListener::bind_with(port, opts).map_err(|e| {
-            crate::println!("{}: cannot listen on TCP port {}: {}", app, port, e);
+            crate::eprintln!("{}: cannot listen on TCP port {}: {}", app, port, e);
             1
         })
     }
@@ -206,7 +206,7 @@ impl TcpListener {
     {
         crate::exec::block_on(async move {
             let e = self.serve(handler).await;
-            crate::println!("{}: accept: {}", app, e);
+            crate::eprintln!("{}: accept: {}", app, e);
             1
         })
     }

@@ -65,6 +65,18 @@ pub fn main() -> i32 {
             let mut a = args::ConsoleWrite { data: mem - 8, len: 64, ret: 0 };
             wisp::hypercall::call(Hypercall::ConsoleWrite, &mut a);
         }
+        "stdin-into-boot-info" => {
+            let mut a = args::Stdio { op: args::stdio_op::READ_IN, reserved: 0, data: 0x1000, len: 64, ret: 0 };
+            wisp::hypercall::call(Hypercall::Stdio, &mut a);
+        }
+        "stderr-oob" => {
+            let mut a = args::Stdio { op: args::stdio_op::WRITE_ERR, reserved: 0, data: mem - 8, len: 64, ret: 0 };
+            wisp::hypercall::call(Hypercall::Stdio, &mut a);
+        }
+        "stdio-bad-op" => {
+            let mut a = args::Stdio { op: 9, reserved: 0, data: 0x10_0000, len: 1, ret: 0 };
+            wisp::hypercall::call(Hypercall::Stdio, &mut a);
+        }
         "console-huge-len" => {
             let mut a = args::ConsoleWrite { data: 0x10_0000, len: u64::MAX, ret: 0 };
             wisp::hypercall::call(Hypercall::ConsoleWrite, &mut a);

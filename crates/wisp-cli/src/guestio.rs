@@ -1,0 +1,102 @@
+//! What a guest is given beside its arguments (`wisp run -e, --env-file,
+//! --file, -i`): its environment and read-only files, read here with this
+//! user's rights (through wispd they travel in the request, so the daemon
+//! never opens a file for a client), and in this process its standard
+//! streams.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::RunArgs;
+
+/// The environment: `--env-file` lines first, then `-e` (a later entry of a
+/// key wins, as the guest's `env::var` reads the last).
+pub fn env(a: &RunArgs) -> Result<Vec<String>, String> {
+    let mut env = Vec::new();
+    for f in &a.env_file {
+        let text = std::fs::read_to_string(f).map_err(|e| format!("--env-file {}: {e}", f.display()))?;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            env.push(entry(line).map_err(|e| format!("--env-file {} line {}: {e}", f.display(), n + 1))?);
+        }
+    }
+    for e in &a.env {
+        env.push(entry(e).map_err(|m| format!("-e {e}: {m}"))?);
+    }
+    Ok(env)
+}
+
+/// `KEY=VALUE`, or `KEY` for this process's value of it.
+fn entry(e: &str) -> Result<String, String> {
+    match e.split_once('=') {
+        Some(("", _)) => Err("an empty key".into()),
+        Some(_) if e.contains('\0') => Err("a NUL byte".into()),
+        Some(_) => Ok(e.to_string()),
+        None => match std::env::var(e) {
+            Ok(v) => Ok(format!("{e}={v}")),
+            Err(_) => Err(format!("'{e}' is neither KEY=VALUE nor a variable set here")),
+        },
+    }
+}
+
+/// Parse `--file HOST:GUEST` (GUEST absolute).
+pub fn parse_file_map(s: &str) -> Result<(PathBuf, String), String> {
+    let (host, guest) = s.rsplit_once(':').ok_or_else(|| format!("'{s}': expected HOST:GUEST, e.g. app.conf:/etc/app.conf"))?;
+    if host.is_empty() || !guest.starts_with('/') {
+        return Err(format!("'{s}': expected HOST:GUEST with GUEST an absolute path, e.g. app.conf:/etc/app.conf"));
+    }
+    Ok((PathBuf::from(host), guest.to_string()))
+}
+
+/// The files, read now.
+pub fn files(a: &RunArgs) -> Result<Vec<(String, Arc<[u8]>)>, String> {
+    a.files
+        .iter()
+        .map(|(host, guest)| {
+            let data = std::fs::read(host).map_err(|e| format!("--file {}: {e}", host.display()))?;
+            Ok((guest.clone(), Arc::from(data)))
+        })
+        .collect()
+}
+
+/// Feed this process's standard input to the guest from a thread of its
+/// own, until its end (the thread is left blocked in a read if the VM ends
+/// first: the process is about to end too).
+pub fn feed_stdin(feed: wisp_vmm::StdinFeed) {
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut stdin = std::io::stdin().lock();
+        loop {
+            match stdin.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => feed.push(&buf[..n]),
+            }
+        }
+        feed.end();
+    });
+}
+
+/// The console of a VM run in this process: its stdout on ours, its
+/// stderr on ours.
+pub struct Terminal<'a>(pub std::io::StdoutLock<'a>);
+
+impl Write for Terminal<'_> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.0.write(data)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+impl wisp_vmm::Console for Terminal<'_> {
+    fn write_err(&mut self, data: &[u8]) -> std::io::Result<()> {
+        // What the guest wrote to stdout before goes out first.
+        self.0.flush()?;
+        std::io::stderr().write_all(data)
+    }
+}

@@ -1,0 +1,36 @@
+//! A create's environment and files (`CreateVm::env`, `files`), checked and
+//! laid out as the guest reads them (`wisp_vmm::DataDevice`, the ABI's
+//! data region) in a sealed memfd that goes to the VMM process with the
+//! start. The client read the files with its own rights: the daemon opens
+//! none for it.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use rustix::fs::{fcntl_add_seals, memfd_create, MemfdFlags, SealFlags};
+use wisp_api::CreateVm;
+
+use super::error::ActionError;
+
+/// The region for `req`, in a sealed memfd; none if it gives neither
+/// environment nor files.
+pub(super) fn memfd(req: &CreateVm) -> Result<Option<OwnedFd>, ActionError> {
+    if req.env.is_empty() && req.files.is_empty() {
+        return Ok(None);
+    }
+    let files = req
+        .files
+        .iter()
+        .map(|f| Ok((f.path.clone(), Arc::from(f.bytes().map_err(ActionError::GuestData)?))))
+        .collect::<Result<Vec<(String, Arc<[u8]>)>, ActionError>>()?;
+    let data = wisp_vmm::DataDevice::new(&req.env, &files).map_err(|e| ActionError::GuestData(e.to_string()))?;
+    let io = |e: std::io::Error| ActionError::GuestData(format!("memfd: {e}"));
+    let fd = memfd_create("wisp-data", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).map_err(|e| io(e.into()))?;
+    let mut f = File::from(fd);
+    f.write_all(data.bytes()).map_err(io)?;
+    let fd = OwnedFd::from(f);
+    fcntl_add_seals(fd.as_fd(), SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL).map_err(|e| io(e.into()))?;
+    Ok(Some(fd))
+}
