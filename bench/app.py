@@ -4,9 +4,9 @@ images are (issue: two commands, under 30 s of build after the library
 OS's first build; `hello` at most 40 KB).
 
 wisp: `wisp new NAME` in a scratch directory outside the repository, then
-`wisp run NAME` (builds it with cargo for the guest target and boots it),
+`wisp run ./NAME` (builds it with cargo for the guest target and boots it),
 timed until `wisp run` exits; then one line of `src/main.rs` edited and
-`wisp run NAME` again. Three cases: a first build with a target directory
+`wisp run ./NAME` again. Three cases: a first build with a target directory
 of its own (the library OS and its dependencies compiled too), a first
 build sharing a target directory in which the library OS was built once
 ("after the library OS's first build"), and the rebuild after the edit.
@@ -47,13 +47,13 @@ def wisp_case(wisp, work, name, target_dir):
     if target_dir:
         env["CARGO_TARGET_DIR"] = target_dir
     t_new = timed([wisp, "new", name], work, env, "wisp: made")
-    t_run = timed([wisp, "run", name, "--", "x"], work, env, "Hello from %s!" % name)
+    t_run = timed([wisp, "run", "./" + name, "--", "x"], work, env, "Hello from %s!" % name)
     main = os.path.join(work, name, "src", "main.rs")
     with open(main) as f:
         src = f.read()
     with open(main, "w") as f:
         f.write(src.replace("Hello from", "Hi from"))
-    t_edit = timed([wisp, "run", name, "--", "x"], work, env, "Hi from %s!" % name)
+    t_edit = timed([wisp, "run", "./" + name, "--", "x"], work, env, "Hi from %s!" % name)
     return t_new + t_run, t_edit
 
 

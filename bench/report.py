@@ -293,7 +293,7 @@ def app_section(a):
     w, c = m["wisp"], m["cargo_host"]
     out = ["## Writing an app (`make bench-app`, `bench/results/app.json`)", "",
            "From a new app's crate to its first run, wall seconds until the run exits (median of %d):" % a["runs"],
-           "`wisp new NAME` + `wisp run NAME` (cargo for the guest target, then the VM boots in this process),",
+           "`wisp new NAME` + `wisp run ./NAME` (cargo for the guest target, then the VM boots in this process),",
            "against the host Rust equivalent, `cargo new NAME` + `cargo run --release` of the same hello.",
            "\"After the library OS's first build\" shares a target directory in which it was built once;",
            "\"edit\" is one line of `src/main.rs` changed, then the same run command.", "",

@@ -43,7 +43,7 @@ pub fn new(path: &Path, net: bool) -> Result<String, String> {
     if !valid {
         return Err(format!("'{name}' is not an app name: a letter, then letters, digits, '-' or '_' (at most 64)"));
     }
-    if path.exists() {
+    if path.symlink_metadata().is_ok() {
         return Err(format!("{} exists already", path.display()));
     }
     let libos = libos_dir()?;
@@ -51,7 +51,9 @@ pub fn new(path: &Path, net: bool) -> Result<String, String> {
     let parent = parent.canonicalize().map_err(|e| format!("{}: {e}", parent.display()))?;
     // Inside a wisp checkout's guest/apps: a member of its workspace.
     let in_tree = parent.join("../libos").canonicalize().is_ok_and(|d| d == libos);
-    let fill = |t: &str| t.replace("@NAME@", name).replace("@LIBOS@", &libos.display().to_string());
+    // (Into a TOML basic string: backslashes and quotes escaped.)
+    let libos_toml = libos.display().to_string().replace('\\', "\\\\").replace('"', "\\\"");
+    let fill = |t: &str| t.replace("@NAME@", name).replace("@LIBOS@", &libos_toml);
     let manifest = if in_tree {
         format!(
             "[package]\nname = \"{name}\"\nedition.workspace = true\nversion.workspace = true\nlicense.workspace = true\n\n\
@@ -87,7 +89,8 @@ pub fn new(path: &Path, net: bool) -> Result<String, String> {
     let how = if in_tree {
         format!("`make guest` builds it with the bundled apps; `wisp run {name}`")
     } else {
-        format!("`wisp run {}` builds and boots it (or `cd {0} && cargo build --release`)", path.display())
+        let run = if path.is_absolute() || path.starts_with(".") { path.display().to_string() } else { format!("./{}", path.display()) };
+        format!("`wisp run {run}` builds and boots it (or `cd {} && cargo build --release`)", path.display())
     };
     Ok(format!("wisp: made {} ({}): {how}", path.display(), if net { "a TCP server" } else { "an app" }))
 }
@@ -95,6 +98,13 @@ pub fn new(path: &Path, net: bool) -> Result<String, String> {
 /// Whether `path` is a crate directory (rather than an image file).
 pub fn is_crate(path: &Path) -> bool {
     path.is_dir() && path.join("Cargo.toml").is_file()
+}
+
+/// Whether `wisp run`'s IMAGE names a crate to build: a path (with a `/`,
+/// or `.`) to a crate directory. A bare name is a bundled app even if a
+/// directory of that name is here.
+pub fn is_crate_path(image: &str) -> bool {
+    (image.contains('/') || image == ".") && is_crate(Path::new(image))
 }
 
 /// `wisp build`: build the crate at `dir` for the guest target (release

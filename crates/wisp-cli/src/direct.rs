@@ -20,7 +20,9 @@ pub fn run(a: &RunArgs, t_main: u64) -> Result<(u8, Option<Vm>), String> {
         (Some(tap), Some(ip)) => Some(tap_nic(tap, ip, a.mac, a.gw, a.net_rate.unwrap_or_default())?),
         _ => None,
     };
-    let (env, files) = (guestio::env(a)?, guestio::files(a)?);
+    // Files live in guest RAM: at most what it could hold.
+    let over = |n| format!("{n} bytes of files, more than the largest guest RAM");
+    let (env, files) = (guestio::env(a)?, guestio::files(a, wisp_abi::layout::MAX_MEM, &over)?);
     let data = if env.is_empty() && files.is_empty() { None } else { Some(DataDevice::new(&env, &files).map_err(|e| e.to_string())?) };
     let shell = boot::prepare(mem.unwrap_or(DEFAULT_MEM)).map_err(|e| e.to_string())?;
     let family = boot::direct_family(a.family_limit.unwrap_or(wisp_api::MAX_FAMILY));

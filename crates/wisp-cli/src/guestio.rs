@@ -52,8 +52,20 @@ pub fn parse_file_map(s: &str) -> Result<(PathBuf, String), String> {
     Ok((PathBuf::from(host), guest.to_string()))
 }
 
-/// The files, read now.
-pub fn files(a: &RunArgs) -> Result<Vec<(String, Arc<[u8]>)>, String> {
+/// The files, read now: regular files of at most `limit` bytes together
+/// (checked before any is read; `over` says why not).
+pub fn files(a: &RunArgs, limit: u64, over: &dyn Fn(u64) -> String) -> Result<Vec<(String, Arc<[u8]>)>, String> {
+    let mut total = 0u64;
+    for (host, _) in &a.files {
+        let m = std::fs::metadata(host).map_err(|e| format!("--file {}: {e}", host.display()))?;
+        if !m.is_file() {
+            return Err(format!("--file {}: not a regular file", host.display()));
+        }
+        total += m.len();
+    }
+    if total > limit {
+        return Err(format!("--file: {}", over(total)));
+    }
     a.files
         .iter()
         .map(|(host, guest)| {

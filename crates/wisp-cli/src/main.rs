@@ -248,9 +248,11 @@ fn parse() -> Cli {
         Some(clap::error::ContextValue::String(a)) if err.kind() == clap::error::ErrorKind::UnknownArgument => Some(a.clone()),
         _ => None,
     };
-    let in_run = argv.iter().skip(1).find(|a| !a.to_string_lossy().starts_with('-')).is_some_and(|a| a == "run");
+    let in_run = argv.iter().skip(1).any(|a| a == "run");
     let _ = err.print();
-    if let (Some(arg), true) = (unexpected, in_run) {
+    // (An unknown option is clap's to explain; a word after the image is
+    // an argument for the guest.)
+    if let (Some(arg), true) = (unexpected.filter(|a| !a.starts_with('-')), in_run) {
         if let Some(at) = argv.iter().position(|a| a.to_string_lossy() == arg) {
             let mut fixed: Vec<String> = argv.iter().map(|a| a.to_string_lossy().into_owned()).collect();
             fixed[0] = "wisp".into();
@@ -302,7 +304,7 @@ fn main() -> ExitCode {
             println!("{}", image.display());
             (0, None)
         }),
-        Cmd::Run(mut a) if app::is_crate(std::path::Path::new(&a.image)) => match app::build(std::path::Path::new(&a.image)) {
+        Cmd::Run(mut a) if app::is_crate_path(&a.image) => match app::build(std::path::Path::new(&a.image)) {
             Ok(image) => {
                 a.image = image.display().to_string();
                 run(a, &socket, t_main)

@@ -43,7 +43,8 @@ fn image_ref(image: &str) -> Result<String, String> {
 
 /// `wisp run` through the daemon.
 pub fn run(mut c: Client, a: &RunArgs, socket: &Path) -> Result<u8, String> {
-    let files = crate::guestio::files(a)?.iter().map(|(p, d)| wisp_api::GuestFile::new(p, d)).collect();
+    let over = |n| wisp_api::action::LimitError::Files(n as usize).to_string();
+    let files = crate::guestio::files(a, wisp_api::MAX_FILE_BYTES as u64, &over)?.iter().map(|(p, d)| wisp_api::GuestFile::new(p, d)).collect();
     let req = CreateVm {
         image: image_ref(&a.image)?,
         args: a.args.clone(),
@@ -124,6 +125,8 @@ fn send_stdin(socket: &Path, id: &str) {
         let conn = Client::connect(&socket).map_err(|e| e.to_string()).and_then(|mut c| c.open_stdin(&id).map_err(|e| e.to_string()));
         let mut conn = match conn {
             Ok(conn) => conn,
+            // (A VM that ended first needs no input.)
+            Err(e) if e.contains("has exited") => return,
             Err(e) => return eprintln!("wisp: standard input: {e}"),
         };
         let _ = std::io::copy(&mut std::io::stdin().lock(), &mut conn);

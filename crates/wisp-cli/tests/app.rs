@@ -156,6 +156,10 @@ fn run_guard_rails() {
     let r = wisp(&["run", "hello", "a", "b"]);
     assert_eq!(r.code, Some(2));
     assert!(r.stderr.contains("go after `--`: wisp run hello -- a b"), "{}", r.stderr);
+    // An unknown option is not an argument for the guest.
+    let r = wisp(&["run", "--nett", "hello"]);
+    assert_eq!(r.code, Some(2));
+    assert!(!r.stderr.contains("go after `--`"), "{}", r.stderr);
     // Memory without a unit.
     let r = wisp(&["run", "--mem", "64", "hello"]);
     assert_eq!(r.code, Some(2));

@@ -99,6 +99,8 @@ fn through_wispd() {
     conn.shutdown(std::net::Shutdown::Write).unwrap();
     assert_eq!(c.wait(&vm.id).unwrap().code, 0);
     assert_eq!(common::console(&mut c, &vm.id), "      1       3       6 \n");
+    let late = c.open_stdin(&vm.id);
+    assert!(matches!(late, Err(wisp_api::client::ApiError::Status(409, ref m)) if m.contains("exited")), "{late:?}");
     let shut = c.create(&wisp_api::CreateVm { image: "sleeper".into(), ..Default::default() }).unwrap();
     let r = c.open_stdin(&shut.id);
     assert!(matches!(r, Err(wisp_api::client::ApiError::Status(409, ref m)) if m.contains("not open")), "{r:?}");
@@ -133,6 +135,8 @@ fn bad_environment_and_files_are_refused_with_one_line() {
     assert!(r.code == Some(2) && r.stderr.contains("expected HOST:GUEST"), "{}", r.stderr);
     let r = wisp(&["run", "--file", "a.txt:etc/a", "hello"]);
     assert!(r.stderr.contains("GUEST an absolute path"), "{}", r.stderr);
+    let r = wisp(&["run", "--file", "/dev/zero:/z", "hello"]);
+    assert!(r.code == Some(125) && r.stderr.contains("--file /dev/zero: not a regular file"), "{}", r.stderr);
     let r = wisp(&["run", "--file", "/nonexistent/x:/x", "hello"]);
     assert!(r.code == Some(125) && r.stderr.contains("--file /nonexistent/x"), "{}", r.stderr);
     let file = text_file(&dir);

@@ -311,11 +311,23 @@ fn stdin(shared: &Arc<Shared>, fds: Vec<OwnedFd>) -> Reply {
     let Some(fd) = fds.into_iter().next() else {
         return Reply::err("stdin needs the connection's descriptor");
     };
+    if shared.exited() {
+        return Reply::err("the VM has exited");
+    }
     let Some(feed) = shared.stdin.lock().unwrap().take() else {
         return Reply::err("this VM's standard input is not open (create it with stdin), or is taken already");
     };
     let conn = UnixStream::from(fd);
     let _ = conn.set_read_timeout(None);
+    match conn.try_clone() {
+        Ok(c) => *shared.stdin_conn.lock().unwrap() = Some(c),
+        Err(e) => return Reply::err(format!("stdin: {e}")),
+    }
+    // Ended meanwhile: `end` may have looked before the connection was kept.
+    if shared.exited() {
+        drop(shared.stdin_conn.lock().unwrap().take());
+        return Reply::err("the VM has exited");
+    }
     let spawned = std::thread::Builder::new().name("stdin".into()).spawn(move || {
         let mut buf = vec![0u8; 64 * 1024];
         loop {

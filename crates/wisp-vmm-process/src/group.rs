@@ -112,7 +112,7 @@ fn run(dir: &Path, mem: u64, uid: u32, n: u32) -> Result<(), String> {
     let _ = std::fs::remove_file(&sock_path);
     let listener = UnixListener::bind(&sock_path).map_err(|e| format!("bind {}: {e}", sock_path.display()))?;
     let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).map_err(|e| format!("eventfd: {e}"))?;
-    wisp_vmm::Control::prepare_process();
+    wisp_vmm::prepare_process();
     wisp_jail::enter_with(uid, wisp_jail::Sizes::group(mem, n), wisp_vmm::kick_signal(), dir)?;
     wisp_vmm::set_thread_hook(crate::narrow::narrow_thread);
     let g = Arc::new(Group {

@@ -57,7 +57,7 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
     let _ = std::fs::remove_file(&sock_path);
     let listener = UnixListener::bind(&sock_path).map_err(|e| format!("bind {}: {e}", sock_path.display()))?;
     let files = JailFiles::open(dir).map_err(|e| format!("open files in {}: {e}", dir.display()))?;
-    wisp_vmm::Control::prepare_process();
+    wisp_vmm::prepare_process();
     wisp_jail::enter(uid, mem, wisp_vmm::kick_signal(), dir)?;
     wisp_vmm::set_thread_hook(crate::narrow::narrow_thread);
     let shared = Shared::new(files, WorkerState::Pooled, None);

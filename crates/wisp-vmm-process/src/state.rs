@@ -47,6 +47,9 @@ pub(crate) struct Shared {
     pub errors: Console,
     /// The guest's standard input until a client takes it (`stdin`).
     pub stdin: Mutex<Option<wisp_vmm::StdinFeed>>,
+    /// The connection its input comes from once taken: shut when the VM
+    /// ends, so that its thread ends too (in a group, the process goes on).
+    pub stdin_conn: Mutex<Option<UnixStream>>,
 }
 
 impl Shared {
@@ -58,6 +61,7 @@ impl Shared {
             console: Console::new(),
             errors: Console::new(),
             stdin: Mutex::new(None),
+            stdin_conn: Mutex::new(None),
         })
     }
 
@@ -90,6 +94,12 @@ impl Shared {
         };
         self.console.wake();
         self.errors.wake();
+        // Input for a VM that has ended goes nowhere: refused from now on
+        // (the phase), and a feeding thread is ended.
+        drop(self.stdin.lock().unwrap().take());
+        if let Some(c) = self.stdin_conn.lock().unwrap().take() {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
         for w in waiters {
             let _ = send_line(&w, &reply, None);
         }

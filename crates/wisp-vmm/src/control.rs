@@ -50,13 +50,6 @@ struct PauseState {
 }
 
 impl Control {
-    /// Install the process-wide kick handler now (e.g. before a sandbox
-    /// forbids `rt_sigaction`), and find whether the host's TSC is stable
-    /// (before a sandbox hides `/sys`: `state::stable_tsc`). Idempotent.
-    pub fn prepare_process() {
-        install_kick_handler();
-        crate::state::stable_tsc();
-    }
 
     pub(crate) fn new(bell: BellRef) -> Control {
         install_kick_handler();

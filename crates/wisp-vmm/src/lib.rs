@@ -34,6 +34,15 @@ pub mod tap;
 pub mod vm;
 
 pub use control::Control;
+
+/// Get this process ready for VMs before a sandbox closes: install the
+/// process-wide kick handler (a sandbox may forbid `rt_sigaction`) and find
+/// whether the host's TSC is stable (a sandbox hides `/sys`:
+/// `state::stable_tsc`). Idempotent.
+pub fn prepare_process() {
+    signal::install_kick_handler();
+    state::stable_tsc();
+}
 pub use error::{Error, Result};
 pub use family::FamilyOptions;
 pub use fault::{Outcome, StopReason};

@@ -57,7 +57,7 @@ pub fn host_tsc() -> u64 {
 /// Whether the host's TSC is stable: the kernel's clock source is the TSC
 /// (it is not if the kernel found the TSC unreliable). Only then does KVM
 /// keep a guest's TSC offset fixed for the guest's life, and
-/// [`tsc_offset`] stays true. Read once (`Control::prepare_process` reads it
+/// [`tsc_offset`] stays true. Read once (`prepare_process` reads it
 /// before any sandbox hides `/sys`; unreadable counts as unstable).
 pub fn stable_tsc() -> bool {
     static STABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

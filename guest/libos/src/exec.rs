@@ -4,7 +4,7 @@
 //! events at the cost of one exit.
 //!
 //! An I/O source (the network stack, once an app first uses it) plugs in
-//! with [`set_io_source`]: the executor polls it after every round of tasks
+//! with `set_io_source` (crate-private): the executor polls it after every round of tasks
 //! and after every wake-up, and parks only until the earlier of the next
 //! timer and the source's own deadline. Apps that never use I/O never
 //! register one and pay nothing for it.

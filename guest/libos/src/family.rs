@@ -174,6 +174,15 @@ pub fn signal(sig: u32, handler: fn(u32)) {
     crate::signals::set_handler(sig, handler);
 }
 
+/// Whether family member `pid` is asleep in its monitor right now: in a
+/// blocking family call (a read of an empty pipe, a receive on an empty
+/// queue, a wait) or idle — as `ps` shows a process in state `S`. `None`
+/// if this VM does not use the family's shared page or no member has that
+/// pid. A snapshot: it may wake the next moment.
+pub fn parked(pid: Pid) -> Option<bool> {
+    crate::rings::parked(pid)
+}
+
 /// Send signal `sig` to `pid`, a VM of this family (`ESRCH` for a pid no
 /// member has). `SIGKILL` ends it at once; other signals are delivered
 /// when it next talks to the monitor.

@@ -237,6 +237,13 @@ pub(crate) fn kill(pid: u32, sig: u32) -> bool {
     true
 }
 
+/// Whether member `pid` sleeps in its monitor now (`None`: no page, or no
+/// such member on it).
+pub(crate) fn parked(pid: u32) -> Option<bool> {
+    let (r, _, _) = page()?;
+    Some(r.cell_of(pid as i32)?.parked.load(core::sync::atomic::Ordering::Acquire) != 0)
+}
+
 /// (this VM's pid, its parent's) from the page, if this VM uses it.
 pub(crate) fn pids() -> Option<(u32, u32)> {
     if PAGE.with(|p| p.state) != 1 {

@@ -385,6 +385,12 @@ mod tests {
         b[0x300] = 1; // DT_NEEDED
         refused(b, "DT_NEEDED");
         let mut b = tiny_pie();
+        b[0x400..0x408].copy_from_slice(&0x18u64.to_le_bytes()); // the entry point's field
+        refused(b, "into the ELF headers");
+        let mut b = tiny_pie();
+        b[0x318..0x320].copy_from_slice(&25u64.to_le_bytes()); // DT_RELASZ not whole entries
+        refused(b, "expected entries of 24");
+        let mut b = tiny_pie();
         b[0x400..0x408].copy_from_slice(&0x2000u64.to_le_bytes()); // outside the segment
         refused(b, "outside");
         let mut b = tiny_pie();

@@ -28,6 +28,9 @@ const DT_RELRSZ: u64 = 35;
 const R_X86_64_NONE: u32 = 0;
 const R_X86_64_RELATIVE: u32 = 8;
 const RELA_SIZE: u64 = 24;
+/// Most relocations applied (a 256 MiB file of nothing else would have
+/// 11 M, each looked up among the segments).
+const MAX_RELOCATIONS: u64 = 1 << 20;
 
 /// A PIE as the static executable at [`IMAGE_BASE`] it becomes, and the
 /// number of relocations applied. `b` is an `ET_DYN` ELF64 x86-64 file
@@ -69,6 +72,7 @@ pub(super) fn relocate(b: &[u8]) -> Result<(Vec<u8>, usize)> {
         })
         .map(|o| o as usize)
     };
+    let headers_end = phoff.max(64) + phnum * PHDR_SIZE;
     let mut out = b.to_vec();
     let mut applied = 0;
     if let Some((off, size)) = dynamic {
@@ -94,8 +98,11 @@ pub(super) fn relocate(b: &[u8]) -> Result<(Vec<u8>, usize)> {
             }
         }
         if relasz > 0 {
-            if relaent != RELA_SIZE {
-                return bad(format!("relocation entries of {relaent} bytes, expected {RELA_SIZE}"));
+            if relaent != RELA_SIZE || relasz % RELA_SIZE != 0 {
+                return bad(format!("relocation table of {relasz} bytes in entries of {relaent}: expected entries of {RELA_SIZE}"));
+            }
+            if relasz / RELA_SIZE > MAX_RELOCATIONS {
+                return bad(format!("{} relocations, more than {MAX_RELOCATIONS}", relasz / RELA_SIZE));
             }
             let table = rela
                 .and_then(|va| file_at(va, relasz))
@@ -108,6 +115,11 @@ pub(super) fn relocate(b: &[u8]) -> Result<(Vec<u8>, usize)> {
                         let Some(o) = file_at(at, 8) else {
                             return bad(format!("relocation {i} at {at:#x} is outside the file's segments"));
                         };
+                        // The headers are rewritten below from the file's
+                        // own: a relocation may not change them first.
+                        if o < headers_end {
+                            return bad(format!("relocation {i} at {at:#x} writes into the ELF headers"));
+                        }
                         out[o..o + 8].copy_from_slice(&addend.wrapping_add(bias).to_le_bytes());
                         applied += 1;
                     }

@@ -293,9 +293,11 @@ impl Vm {
             }
             if self.forked {
                 // A new process: the parent's watchdog thread is not here,
-                // and standard input stays with the parent.
+                // and standard input stays with the parent (forgotten, not
+                // dropped: its lock may have been held by the parent's
+                // feeder thread at the fork, a thread this process lacks).
                 self.forked = false;
-                self.stdin = None;
+                std::mem::forget(self.stdin.take());
                 if let Some(w) = watchdog {
                     w.forget_in_child();
                 }

@@ -159,7 +159,6 @@ impl Daemon {
         }
         // The router checked it already; the daemon does not rely on that.
         req.check()?;
-        let data = super::guestdata::memfd(&req)?;
         // The shell this create will likely take wakes while the daemon works.
         if self.cfg.vms_per_process <= 1 {
             self.pool.poke(mem, &req.image);
@@ -168,6 +167,7 @@ impl Daemon {
         if self.cgroups.is_none() && (req.memory.is_some() || req.cpus.is_some()) {
             return Err(ActionError::NoCgroups);
         }
+        let data = super::guestdata::memfd(&req)?;
         // Until the VM runs (a client's, until its first output) the pool's
         // refill waits.
         let _busy = self.pool.busy();

@@ -147,12 +147,23 @@ impl Daemon {
             return Err(ActionError::StdinRefused(format!("VM {id} has exited")));
         }
         let fd = client.try_clone().map(OwnedFd::from).map_err(ActionError::Vmm)?;
-        let (r, _) = proto::call(&dir.join("ctl.sock"), &Request::Stdin, Some(&fd), Some(Duration::from_secs(5))).map_err(ActionError::Vmm)?;
-        if !r.ok {
-            return Err(ActionError::StdinRefused(r.error.unwrap_or_default()));
+        match proto::call(&dir.join("ctl.sock"), &Request::Stdin, Some(&fd), Some(Duration::from_secs(5))) {
+            // Refused: the VMM process let go of the connection, which
+            // stays the daemon's.
+            Ok((r, _)) if !r.ok => Err(ActionError::StdinRefused(r.error.unwrap_or_default())),
+            Ok(_) => {
+                let head = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: wisp-stdin\r\n\r\n";
+                let _ = (&*client).write_all(head);
+                Ok(())
+            }
+            // No answer: the VMM process may hold the connection and read
+            // it; the daemon must not read it too. The error closes it.
+            Err(e) => {
+                let msg = format!("standard input: the VMM process did not answer: {e}");
+                let _ = wisp_api::http::write_error(&mut &*client, 500, &msg, false);
+                Ok(())
+            }
         }
-        let head = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: wisp-stdin\r\n\r\n";
-        (&*client).write_all(head).map_err(ActionError::Vmm)
     }
 }
 

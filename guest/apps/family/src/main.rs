@@ -388,15 +388,13 @@ fn msgq() -> R {
 }
 
 /// A receiver blocked on a queue that is removed gets EIDRM. The receiver
-/// says (a pipe byte) that it is about to receive, and the queue is
-/// removed then. No call shows that it has blocked yet: one that had not
-/// reached the queue when it went finds none (EINVAL), which proves
-/// nothing either way, and the round is run again on a new queue. Any
-/// other outcome fails, and so do 20 rounds without a blocked receiver.
-/// The parent parks a little longer each round before it removes the
-/// queue: VMs that share a CPU would otherwise run the woken parent ahead
-/// of the child every time (a park changes only the odds, not what is
-/// checked).
+/// says (a pipe byte) that it is about to receive; the parent waits until
+/// it sleeps in its monitor (`family::parked`, polled for at most 2 s) and
+/// removes the queue then. A receiver that had not reached the queue when
+/// it went (it slept elsewhere, or not within 2 s) finds none (EINVAL),
+/// which proves nothing either way, and the round is run again on a new
+/// queue. Any other outcome fails, and so do 20 rounds without a blocked
+/// receiver.
 fn removed_while_blocked() -> R {
     const ROUNDS: u32 = 20;
     let (ready_r, ready_w) = f::pipe().map_err(e)?;
@@ -416,8 +414,9 @@ fn removed_while_blocked() -> R {
         }
         let mut b = [0u8; 1];
         f::read(ready_r, &mut b).map_err(e)?;
-        if round > 1 {
-            wisp::time::sleep(core::time::Duration::from_micros(200 * round as u64));
+        let deadline = wisp::time::uptime() + core::time::Duration::from_secs(2);
+        while f::parked(c) == Some(false) && wisp::time::uptime() < deadline {
+            core::hint::spin_loop();
         }
         f::msgrmid(q).map_err(e)?;
         match reap(c)? {

@@ -58,7 +58,7 @@ use wisp_abi::net::{decode_ipv4, decode_mac};
 use wisp_abi::{DeviceDesc, DeviceKind};
 
 pub use tcp::{TcpListener, TcpOptions, TcpStream};
-pub use udp::UdpSocket;
+pub use udp::{UdpSocket, MAX_DATAGRAM};
 
 use crate::exec::{IoPoll, IoSource};
 use crate::global::Global;
