@@ -117,6 +117,20 @@ impl Wake for TaskWaker {
 }
 
 /// Start a task. It runs while [`block_on`] or [`run`] drive the executor.
+///
+/// The future must be `'static`: it may outlive the caller's frame, so it
+/// owns what it uses — move values in (`async move`), share with `Rc`.
+///
+/// ```ignore
+/// let hits = alloc::rc::Rc::new(core::cell::Cell::new(0));
+/// let h = hits.clone();
+/// wisp::exec::spawn(async move {
+///     wisp::exec::sleep(core::time::Duration::from_millis(5)).await;
+///     h.set(h.get() + 1);
+/// });
+/// wisp::exec::run(); // until every task is done
+/// assert_eq!(hits.get(), 1);
+/// ```
 pub fn spawn(f: impl Future<Output = ()> + 'static) {
     EXEC.with(|e| {
         let id = match e.tasks.iter().position(|t| matches!(t, Slot::Free)) {
@@ -135,6 +149,15 @@ pub fn spawn(f: impl Future<Output = ()> + 'static) {
 }
 
 /// Run `f` (and any spawned tasks) until `f` completes; return its output.
+/// `f` must be `'static`, as for [`spawn`] (a borrow of a local in it is
+/// the error `E0373`/`E0597`: move the value in instead).
+///
+/// ```ignore
+/// let n = wisp::exec::block_on(async {
+///     wisp::exec::sleep(core::time::Duration::from_millis(1)).await;
+///     42
+/// });
+/// ```
 pub fn block_on<T: 'static>(f: impl Future<Output = T> + 'static) -> T {
     let out: Rc<RefCell<Option<T>>> = Rc::new(RefCell::new(None));
     let slot = out.clone();

@@ -125,7 +125,20 @@ fn call(opcode: u32, flg: u32, a: [u64; 4]) -> Result<(i64, u64)> {
 /// Fork this VM. Returns `Ok(0)` in the child and the child's pid in the
 /// parent. The child starts with a copy-on-write copy of this VM's memory,
 /// its pipe descriptors and shared-memory attachments; a NIC stays with the
-/// parent. `EAGAIN`: the family's size limit is reached.
+/// parent. `EAGAIN`: the family's size limit is reached. The image's
+/// manifest needs `features::FORK` (and `FAMILY` for the IPC below).
+///
+/// ```ignore
+/// use wisp::family as f;
+/// let (r, w) = f::pipe()?;
+/// if f::fork()? == 0 {
+///     f::write(w, b"hi from the child")?;
+///     wisp::exit(0);
+/// }
+/// let mut buf = [0u8; 64];
+/// let n = f::read(r, &mut buf)?;
+/// let (_pid, status) = f::waitpid(-1, false)?.expect("a child");
+/// ```
 pub fn fork() -> Result<Pid> {
     let mut a = wisp_abi::args::Fork::default();
     hypercall::call(Hypercall::Fork, &mut a);

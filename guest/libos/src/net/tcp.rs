@@ -156,7 +156,21 @@ pub struct TcpListener {
 
 impl TcpListener {
     /// Listen on `port` (0: an ephemeral port) of the NIC's address, with
-    /// default [`TcpOptions`].
+    /// default [`TcpOptions`]. (Each listener keeps a backlog of sockets
+    /// with their buffers ready: see [`TcpOptions`] for their sizes.)
+    ///
+    /// ```ignore
+    /// // An echo server (the image's manifest needs `.nic(true)`).
+    /// let l = wisp::net::TcpListener::bind(7)?;
+    /// wisp::exec::block_on(async move {
+    ///     l.serve(|conn| async move {
+    ///         let mut buf = [0u8; 1024];
+    ///         while let Ok(n @ 1..) = conn.read(&mut buf).await {
+    ///             if conn.write_all(&buf[..n]).await.is_err() { break }
+    ///         }
+    ///     }).await
+    /// });
+    /// ```
     pub fn bind(port: u16) -> Result<TcpListener> {
         TcpListener::bind_with(port, TcpOptions::default())
     }
@@ -276,6 +290,15 @@ pub struct TcpStream {
 
 impl TcpStream {
     /// Connect to `ip:port` with default [`TcpOptions`].
+    ///
+    /// ```ignore
+    /// let reply = wisp::exec::block_on(async {
+    ///     let s = wisp::net::TcpStream::connect([10, 0, 0, 1].into(), 13).await?;
+    ///     let mut buf = [0u8; 128];
+    ///     let n = s.read(&mut buf).await?;
+    ///     Ok::<_, wisp::net::Error>(alloc::string::String::from_utf8_lossy(&buf[..n]).into_owned())
+    /// });
+    /// ```
     pub async fn connect(ip: Ipv4Addr, port: u16) -> Result<TcpStream> {
         TcpStream::connect_with(ip, port, TcpOptions::default()).await
     }

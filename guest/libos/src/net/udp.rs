@@ -33,6 +33,16 @@ pub struct UdpSocket {
 
 impl UdpSocket {
     /// Bind to `port` (0: an ephemeral port) on the NIC's address.
+    ///
+    /// ```ignore
+    /// let s = wisp::net::UdpSocket::bind(7)?;
+    /// wisp::exec::block_on(async move {
+    ///     let mut buf = [0u8; 1500];
+    ///     while let Ok((n, ip, port)) = s.recv_from(&mut buf).await {
+    ///         let _ = s.send_to(&buf[..n], ip, port).await; // echo it back
+    ///     }
+    /// });
+    /// ```
     pub fn bind(port: u16) -> Result<UdpSocket> {
         with(|st| {
             let port = match port {
