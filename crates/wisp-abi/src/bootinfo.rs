@@ -25,6 +25,8 @@ pub enum DeviceKind {
     /// [`crate::data`]): a region the monitor fills before the first
     /// instruction; no kicks.
     Data = 2,
+    /// A virtual disk (see [`crate::blk`]).
+    Block = 3,
 }
 
 impl DeviceKind {
@@ -34,6 +36,7 @@ impl DeviceKind {
             0 => Some(DeviceKind::None),
             1 => Some(DeviceKind::Net),
             2 => Some(DeviceKind::Data),
+            3 => Some(DeviceKind::Block),
             _ => None,
         }
     }
@@ -44,6 +47,7 @@ impl DeviceKind {
             DeviceKind::None => "none",
             DeviceKind::Net => "net",
             DeviceKind::Data => "data",
+            DeviceKind::Block => "block",
         }
     }
 }

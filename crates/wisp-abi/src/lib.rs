@@ -28,6 +28,7 @@
 #![forbid(unsafe_code)]
 
 pub mod args;
+pub mod blk;
 pub mod bootinfo;
 pub mod data;
 pub mod family;
@@ -163,6 +164,8 @@ pub mod events {
     /// Standard input has bytes to read, or reached its end
     /// ([`crate::args::stdio_op::READ_IN`] answers at once).
     pub const STDIN: u64 = 1 << 3;
+    /// A disk wrote completions (see [`crate::blk`]).
+    pub const DISK: u64 = 1 << 4;
 }
 
 /// Error codes returned in the `ret` field of argument blocks
@@ -195,6 +198,8 @@ pub mod errno {
     pub const EEXIST: i64 = -17;
     /// Too many open descriptors.
     pub const EMFILE: i64 = -24;
+    /// A write to a read-only disk.
+    pub const EROFS: i64 = -30;
     /// No room for another object of this kind in the family.
     pub const ENOSPC: i64 = -28;
     /// Writing to a pipe nobody can read.

@@ -52,6 +52,16 @@ pub fn parse_file_map(s: &str) -> Result<(PathBuf, String), String> {
     Ok((PathBuf::from(host), guest.to_string()))
 }
 
+/// Parse `--volume FILE[:ro]`: the path, and whether read-only.
+pub fn parse_volume(s: &str) -> Result<(PathBuf, bool), String> {
+    match s.strip_suffix(":ro") {
+        Some("") => Err(format!("'{s}': expected FILE[:ro]")),
+        Some(path) => Ok((PathBuf::from(path), true)),
+        None if s.is_empty() => Err("expected FILE[:ro]".into()),
+        None => Ok((PathBuf::from(s.strip_suffix(":rw").unwrap_or(s)), false)),
+    }
+}
+
 /// The files, read now: regular files of at most `limit` bytes together
 /// (checked before any is read; `over` says why not).
 pub fn files(a: &RunArgs, limit: u64, over: &dyn Fn(u64) -> String) -> Result<Vec<(String, Arc<[u8]>)>, String> {

@@ -104,6 +104,12 @@ pub struct RunArgs {
     /// at most 512 KiB of files in all.
     #[arg(long = "file", value_parser = guestio::parse_file_map)]
     pub files: Vec<(PathBuf, String)>,
+    /// Give the guest a disk backed by FILE (a file or block device whose
+    /// size is a whole number of 4 KiB sectors), read-write or with `:ro`
+    /// read-only (repeatable; the guest reads `wisp::blk`). Many VMs may
+    /// share one volume read-only.
+    #[arg(long = "volume", value_parser = guestio::parse_volume)]
+    pub volumes: Vec<(PathBuf, bool)>,
     /// Keep standard input open: the guest reads what this process reads
     /// (`wisp::stdin`); without it the guest's input is empty.
     #[arg(short = 'i', long)]
@@ -274,6 +280,9 @@ fn run(a: RunArgs, socket: &std::path::Path, t_main: u64) -> Result<(u8, Option<
         }
         a => match wisp_api::client::Client::connect(&socket) {
             Ok(_) if a.tap.is_some() => Err("--tap boots the VM in this process: not with wispd (unset WISP_SOCKET or use --socket to a path without a daemon)".into()),
+            Ok(_) if !a.volumes.is_empty() => Err(
+                "--volume is not served through wispd yet: run the VM in this process (WISP_SOCKET=/nonexistent wisp run --volume ...)".into(),
+            ),
             Ok(c) => remote::run(c, &a, socket).map(|c| (c, None)),
             Err(e) if a.detach || a.name.is_some() || a.count.is_some() => {
                 Err(format!("cannot reach wispd at {}: {e} (start it with `wispd`)", socket.display()))

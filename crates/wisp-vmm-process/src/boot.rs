@@ -3,7 +3,7 @@
 //! family's rules. The daemon's VMM process prepares before a request (and
 //! warms the shell up); `wisp run` without a daemon does both at once.
 
-use wisp_vmm::{open_kvm, DataDevice, Device, FamilyOptions, Image, NetConfig, Nic, Shell, Vm};
+use wisp_vmm::{open_kvm, BlockConfig, DataDevice, Device, Disk, FamilyOptions, Image, NetConfig, Nic, Shell, Vm};
 
 /// What a VM is booted with.
 pub struct Boot<'a> {
@@ -15,6 +15,8 @@ pub struct Boot<'a> {
     pub net: Option<NetConfig>,
     /// Its environment and files, if any.
     pub data: Option<DataDevice>,
+    /// Its disks, in order.
+    pub disks: Vec<BlockConfig>,
     /// How its family behaves ([`daemon_family`] or [`direct_family`]).
     pub family: FamilyOptions,
 }
@@ -29,6 +31,7 @@ pub fn prepare(mem: u64) -> wisp_vmm::Result<Shell> {
 pub fn load(shell: Shell, boot: Boot<'_>) -> wisp_vmm::Result<Vm> {
     let mut devices: Vec<Box<dyn Device>> = boot.net.into_iter().map(|c| Box::new(Nic::new(c)) as Box<dyn Device>).collect();
     devices.extend(boot.data.map(|d| Box::new(d) as Box<dyn Device>));
+    devices.extend(boot.disks.into_iter().map(|c| Box::new(Disk::new(c)) as Box<dyn Device>));
     let mut vm = shell.load_devices(boot.image, boot.args, devices)?;
     vm.set_family_options(boot.family);
     Ok(vm)

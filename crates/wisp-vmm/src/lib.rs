@@ -49,7 +49,7 @@ pub use fault::{Outcome, StopReason};
 pub use image::Image;
 pub use devices::net::{mac_for_ipv4, NetConfig, NetRate, Nic};
 pub use rate_limiter::Rate;
-pub use devices::{data::DataDevice, Device, DeviceState, Devices};
+pub use devices::{block::BlockConfig, block::Disk, data::DataDevice, Device, DeviceState, Devices};
 pub use kvm_ioctls::Kvm;
 pub use shell::{check_mem_size, open_kvm, sync_regs_supported, Shell, DEFAULT_MEM};
 pub use state::{VcpuState, VmState};

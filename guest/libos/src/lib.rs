@@ -34,6 +34,7 @@ pub mod collections {
     pub use hashbrown::{hash_map, hash_set, HashMap, HashSet};
 }
 
+pub mod blk;
 pub mod console;
 pub mod env;
 pub mod exec;

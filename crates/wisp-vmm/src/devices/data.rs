@@ -118,7 +118,7 @@ impl Device for DataDevice {
         [0; 5]
     }
 
-    fn activate(&mut self, ram: RamView, base: u64, _control: Arc<Control>) -> std::io::Result<()> {
+    fn activate(&mut self, ram: RamView, base: u64, _control: Arc<Control>, _user: &crate::access::UserMap) -> std::io::Result<()> {
         ram.write(base, &self.bytes).map_err(std::io::Error::other)?;
         // The guest has its copy: the host's can go.
         self.bytes = Vec::new();

@@ -11,6 +11,7 @@
 //! Adding a device: a new file here with a `Device` implementation, its
 //! kind in `wisp_abi::DeviceKind`, and the toolstack constructing it.
 
+pub mod block;
 pub mod data;
 pub mod net;
 
@@ -20,6 +21,7 @@ use wisp_abi::layout::{align_up, PAGE_SIZE};
 use wisp_abi::manifest::ImageNote;
 use wisp_abi::{BootInfo, DeviceDesc, DeviceKind};
 
+use crate::access::UserMap;
 use crate::control::Control;
 use crate::error::{Error, Result};
 use crate::memory::RamView;
@@ -33,8 +35,10 @@ pub trait Device: Send {
     /// The kind-specific words of its boot-info entry.
     fn params(&self) -> [u64; 5];
     /// Start serving the guest: its region is at `base` in `ram`; events
-    /// for the guest go through `control`.
-    fn activate(&mut self, ram: RamView, base: u64, control: Arc<Control>) -> std::io::Result<()>;
+    /// for the guest go through `control`; `user` is what the guest itself
+    /// may read and write (for a device that moves data into or out of
+    /// buffers the guest names).
+    fn activate(&mut self, ram: RamView, base: u64, control: Arc<Control>, user: &UserMap) -> std::io::Result<()>;
     /// The guest kicked it (the notify hypercall, or its doorbell as an exit).
     fn notify(&self);
     /// The eventfd a kick signals, once active, for KVM to signal directly
@@ -168,9 +172,9 @@ impl Devices {
     /// port inside KVM (`KVM_IOEVENTFD`): a doorbell then wakes the device
     /// with no exit. Where KVM cannot, the doorbell exits and is served by
     /// [`Devices::notify`] — slower, the same for the guest.
-    pub(crate) fn activate(&mut self, ram: &crate::memory::GuestRam, control: &Arc<Control>, vm: &kvm_ioctls::VmFd) -> Result<()> {
+    pub(crate) fn activate(&mut self, ram: &crate::memory::GuestRam, control: &Arc<Control>, vm: &kvm_ioctls::VmFd, user: &UserMap) -> Result<()> {
         for (i, (d, base)) in self.list.iter_mut().enumerate() {
-            d.activate(ram.view(), *base, control.clone()).map_err(|e| Error::Host("start a device", e))?;
+            d.activate(ram.view(), *base, control.clone(), user).map_err(|e| Error::Host("start a device", e))?;
             if let Some(fd) = d.kick_eventfd() {
                 let port = wisp_abi::DOORBELL_PORT_BASE + i as u16;
                 let _ = vm.register_ioevent(fd, &kvm_ioctls::IoEventAddress::Pio(port as u64), kvm_ioctls::NoDatamatch);

@@ -228,7 +228,7 @@ impl Device for Nic {
         ]
     }
 
-    fn activate(&mut self, ram: RamView, base: u64, control: Arc<Control>) -> std::io::Result<()> {
+    fn activate(&mut self, ram: RamView, base: u64, control: Arc<Control>, _user: &crate::access::UserMap) -> std::io::Result<()> {
         let NicState::Ready(tap) = std::mem::replace(&mut self.state, NicState::Detached) else {
             return Err(std::io::Error::other("the NIC is already active"));
         };
@@ -331,7 +331,7 @@ impl Device for Nic {
 }
 
 /// A second handle on the eventfd `fd`, as the type KVM's bindings take.
-fn dup_eventfd(fd: &OwnedFd) -> Option<vmm_sys_util::eventfd::EventFd> {
+pub(super) fn dup_eventfd(fd: &OwnedFd) -> Option<vmm_sys_util::eventfd::EventFd> {
     use std::os::fd::{FromRawFd, IntoRawFd};
     let dup = rustix::io::fcntl_dupfd_cloexec(fd, 0).ok()?;
     // SAFETY: `dup` is a fresh descriptor of the eventfd that we own;

@@ -201,7 +201,7 @@ impl Shell {
                 (f, control)
             }
         };
-        devices.activate(&self.ram, &control, &self.vm)?;
+        devices.activate(&self.ram, &control, &self.vm, &user)?;
         Ok(Vm { devices, shell: self, features, user, boot, control, family, forked: false,
             on_end: None,
             buf: Vec::new(),

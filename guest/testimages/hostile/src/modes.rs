@@ -65,6 +65,7 @@ pub fn main() -> i32 {
             let mut a = args::ConsoleWrite { data: mem - 8, len: 64, ret: 0 };
             wisp::hypercall::call(Hypercall::ConsoleWrite, &mut a);
         }
+        "disk-bad-ring" | "disk-into-code" => return disk_abuse(mode),
         "stdin-into-boot-info" => {
             let mut a = args::Stdio { op: args::stdio_op::READ_IN, reserved: 0, data: 0x1000, len: 64, ret: 0 };
             wisp::hypercall::call(Hypercall::Stdio, &mut a);
@@ -403,4 +404,38 @@ fn late_line() -> i32 {
     loop {
         wisp::time::sleep(Duration::from_secs(3600));
     }
+}
+
+/// Break the disk's ring rules as a guest could: run the request index
+/// far ahead, or ask for a read into the image's read-only code. The
+/// monitor stops the disk (its `stopped` flag); the VM goes on, says so
+/// and exits 0.
+fn disk_abuse(mode: &str) -> i32 {
+    use core::sync::atomic::{AtomicU32, Ordering};
+    use wisp::abi::blk::{hdr, BlkReq, REQ_OFF};
+    let info = wisp::env::boot_info();
+    let Some((i, d)) = info.devices.iter().enumerate().take(info.device_count as usize).find(|(_, d)| d.kind == wisp::abi::DeviceKind::Block as u32) else {
+        wisp::println!("{}: no disk", mode);
+        return 1;
+    };
+    // SAFETY: the disk's header is guest RAM reserved for it; atomics as
+    // the monitor shares it.
+    let field = |off: u64| unsafe { &*((d.base + off) as *const AtomicU32) };
+    if mode == "disk-bad-ring" {
+        field(hdr::REQ_PROD).store(1000, Ordering::Release);
+    } else {
+        let code = disk_abuse as *const () as u64 & !0xfff;
+        let r = BlkReq { op: wisp::abi::blk::op::READ, tag: 7, offset: 0, addr: code, len: 4096, reserved: 0 };
+        // SAFETY: slot 0 of the disk's request ring, in its region.
+        unsafe { core::ptr::write_volatile((d.base + REQ_OFF) as *mut BlkReq, r) };
+        field(hdr::REQ_PROD).store(1, Ordering::Release);
+    }
+    wisp::hypercall::doorbell(i as u32);
+    let deadline = wisp::time::uptime() + Duration::from_secs(10);
+    while field(hdr::STOPPED).load(Ordering::Acquire) == 0 && wisp::time::uptime() < deadline {
+        wisp::time::sleep(Duration::from_millis(1));
+    }
+    let stopped = field(hdr::STOPPED).load(Ordering::Acquire) != 0;
+    wisp::println!("{}: disk {}, the VM runs on", mode, if stopped { "stopped" } else { "still there" });
+    if stopped { 0 } else { 1 }
 }
