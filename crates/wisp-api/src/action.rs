@@ -31,6 +31,9 @@ pub enum LimitError {
     NoMemory,
     /// `files` hold more than [`crate::MAX_FILE_BYTES`] together.
     Files(usize),
+    /// More than [`crate::MAX_VOLUMES`] volumes, or one not named by an
+    /// absolute path.
+    Volumes(String),
 }
 
 impl fmt::Display for LimitError {
@@ -44,6 +47,7 @@ impl fmt::Display for LimitError {
                 "files of {n} bytes: at most {} KiB of files go through wispd (more: without a daemon, or the block device)",
                 crate::MAX_FILE_BYTES >> 10
             ),
+            LimitError::Volumes(m) => write!(f, "volumes: {m}"),
         }
     }
 }
@@ -70,6 +74,12 @@ pub fn check_limits(vm: &CreateVm) -> Result<(), LimitError> {
     let files: usize = vm.files.iter().map(|f| f.data.len() / 4 * 3).sum();
     if files > crate::MAX_FILE_BYTES {
         return Err(LimitError::Files(files));
+    }
+    if vm.volumes.len() > crate::MAX_VOLUMES {
+        return Err(LimitError::Volumes(format!("{} given, at most {} through wispd", vm.volumes.len(), crate::MAX_VOLUMES)));
+    }
+    if let Some(v) = vm.volumes.iter().find(|v| !v.path.starts_with('/') || v.path.contains('\0')) {
+        return Err(LimitError::Volumes(format!("'{}' is not an absolute path", v.path)));
     }
     Ok(())
 }
@@ -377,6 +387,7 @@ mod tests {
             env: vec!["A=1".into(), "B=".into()],
             files: vec![crate::GuestFile::new("/etc/x", b"\x00\xffbytes")],
             stdin: true,
+            volumes: vec![crate::Volume { path: "/v.img".into(), read_only: true }],
         };
         assert_eq!(check_limits(&create), Ok(()));
         assert_eq!(create.files[0].bytes().unwrap(), b"\x00\xffbytes");

@@ -73,6 +73,25 @@ pub struct CreateVm {
     /// reads an empty input.
     #[serde(default, skip_serializing_if = "is_false")]
     pub stdin: bool,
+    /// Disks for the guest (`wisp::blk`), at most [`MAX_VOLUMES`]: files
+    /// or block devices the daemon opens with the client's own rights.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<Volume>,
+}
+
+/// Most volumes of a VM through the API.
+pub const MAX_VOLUMES: usize = 3;
+
+/// A disk given to a guest.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Volume {
+    /// Absolute path of the file or block device (a whole number of 4 KiB
+    /// sectors).
+    pub path: String,
+    /// Writes are refused (many VMs may share one read-only volume).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub read_only: bool,
 }
 
 /// Most bytes of [`CreateVm::files`] together (they travel base64-encoded

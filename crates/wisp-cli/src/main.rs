@@ -280,9 +280,6 @@ fn run(a: RunArgs, socket: &std::path::Path, t_main: u64) -> Result<(u8, Option<
         }
         a => match wisp_api::client::Client::connect(&socket) {
             Ok(_) if a.tap.is_some() => Err("--tap boots the VM in this process: not with wispd (unset WISP_SOCKET or use --socket to a path without a daemon)".into()),
-            Ok(_) if !a.volumes.is_empty() => Err(
-                "--volume is not served through wispd yet: run the VM in this process (WISP_SOCKET=/nonexistent wisp run --volume ...)".into(),
-            ),
             Ok(c) => remote::run(c, &a, socket).map(|c| (c, None)),
             Err(e) if a.detach || a.name.is_some() || a.count.is_some() => {
                 Err(format!("cannot reach wispd at {}: {e} (start it with `wispd`)", socket.display()))

@@ -62,6 +62,15 @@ pub fn run(mut c: Client, a: &RunArgs, socket: &Path) -> Result<u8, String> {
         env: crate::guestio::env(a)?,
         files,
         stdin: a.interactive,
+        // The daemon opens them, with this user's rights: absolute paths.
+        volumes: a
+            .volumes
+            .iter()
+            .map(|(p, ro)| {
+                let abs = std::path::absolute(p).map_err(|e| format!("volume {}: {e}", p.display()))?;
+                Ok(wisp_api::Volume { path: abs.display().to_string(), read_only: *ro })
+            })
+            .collect::<Result<_, String>>()?,
     };
     wisp_api::action::check_limits(&req).map_err(|e| e.to_string())?;
     if let Some(n) = a.count {

@@ -128,3 +128,71 @@ fn a_guest_that_breaks_the_ring_rules_loses_only_its_disk() {
     assert_eq!(std::fs::read(&v).unwrap(), before, "the volume changed");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `wisp ARGS` against `socket`, as user 65534 in group 4242 (the API
+/// group of the daemon), with `input` on its stdin if any.
+fn as_client(socket: &Path, args: &[&str]) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    Command::new(env!("CARGO_BIN_EXE_wisp"))
+        .args(args)
+        .env("WISP_SOCKET", socket)
+        .uid(65534)
+        .gid(4242)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn through_wispd_volumes_are_opened_with_the_clients_rights() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = fresh_dir("vol-daemon");
+    let d = common::daemon::Daemon::start("vol-daemon", &["--socket-group", "4242"]);
+    let via = |args: &[&str], input: Option<&str>| {
+        wisp_input(args, &[("WISP_SOCKET", &d.socket)], input.map(|s| s.as_bytes().to_vec()), Duration::from_secs(30))
+    };
+    // As root: written through the daemon's VMM process, read back.
+    let v = volume(&dir, "v.img", b"", 1 << 20);
+    let vs = v.to_str().unwrap();
+    let r = via(&["run", "-i", "--volume", vs, "disk", "--", "write", "4096"], Some("through wispd"));
+    assert_eq!((r.code, r.stdout.as_str()), (Some(0), "disk: wrote 13 bytes at 4096\n"), "{}", r.stderr);
+    assert_eq!(&std::fs::read(&v).unwrap()[4096..4096 + 13], b"through wispd");
+    let r = via(&["run", "--volume", &format!("{vs}:ro"), "disk", "--", "read", "4096", "13"], None);
+    assert_eq!(r.stdout, "through wispd", "{}", r.stderr);
+    // As another user: what that user may open, as that user may open it.
+    let public = volume(&dir, "public.img", b"public", 1 << 20);
+    std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let private = volume(&dir, "private.img", b"secret", 1 << 20);
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let hidden_dir = dir.join("root-only");
+    std::fs::create_dir(&hidden_dir).unwrap();
+    let hidden = volume(&hidden_dir, "h.img", b"hidden", 1 << 20);
+    std::fs::set_permissions(&hidden, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::set_permissions(&hidden_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let ro = |p: &Path| format!("{}:ro", p.display());
+    let o = as_client(&d.socket, &["run", "--volume", &ro(&public), "disk", "--", "read", "0", "6"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "public");
+    for (vol, what) in [
+        (public.display().to_string(), "public, read-write"),
+        (ro(&private), "another user's file"),
+        (ro(&hidden), "a file in a directory the client cannot search"),
+    ] {
+        let o = as_client(&d.socket, &["run", "--volume", &vol, "disk", "--", "info"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{what}: {err}");
+        assert!(err.contains("Permission denied") && err.contains("uid 65534"), "{what}: {err}");
+    }
+    assert_eq!(&std::fs::read(&public).unwrap()[..6], b"public");
+    // The API refuses what cannot be a volume.
+    let mut c = d.client();
+    let rel = wisp_api::CreateVm { image: "disk".into(), volumes: vec![wisp_api::Volume { path: "v.img".into(), read_only: true }], ..Default::default() };
+    let r = c.create(&rel);
+    assert!(matches!(r, Err(wisp_api::client::ApiError::Status(400, ref m)) if m.contains("not an absolute path")), "{r:?}");
+    let odd = volume(&dir, "odd.img", b"", 5000);
+    let bad = wisp_api::CreateVm { image: "disk".into(), volumes: vec![wisp_api::Volume { path: odd.display().to_string(), read_only: true }], ..Default::default() };
+    let r = c.create(&bad);
+    assert!(matches!(r, Err(wisp_api::client::ApiError::Status(400, ref m)) if m.contains("whole number of 4096-byte sectors")), "{r:?}");
+    let _ = std::fs::set_permissions(&hidden_dir, std::fs::Permissions::from_mode(0o755));
+    let _ = std::fs::remove_dir_all(&dir);
+}

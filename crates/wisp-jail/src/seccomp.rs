@@ -285,6 +285,9 @@ fn role_rules(role: Role, kick_signal: i32) -> Rules {
             sockets(&mut r);
             threads(&mut r);
             any(&mut r, &[libc::SYS_pread64, libc::SYS_pwrite64, libc::SYS_lseek]);
+            // A disk's I/O thread is started from here and inherits this
+            // filter under its own (filters only narrow).
+            any(&mut r, &[libc::SYS_preadv, libc::SYS_pwritev, libc::SYS_fdatasync]);
             // A timer that kicks this thread out of the guest by a deadline
             // (wisp-vmm `signal::KickTimer`: the first exit's flush).
             any(&mut r, &[libc::SYS_timer_create, libc::SYS_timer_settime, libc::SYS_timer_delete]);
@@ -303,6 +306,8 @@ fn role_rules(role: Role, kick_signal: i32) -> Rules {
         }
         Role::Io => {
             any(&mut r, &[libc::SYS_readv, libc::SYS_writev, libc::SYS_eventfd2]);
+            // A disk's file (wisp-vmm `devices/block.rs`).
+            any(&mut r, &[libc::SYS_preadv, libc::SYS_pwritev, libc::SYS_fdatasync]);
         }
         Role::Reaper => {
             any(&mut r, &[libc::SYS_wait4, libc::SYS_waitid, libc::SYS_pidfd_open]);

@@ -40,6 +40,8 @@ pub(crate) struct StartCmd {
     pub data: Option<wisp_vmm::DataDevice>,
     /// Keep its standard input open for a `stdin` request.
     pub stdin: bool,
+    /// Its disks.
+    pub disks: Vec<wisp_vmm::BlockConfig>,
 }
 
 /// What a pooled shell is asked to do with itself.
@@ -61,7 +63,7 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
             Some(Err(e)) => Reply::err(e.to_string()),
             None => Reply::err("preload needs the image descriptor"),
         },
-        Request::Start { image_name, preloaded, args, timeout_ms, attach, net, uplink, family_limit, client_head, data, stdin } => {
+        Request::Start { image_name, preloaded, args, timeout_ms, attach, net, uplink, family_limit, client_head, data, stdin, volumes } => {
             let mut fds = fds.into_iter();
             let image_fd = if preloaded { None } else { fds.next() };
             if !preloaded && image_fd.is_none() {
@@ -101,13 +103,27 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
                     return None;
                 }
             };
+            // Checked again here (the daemon is not trusted blindly).
+            let mut disks = Vec::new();
+            for (i, ro) in volumes.into_iter().enumerate() {
+                let made = fds.next().ok_or_else(|| format!("volume {i} needs its descriptor")).and_then(|fd| {
+                    wisp_vmm::BlockConfig::from_file(std::fs::File::from(fd), ro, &format!("{i}"))
+                });
+                match made {
+                    Ok(d) => disks.push(d),
+                    Err(e) => {
+                        let _ = send_line(&conn, &Reply::err(e), None);
+                        return None;
+                    }
+                }
+            }
             // Parsed again here (the daemon is not trusted blindly); its
             // pages are mapped copy-on-write from the shared memfd.
             match image_fd.map(|fd| Image::from_fd(&image_name, fd)).transpose() {
                 Ok(image) => {
                     let timeout = timeout_ms.map(Duration::from_millis);
                     let cmd =
-                        StartCmd { image, image_name, args, timeout, attach, net, uplink, family_limit, client, received_ns, data, stdin };
+                        StartCmd { image, image_name, args, timeout, attach, net, uplink, family_limit, client, received_ns, data, stdin, disks };
                     return Some((Pooled::Start(cmd), conn));
                 }
                 Err(e) => Reply::err(e.to_string()),

@@ -131,7 +131,7 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
                 }
             },
         };
-        let boot = Boot { image: &image, args: &cmd.args, net: cmd.net.take(), data: cmd.data.take(), disks: Vec::new(), family };
+        let boot = Boot { image: &image, args: &cmd.args, net: cmd.net.take(), data: cmd.data.take(), disks: std::mem::take(&mut cmd.disks), family };
         let mut vm = match boot::load(shell, boot) {
             Ok(vm) => vm,
             Err(e) => {

@@ -69,6 +69,10 @@ pub enum Request {
         /// Keep the guest's standard input open for a `stdin` request.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         stdin: bool,
+        /// The guest's disks, one descriptor each after all the others:
+        /// read-only or not.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        volumes: Vec<bool>,
     },
     /// To a group VMM process (`wispd __worker --group N`): run one more VM
     /// of its own, `vm`, in its own KVM VM on a thread of its own. The
@@ -212,8 +216,10 @@ impl Reply {
 }
 
 /// Most descriptors one message carries (a group's `host`: its VM's three
-/// files and listener, the image, the client, the environment and files).
-pub const MAX_FDS: usize = 8;
+/// files and listener, the image, the client, the environment and files;
+/// a start: the image, tap, uplink, client, environment and files, and up
+/// to `wisp_api::MAX_VOLUMES` disks).
+pub const MAX_FDS: usize = 10;
 
 /// More descriptors than a message carries: an error for the sender
 /// (they would be dropped on the way).

@@ -173,6 +173,43 @@ fn peer_groups(fd: BorrowedFd<'_>) -> io::Result<Vec<u32>> {
     }
 }
 
+
+/// Open `path` (read-only, or read-write with `write`) as `peer` would:
+/// on a thread of its own whose file-system user and groups are the
+/// peer's (per-thread raw `setgroups`, `setfsgid`, `setfsuid`: the rest of
+/// the daemon keeps its own), so the kernel checks every directory on the
+/// way and the file itself against the client's rights, not the daemon's.
+/// A link is followed as the client's own `open` would follow it, its
+/// target checked as the client too.
+pub fn open_as(peer: &Peer, path: &Path, write: bool) -> io::Result<std::fs::File> {
+    let (uid, gid, groups, path) = (peer.uid, peer.gid, peer.groups.clone(), path.to_path_buf());
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            // SAFETY: raw syscalls on this thread's own credentials (glibc's
+            // wrappers would change every thread's); `groups` is valid for
+            // its length. The thread ends right after the open.
+            unsafe {
+                if libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                libc::syscall(libc::SYS_setfsgid, gid);
+                libc::syscall(libc::SYS_setfsuid, uid);
+                // setfsuid reports no error: the thread's fsuid must be the
+                // peer's now (asked with an invalid id, it answers the
+                // current one).
+                if libc::syscall(libc::SYS_setfsuid, u32::MAX) as u32 != uid
+                    || libc::syscall(libc::SYS_setfsgid, u32::MAX) as u32 != gid
+                {
+                    return Err(io::Error::new(io::ErrorKind::PermissionDenied, "cannot take the client's file-system identity"));
+                }
+            }
+            std::fs::OpenOptions::new().read(true).write(write).open(&path)
+        })
+        .join()
+        .unwrap_or_else(|_| Err(io::Error::other("the open thread panicked")))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

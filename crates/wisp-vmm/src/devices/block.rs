@@ -47,19 +47,26 @@ impl BlockConfig {
             .write(!read_only)
             .open(path)
             .map_err(|e| format!("volume {}: {e}", path.display()))?;
-        let meta = f.metadata().map_err(|e| format!("volume {}: {e}", path.display()))?;
+        BlockConfig::from_file(f, read_only, &path.display().to_string())
+    }
+
+    /// The disk on an open file or block device (`name` for messages),
+    /// checked as [`BlockConfig::open`] checks it.
+    pub fn from_file(f: File, read_only: bool, name: &str) -> Result<BlockConfig, String> {
+        let meta = f.metadata().map_err(|e| format!("volume {name}: {e}"))?;
+        use std::os::unix::fs::FileTypeExt;
         let size = if meta.is_file() {
             meta.len()
-        } else {
+        } else if meta.file_type().is_block_device() {
             use std::io::Seek;
             let mut f = &f;
-            f.seek(std::io::SeekFrom::End(0)).map_err(|e| format!("volume {}: {e}", path.display()))?
+            f.seek(std::io::SeekFrom::End(0)).map_err(|e| format!("volume {name}: {e}"))?
+        } else {
+            return Err(format!("volume {name} is neither a regular file nor a block device"));
         };
         if size == 0 || size % SECTOR != 0 {
             return Err(format!(
-                "volume {} is {size} bytes: a volume is a whole number of {SECTOR}-byte sectors (e.g. truncate -s 64M {})",
-                path.display(),
-                path.display()
+                "volume {name} is {size} bytes: a volume is a whole number of {SECTOR}-byte sectors (e.g. truncate -s 64M {name})"
             ));
         }
         Ok(BlockConfig { file: OwnedFd::from(f), capacity: size, read_only })

@@ -23,6 +23,9 @@ use super::quota;
 use super::{now_ms, Daemon};
 use crate::forward::Forward;
 
+/// A create's volumes, opened: (file, read-only) each.
+pub(super) type Vols = Vec<(std::os::fd::OwnedFd, bool)>;
+
 fn valid_name(n: &str) -> bool {
     !n.is_empty()
         && n.len() <= 64
@@ -98,8 +101,8 @@ impl Drop for Rollback<'_> {
 
 impl Daemon {
     /// Create and start a VM.
-    pub(super) fn create(&self, req: CreateVm, arrived: Instant) -> Result<VmInfo, ActionError> {
-        self.create_inner(req, Attach::No, arrived).map(|(info, _)| info)
+    pub(super) fn create(&self, req: CreateVm, arrived: Instant, vols: Vols) -> Result<VmInfo, ActionError> {
+        self.create_inner(req, Attach::No, arrived, vols).map(|(info, _)| info)
     }
 
     /// Create and start a VM whose console streams to the API client on
@@ -108,8 +111,8 @@ impl Daemon {
     /// id, then the console as HTTP chunks until the VM ends) with no hop
     /// through the daemon. On an error nothing has been written to
     /// `client`: the caller answers it.
-    pub(super) fn create_handed_over(&self, req: CreateVm, arrived: Instant, client: &UnixStream) -> Result<VmInfo, ActionError> {
-        self.create_inner(req, Attach::Client(client), arrived).map(|(info, _)| info)
+    pub(super) fn create_handed_over(&self, req: CreateVm, arrived: Instant, client: &UnixStream, vols: Vols) -> Result<VmInfo, ActionError> {
+        self.create_inner(req, Attach::Client(client), arrived, vols).map(|(info, _)| info)
     }
 
     /// Create and start a VM and answer once its console has printed its
@@ -120,10 +123,10 @@ impl Daemon {
     /// until it comes, the VM ends (its end of the stream closes) or
     /// [`FIRST_LINE_DEADLINE`] after `arrived` passes; the stream is then
     /// closed, which the VMM process takes as a reader gone.
-    pub(super) fn create_wait_line(&self, req: CreateVm, arrived: Instant) -> Result<VmInfo, ActionError> {
+    pub(super) fn create_wait_line(&self, req: CreateVm, arrived: Instant, vols: Vols) -> Result<VmInfo, ActionError> {
         // The pool's refill waits for the first line too.
         let _busy = self.pool.busy();
-        let (info, stream) = self.create_inner(req, Attach::Daemon, arrived)?;
+        let (info, stream) = self.create_inner(req, Attach::Daemon, arrived, vols)?;
         let mut stream = stream.expect("attached start returns its stream");
         let line_at = match first_line(&mut stream, arrived + FIRST_LINE_DEADLINE) {
             Ok(at) => at,
@@ -150,7 +153,7 @@ impl Daemon {
         }
     }
 
-    fn create_inner(&self, req: CreateVm, attach: Attach<'_>, arrived: Instant) -> Result<(VmInfo, Option<BufReader<UnixStream>>), ActionError> {
+    fn create_inner(&self, req: CreateVm, attach: Attach<'_>, arrived: Instant, vols: Vols) -> Result<(VmInfo, Option<BufReader<UnixStream>>), ActionError> {
         let mem = check_mem_size(req.mem.unwrap_or(DEFAULT_MEM)).map_err(ActionError::BadMemory)?;
         if let Some(n) = &req.name {
             if !valid_name(n) {
@@ -291,6 +294,7 @@ impl Daemon {
                 client_head,
                 data: data.is_some(),
                 stdin: req.stdin,
+                volumes: vols.iter().map(|(_, ro)| *ro).collect(),
             },
         };
         // A group's VM: its files and control socket's listener first.
@@ -307,6 +311,7 @@ impl Daemon {
             fds.push(c.as_fd());
         }
         fds.extend(data.as_ref().map(|d| d.as_fd()));
+        fds.extend(vols.iter().map(|(f, _)| f.as_fd()));
         let sent_ns = wisp_vmm_process::monotonic_ns();
         let arrived_ns = sent_ns.saturating_sub(arrived.elapsed().as_nanos() as u64);
         let sent = super::process::send_to_shell(session, &dir, &start, &fds);

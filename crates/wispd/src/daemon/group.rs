@@ -219,7 +219,12 @@ pub struct HostedDir {
 
 /// Whether the VM `req` asks for (of image `image`) may go to a group.
 pub fn groupable(req: &CreateVm, image: &CachedImage) -> bool {
-    !image.image.forks() && !req.wants_nic() && req.memory.is_none() && req.cpus.is_none() && req.family_limit.is_none()
+    !image.image.forks()
+        && !req.wants_nic()
+        && req.volumes.is_empty()
+        && req.memory.is_none()
+        && req.cpus.is_none()
+        && req.family_limit.is_none()
 }
 
 impl Daemon {

@@ -213,10 +213,17 @@ impl Daemon {
                 Outcome::Version(Version { version: env!("CARGO_PKG_VERSION").into(), abi: wisp_abi::ABI_VERSION })
             }
             Action::ListVms => Outcome::Vms(self.vms.lock().list()),
-            Action::CreateVm { vm, attach: false, wait_line: false } => Outcome::Created(self.create(vm, arrived)?),
-            Action::CreateVm { vm, attach: false, wait_line: true } => Outcome::Created(self.create_wait_line(vm, arrived)?),
+            Action::CreateVm { vm, attach: false, wait_line: false } => {
+                let vols = guestdata::volumes(&vm, client)?;
+                Outcome::Created(self.create(vm, arrived, vols)?)
+            }
+            Action::CreateVm { vm, attach: false, wait_line: true } => {
+                let vols = guestdata::volumes(&vm, client)?;
+                Outcome::Created(self.create_wait_line(vm, arrived, vols)?)
+            }
             Action::CreateVm { vm, attach: true, .. } => {
-                self.create_handed_over(vm, arrived, client)?;
+                let vols = guestdata::volumes(&vm, client)?;
+                self.create_handed_over(vm, arrived, client, vols)?;
                 Outcome::HandedOver
             }
             Action::GetVm(vm) => Outcome::Vm(self.get(&vm)?),
