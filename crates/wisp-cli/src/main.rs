@@ -11,6 +11,7 @@ mod app;
 mod direct;
 mod guestio;
 mod remote;
+mod shfs;
 mod units;
 
 /// Exit status when wisp itself cannot do what was asked.
@@ -217,6 +218,11 @@ enum Cmd {
         #[arg(default_value = ".")]
         path: PathBuf,
     },
+    /// Make and fill SHFS volumes for the content cache (docs/shfs.md).
+    Shfs {
+        #[command(subcommand)]
+        cmd: shfs::ShfsCmd,
+    },
     /// Show or set the pool of prepared shells.
     Pool {
         /// Keep COUNT shells of MEM ready, as MEM=COUNT (e.g. 16M=8).
@@ -306,6 +312,7 @@ fn main() -> ExitCode {
             println!("{msg}");
             (0, None)
         }),
+        Cmd::Shfs { cmd } => shfs::run(cmd).map(|c| (c, None)),
         Cmd::Build { path } => app::build(&path).map(|image| {
             println!("{}", image.display());
             (0, None)

@@ -340,7 +340,7 @@ pub fn manage(socket: &Path, cmd: Cmd) -> Result<u8, String> {
             }
             Ok(0)
         }
-        Cmd::Run(_) | Cmd::Inspect { .. } | Cmd::New { .. } | Cmd::Build { .. } => unreachable!("handled in main"),
+        Cmd::Run(_) | Cmd::Inspect { .. } | Cmd::New { .. } | Cmd::Build { .. } | Cmd::Shfs { .. } => unreachable!("handled in main"),
     }
 }
 
