@@ -1,0 +1,129 @@
+//! The content cache (`cache` app) on an SHFS volume, through wispd in a
+//! test-made network namespace, with real clients (curl, Python's raw
+//! sockets): objects by digest and name, HEAD, ranges (one, several, none
+//! satisfiable), conditional requests, errors, keep-alive and pipelining;
+//! a volume that is not SHFS is refused at mount.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::daemon::Daemon;
+use common::{fresh_dir, wait_console, wisp};
+use sha2::{Digest, Sha256};
+
+fn sha(data: &[u8]) -> String {
+    Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn volume(dir: &Path, objects: &[(&str, &[u8])]) -> PathBuf {
+    let v = dir.join("cache.img");
+    assert_eq!(wisp(&["shfs", "mkfs", v.to_str().unwrap(), "--size", "16M", "--chunk", "4K", "--objects", "64"]).code, Some(0));
+    for (name, data) in objects {
+        let f = dir.join(name.trim_start_matches('/'));
+        std::fs::write(&f, data).unwrap();
+        let r = wisp(&["shfs", "add", v.to_str().unwrap(), f.to_str().unwrap(), "--name", name]);
+        assert_eq!(r.code, Some(0), "{}", r.stderr);
+    }
+    v
+}
+
+/// curl in the daemon's namespace: (status line and headers, body).
+fn curl(d: &Daemon, args: &[&str]) -> (String, Vec<u8>) {
+    let mut all = vec!["curl", "-s", "-S", "-D", "/dev/stderr", "--max-time", "10"];
+    all.extend_from_slice(args);
+    let o = d.in_netns(&all).output().unwrap();
+    assert!(o.status.success(), "curl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    (String::from_utf8_lossy(&o.stderr).into_owned(), o.stdout)
+}
+
+#[test]
+fn the_cache_serves_a_volume_as_http_says() {
+    let dir = fresh_dir("cache-http");
+    let page = b"<h1>hello cache</h1>\n".to_vec();
+    let blob: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let v = volume(&dir, &[("/index.html", &page), ("/blob.bin", &blob)]);
+    let d = Daemon::start_in_netns("cache-http", "10.77.32.0/24", &[]);
+    let vol = format!("{}:ro", v.display());
+    let out = d.wisp(&["run", "-d", "--net", "-p", "8080:80", "--volume", &vol, "--mem", "64M", "cache"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let mut c = d.client();
+    wait_console(&mut c, &id, "cache: serving 2 objects on 10.77.32.");
+    let url = |p: &str| format!("http://127.0.0.1:8080{p}");
+    // By name and by digest; the headers a cache sends.
+    let (h, body) = curl(&d, &[&url("/index.html")]);
+    assert_eq!(body, page);
+    assert!(h.starts_with("HTTP/1.1 200 OK"), "{h}");
+    let etag = format!("ETag: \"{}\"", sha(&page));
+    for want in [etag.as_str(), "Content-Type: text/html", "Cache-Control: public, max-age=3600", "Accept-Ranges: bytes", "Last-Modified: "] {
+        assert!(h.contains(want), "{want}: {h}");
+    }
+    let (_, body) = curl(&d, &[&url(&format!("/{}", sha(&blob)))]);
+    assert!(body == blob, "the 300 KB object came back changed ({} bytes)", body.len());
+    // HEAD: the head alone.
+    let (h, body) = curl(&d, &["-I", &url("/blob.bin")]);
+    assert!(h.contains("Content-Length: 300000") && body.is_empty() || String::from_utf8_lossy(&body).contains("300000"), "{h}");
+    // One range, several ranges, none satisfiable.
+    let (h, body) = curl(&d, &["-r", "100-199", &url("/blob.bin")]);
+    assert!(h.starts_with("HTTP/1.1 206") && h.contains("Content-Range: bytes 100-199/300000"), "{h}");
+    assert_eq!(body, &blob[100..200]);
+    let (h, body) = curl(&d, &["-r", "0-9,290000-290009", &url("/blob.bin")]);
+    assert!(h.contains("Content-Type: multipart/byteranges; boundary="), "{h}");
+    let text = String::from_utf8_lossy(&body).into_owned();
+    assert!(text.contains("Content-Range: bytes 0-9/300000") && text.contains("Content-Range: bytes 290000-290009/300000"), "{text}");
+    let (h, _) = curl(&d, &["-r", "400000-", &url("/blob.bin")]);
+    assert!(h.starts_with("HTTP/1.1 416") && h.contains("Content-Range: bytes */300000"), "{h}");
+    // Conditional requests.
+    let inm = format!("If-None-Match: \"{}\"", sha(&page));
+    let (h, body) = curl(&d, &["-H", &inm, &url("/index.html")]);
+    assert!(h.starts_with("HTTP/1.1 304") && body.is_empty(), "{h}");
+    let (h, _) = curl(&d, &["-H", "If-Modified-Since: Fri, 01 Jan 2100 00:00:00 GMT", &url("/index.html")]);
+    assert!(h.starts_with("HTTP/1.1 304"), "{h}");
+    let (h, _) = curl(&d, &["-H", "If-Modified-Since: Thu, 01 Jan 1970 00:00:00 GMT", &url("/index.html")]);
+    assert!(h.starts_with("HTTP/1.1 200"), "{h}");
+    // Errors.
+    let (h, _) = curl(&d, &[&url("/missing")]);
+    assert!(h.starts_with("HTTP/1.1 404"), "{h}");
+    let (h, _) = curl(&d, &["-X", "POST", &url("/index.html")]);
+    assert!(h.starts_with("HTTP/1.1 405") && h.contains("Allow: GET, HEAD"), "{h}");
+    // Pipelining and keep-alive on one connection; then oversized and
+    // malformed requests (each answered, then the connection closed).
+    let script = r#"
+import socket
+def talk(data):
+    s = socket.create_connection(('127.0.0.1', 8080), timeout=10)
+    s.sendall(data)
+    s.shutdown(socket.SHUT_WR)
+    out = b''
+    while True:
+        b = s.recv(65536)
+        if not b: break
+        out += b
+    return out
+two = talk(b'GET /index.html HTTP/1.1\r\nHost: x\r\n\r\nHEAD /index.html HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n')
+print(two.count(b'HTTP/1.1 200 OK'), two.count(b'<h1>hello cache</h1>'))
+print(talk(b'GET /' + b'a' * 9000 + b' HTTP/1.1\r\n').split(b'\r\n')[0].decode())
+print(talk(b'GET / HTTP/1.1\r\n' + b''.join(b'X-%d: y\r\n' % i for i in range(100)) + b'\r\n').split(b'\r\n')[0].decode())
+print(talk(b'GET / HTTP/1.1\r\nX: ' + b'y' * 20000 + b'\r\n\r\n').split(b'\r\n')[0].decode())
+print(talk(b'\x00\x01 garbage\r\n\r\n').split(b'\r\n')[0].decode())
+"#;
+    let out = d.python(script);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines, ["2 1", "HTTP/1.1 414 URI Too Long", "HTTP/1.1 431 Request Header Fields Too Large", "HTTP/1.1 431 Request Header Fields Too Large", "HTTP/1.1 400 Bad Request"], "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_volume_that_is_not_shfs_is_refused_at_mount() {
+    let dir = fresh_dir("cache-bad");
+    let v = dir.join("zero.img");
+    std::fs::write(&v, vec![0u8; 1 << 20]).unwrap();
+    let d = Daemon::start_in_netns("cache-bad", "10.77.33.0/24", &[]);
+    let vol = format!("{}:ro", v.display());
+    let out = d.wisp(&["run", "--net", "--volume", &vol, "cache"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cache: cannot mount the volume: not an SHFS volume"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

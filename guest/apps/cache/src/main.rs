@@ -1,0 +1,258 @@
+//! `cache [PORT]`: the content cache (after MiniCache): an HTTP/1.1
+//! server (port 80 by default) of the objects of the SHFS volume on the
+//! VM's first disk (`wisp run --volume cache.img:ro --net -p 8080:80
+//! cache`; fill it with `wisp shfs`). `GET` and `HEAD` by digest
+//! (`/<64 hex digits>`) or by name; keep-alive and pipelining; `Range`
+//! (one range: 206, several: 206 `multipart/byteranges`, none satisfiable:
+//! 416); `ETag` (the digest) and `Last-Modified`, with `If-None-Match` and
+//! `If-Modified-Since` (304); `Cache-Control` (`CACHE_MAX_AGE` seconds in
+//! the environment, default 3600) and `Content-Type`; 400, 404, 405, 414
+//! and 431 where they apply. A volume that is not SHFS, damaged or
+//! truncated is refused at mount (exit 1, the reason on stderr).
+#![no_std]
+#![no_main]
+
+extern crate alloc;
+
+mod store;
+
+use alloc::format;
+use alloc::rc::Rc;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::cell::RefCell;
+
+use httpcache::Ranges;
+use shfs::Kind;
+use store::{Store, CACHE_OBJECT_MAX, PIECE};
+use wisp::net::{TcpListener, TcpOptions, TcpStream};
+
+wisp::main!(main, wisp::Manifest::new().nic(true));
+
+/// Longest request line (else 414) and request head (else 431).
+const MAX_LINE: usize = 8 << 10;
+const MAX_HEAD: usize = 16 << 10;
+/// Most header fields of a request (else 431).
+const MAX_HEADERS: usize = 64;
+
+fn main() -> i32 {
+    let (port, cfg) = match wisp::net::server_args("cache", 1, 80) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    let Some(disk) = wisp::blk::disk() else {
+        wisp::eprintln!("cache: no volume (run with --volume cache.img[:ro], made with wisp shfs mkfs)");
+        return 1;
+    };
+    // A quarter of the heap caches objects.
+    let info = wisp::env::boot_info();
+    let budget = (info.heap_end - info.heap_start) / 4;
+    let store = match Store::mount(disk, budget) {
+        Ok(s) => s,
+        Err(e) => {
+            wisp::eprintln!("cache: cannot mount the volume: {}", e);
+            return 1;
+        }
+    };
+    let max_age: u64 = wisp::env::var("CACHE_MAX_AGE").and_then(|v| v.parse().ok()).unwrap_or(3600);
+    let listener = match TcpListener::bind_app("cache", port, TcpOptions { nodelay: true, ..TcpOptions::default() }) {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    wisp::println!("cache: serving {} objects on {}:{}", store.len(), cfg.ip, port);
+    let store = Rc::new(RefCell::new(store));
+    listener.serve_app("cache", move |conn| serve(conn, store.clone(), max_age))
+}
+
+/// Serve one connection: requests as they come (pipelined ones in order)
+/// until the client closes or asks to.
+async fn serve(conn: TcpStream, store: Rc<RefCell<Store>>, max_age: u64) {
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 4096];
+    loop {
+        // Every complete request in the buffer, in order.
+        loop {
+            // The request line's and the head's bounds hold whether or
+            // not the rest has come.
+            let line_end = buf.windows(2).position(|w| w == b"\r\n");
+            if line_end.map_or(buf.len(), |i| i) > MAX_LINE {
+                return error(&conn, 414, "the request line is too long").await;
+            }
+            let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut req = httparse::Request::new(&mut headers);
+            match req.parse(&buf) {
+                Ok(httparse::Status::Complete(n)) if n > MAX_HEAD => {
+                    return error(&conn, 431, "the request head is too large").await;
+                }
+                Ok(httparse::Status::Complete(n)) => {
+                    let keep = respond(&conn, &req, &store, max_age).await;
+                    buf.drain(..n);
+                    if !keep {
+                        return;
+                    }
+                }
+                Ok(httparse::Status::Partial) => {
+                    if buf.len() > MAX_HEAD {
+                        return error(&conn, 431, "the request head is too large").await;
+                    }
+                    break;
+                }
+                Err(httparse::Error::TooManyHeaders) => return error(&conn, 431, "too many header fields").await,
+                Err(e) => return error(&conn, 400, &format!("malformed request: {}", e)).await,
+            }
+        }
+        match conn.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// Answer with an error and close.
+async fn error(conn: &TcpStream, status: u16, msg: &str) {
+    let body = format!("{}\n", msg);
+    let head = httpcache::head(status, &[("Content-Type", "text/plain")], body.len() as u64, false);
+    let _ = conn.write_all(head.as_bytes()).await;
+    let _ = conn.write_all(body.as_bytes()).await;
+}
+
+fn header<'a>(req: &'a httparse::Request<'_, '_>, name: &str) -> Option<&'a str> {
+    req.headers.iter().find(|h| h.name.eq_ignore_ascii_case(name)).and_then(|h| core::str::from_utf8(h.value).ok())
+}
+
+/// Answer one request; whether the connection stays open.
+async fn respond(conn: &TcpStream, req: &httparse::Request<'_, '_>, store: &Rc<RefCell<Store>>, max_age: u64) -> bool {
+    let connection = header(req, "Connection").unwrap_or("");
+    let keep = if req.version == Some(0) {
+        connection.eq_ignore_ascii_case("keep-alive")
+    } else {
+        !connection.eq_ignore_ascii_case("close")
+    };
+    let method = req.method.unwrap_or("");
+    let path = req.path.unwrap_or("/");
+    let path = path.split('?').next().unwrap_or(path);
+    let head_only = method == "HEAD";
+    if method != "GET" && !head_only {
+        let body = "only GET and HEAD\n";
+        let h = httpcache::head(405, &[("Allow", "GET, HEAD"), ("Content-Type", "text/plain")], body.len() as u64, keep);
+        return send(conn, h, body.as_bytes(), keep).await;
+    }
+    let now = wisp::time::wall_ns() / 1_000_000_000;
+    let found = store.borrow().lookup(path);
+    let Some(e) = found else {
+        let body = "no such object\n";
+        let h = httpcache::head(404, &[("Content-Type", "text/plain")], body.len() as u64, keep);
+        return send(conn, h, body.as_bytes(), keep).await;
+    };
+    if e.kind == Kind::Link {
+        store.borrow_mut().count(&e.digest, false, 0, now);
+        let body = "this object is fetched from upstream, which this cache does not do yet\n";
+        let h = httpcache::head(502, &[("Content-Type", "text/plain")], body.len() as u64, keep);
+        return send(conn, h, body.as_bytes(), keep).await;
+    }
+    let etag = format!("\"{}\"", String::from_utf8_lossy(&shfs::hex(&e.digest)));
+    let modified = httpcache::http_date(e.last_modified);
+    let cache_control = format!("public, max-age={}", max_age);
+    let date = httpcache::http_date(now);
+    let common: [(&str, &str); 6] = [
+        ("Date", &date),
+        ("ETag", &etag),
+        ("Last-Modified", &modified),
+        ("Cache-Control", &cache_control),
+        ("Accept-Ranges", "bytes"),
+        ("Content-Type", if e.mime().is_empty() { "application/octet-stream" } else { e.mime() }),
+    ];
+    // Conditionals: If-None-Match wins over If-Modified-Since.
+    let not_modified = match header(req, "If-None-Match") {
+        Some(inm) => httpcache::none_match(inm, &etag),
+        None => header(req, "If-Modified-Since").and_then(httpcache::parse_http_date).is_some_and(|t| e.last_modified <= t),
+    };
+    if not_modified {
+        store.borrow_mut().count(&e.digest, true, 0, now);
+        let h = httpcache::head(304, &common[..5], 0, keep);
+        return send(conn, h, b"", keep).await;
+    }
+    match httpcache::ranges(header(req, "Range"), e.size) {
+        Ranges::Unsatisfiable => {
+            let cr = format!("bytes */{}", e.size);
+            let h = httpcache::head(416, &[("Content-Range", &cr), ("Content-Type", "text/plain")], 0, keep);
+            send(conn, h, b"", keep).await
+        }
+        Ranges::Whole => {
+            let h = httpcache::head(200, &common, e.size, keep);
+            if !send(conn, h, b"", true).await {
+                return false;
+            }
+            if !head_only && !body(conn, store, &e, 0, e.size).await {
+                return false;
+            }
+            store.borrow_mut().count(&e.digest, true, if head_only { 0 } else { e.size }, now);
+            keep
+        }
+        Ranges::Parts(parts) if parts.len() == 1 => {
+            let (s, t) = parts[0];
+            let cr = format!("bytes {}-{}/{}", s, t - 1, e.size);
+            let mut hs: Vec<(&str, &str)> = common.to_vec();
+            hs.push(("Content-Range", &cr));
+            let h = httpcache::head(206, &hs, t - s, keep);
+            if !send(conn, h, b"", true).await || (!head_only && !body(conn, store, &e, s, t).await) {
+                return false;
+            }
+            store.borrow_mut().count(&e.digest, true, if head_only { 0 } else { t - s }, now);
+            keep
+        }
+        Ranges::Parts(parts) => {
+            let ct = format!("multipart/byteranges; boundary={}", httpcache::BOUNDARY);
+            let mut hs: Vec<(&str, &str)> = common[..5].to_vec();
+            hs.push(("Content-Type", &ct));
+            let len = httpcache::multipart_len(common[5].1, &parts, e.size);
+            if !send(conn, httpcache::head(206, &hs, len, keep), b"", true).await {
+                return false;
+            }
+            if !head_only {
+                for &(s, t) in &parts {
+                    let ph = httpcache::part_head(common[5].1, s, t, e.size);
+                    if conn.write_all(ph.as_bytes()).await.is_err() || !body(conn, store, &e, s, t).await {
+                        return false;
+                    }
+                }
+                if conn.write_all(httpcache::multipart_end().as_bytes()).await.is_err() {
+                    return false;
+                }
+            }
+            store.borrow_mut().count(&e.digest, true, if head_only { 0 } else { len }, now);
+            keep
+        }
+    }
+}
+
+/// Send a head (and a small body); whether the connection is still good
+/// and to be kept.
+async fn send(conn: &TcpStream, head: String, body: &[u8], keep: bool) -> bool {
+    if conn.write_all(head.as_bytes()).await.is_err() || (!body.is_empty() && conn.write_all(body).await.is_err()) {
+        return false;
+    }
+    keep
+}
+
+/// Send bytes `[s, t)` of file `e`: from the cache, or from the disk a
+/// piece at a time.
+async fn body(conn: &TcpStream, store: &Rc<RefCell<Store>>, e: &shfs::Entry, s: u64, t: u64) -> bool {
+    let step = if e.size <= CACHE_OBJECT_MAX { t - s } else { PIECE };
+    let mut at = s;
+    while at < t {
+        let end = (at + step).min(t);
+        let bytes = match store.borrow_mut().bytes(e, at, end) {
+            Ok(b) => b,
+            Err(err) => {
+                wisp::eprintln!("cache: reading {}: {}", String::from_utf8_lossy(&shfs::hex(&e.digest)), err);
+                return false;
+            }
+        };
+        if conn.write_all(&bytes).await.is_err() {
+            return false;
+        }
+        at = end;
+    }
+    true
+}

@@ -1,0 +1,133 @@
+//! The mounted SHFS volume: its table read whole at mount (a volume that
+//! is not SHFS, damaged or truncated is refused with the reason), objects
+//! found by digest or name, their bytes read from the disk in whole
+//! sectors and kept in a cache of whole objects (up to a budget of bytes,
+//! the oldest dropped first), and per-object statistics.
+
+use alloc::collections::VecDeque;
+use alloc::format;
+use alloc::rc::Rc;
+use alloc::string::{String, ToString};
+use alloc::vec;
+use alloc::vec::Vec;
+
+use shfs::{Entry, Superblock, DIGEST_SIZE, ENTRY_SIZE, SUPERBLOCK_SIZE};
+use wisp::blk::Disk;
+use wisp::collections::HashMap;
+
+/// Objects up to this size are cached whole.
+pub const CACHE_OBJECT_MAX: u64 = 4 << 20;
+/// Bytes read from the disk at a time for a larger object.
+pub const PIECE: u64 = 256 << 10;
+
+/// The volume.
+pub struct Store {
+    pub disk: Disk,
+    pub sb: Superblock,
+    objects: HashMap<[u8; DIGEST_SIZE], Entry>,
+    names: HashMap<String, [u8; DIGEST_SIZE]>,
+    cache: HashMap<[u8; DIGEST_SIZE], Rc<Vec<u8>>>,
+    order: VecDeque<[u8; DIGEST_SIZE]>,
+    cached: u64,
+    budget: u64,
+}
+
+impl Store {
+    /// Mount the volume on `disk`, caching at most `budget` bytes.
+    pub fn mount(disk: Disk, budget: u64) -> Result<Store, String> {
+        let mut head = vec![0u8; SUPERBLOCK_SIZE];
+        disk.read(0, &mut head).map_err(|e| format!("reading the superblock: {}", e))?;
+        let sb = Superblock::parse(&head).map_err(|e| e.to_string())?;
+        if disk.capacity() < sb.volume_bytes() {
+            return Err(shfs::Error::Truncated { need: sb.volume_bytes(), have: disk.capacity() }.to_string());
+        }
+        let table_len = (sb.slots() as u64 * ENTRY_SIZE as u64).next_multiple_of(4096);
+        let mut table = vec![0u8; table_len as usize];
+        disk.read(sb.table_offset(), &mut table).map_err(|e| format!("reading the table: {}", e))?;
+        let mut objects = HashMap::new();
+        let mut names = HashMap::new();
+        for slot in 0..sb.slots() {
+            let at = slot as usize * ENTRY_SIZE;
+            let raw: &[u8; ENTRY_SIZE] = table[at..at + ENTRY_SIZE].try_into().expect("whole entries");
+            let Some(e) = Entry::parse(slot, raw).map_err(|e| e.to_string())? else { continue };
+            e.check(slot, &sb).map_err(|e| e.to_string())?;
+            if !e.name().is_empty() {
+                names.insert(e.name().to_string(), e.digest);
+            }
+            objects.insert(e.digest, e);
+        }
+        Ok(Store { disk, sb, objects, names, cache: HashMap::new(), order: VecDeque::new(), cached: 0, budget })
+    }
+
+    /// Objects on the volume.
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    /// The object a request path names: `/<64 hex digits>`, or a name.
+    pub fn lookup(&self, path: &str) -> Option<Entry> {
+        if let Some(d) = self.names.get(path) {
+            return self.objects.get(d).copied();
+        }
+        let d = shfs::parse_hex(path.strip_prefix('/')?)?;
+        self.objects.get(&d).copied()
+    }
+
+    /// Count a request of `e` that found it (`hit`) or not, and `bytes` sent.
+    pub fn count(&mut self, digest: &[u8; DIGEST_SIZE], hit: bool, bytes: u64, now: u64) {
+        if let Some(e) = self.objects.get_mut(digest) {
+            if hit {
+                e.hits += 1;
+            } else {
+                e.misses += 1;
+            }
+            e.bytes_served += bytes;
+            e.last_access = now;
+        }
+    }
+
+    /// Bytes `[start, end)` of file `e`: from the cache (a small object,
+    /// read whole once), else read from the disk (whole sectors around
+    /// them).
+    pub fn bytes(&mut self, e: &Entry, start: u64, end: u64) -> Result<Rc<Vec<u8>>, wisp::blk::Error> {
+        if e.size <= CACHE_OBJECT_MAX {
+            let whole = match self.cache.get(&e.digest) {
+                Some(b) => b.clone(),
+                None => {
+                    let b = Rc::new(self.read(e, 0, e.size)?);
+                    self.keep(e.digest, b.clone());
+                    b
+                }
+            };
+            if start == 0 && end == e.size {
+                return Ok(whole);
+            }
+            return Ok(Rc::new(whole[start as usize..end as usize].to_vec()));
+        }
+        Ok(Rc::new(self.read(e, start, end)?))
+    }
+
+    fn read(&self, e: &Entry, start: u64, end: u64) -> Result<Vec<u8>, wisp::blk::Error> {
+        let base = e.start * self.sb.chunk_size as u64;
+        let from = (base + start) / 4096 * 4096;
+        let to = (base + end).next_multiple_of(4096);
+        let mut buf = vec![0u8; (to - from) as usize];
+        self.disk.read(from, &mut buf)?;
+        let skip = (base + start - from) as usize;
+        buf.drain(..skip);
+        buf.truncate((end - start) as usize);
+        Ok(buf)
+    }
+
+    fn keep(&mut self, d: [u8; DIGEST_SIZE], b: Rc<Vec<u8>>) {
+        self.cached += b.len() as u64;
+        self.cache.insert(d, b);
+        self.order.push_back(d);
+        while self.cached > self.budget {
+            let Some(old) = self.order.pop_front() else { break };
+            if let Some(b) = self.cache.remove(&old) {
+                self.cached -= b.len() as u64;
+            }
+        }
+    }
+}
