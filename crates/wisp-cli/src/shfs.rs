@@ -158,7 +158,7 @@ impl Volume {
     /// Free space for `need` chunks: the first gap between files.
     fn allocate(&self, need: u64) -> Option<u64> {
         let mut used: Vec<(u64, u64)> =
-            self.objects.iter().filter(|(_, e)| e.kind == Kind::File).map(|(_, e)| (e.start, e.start + e.chunks(&self.sb))).collect();
+            self.objects.iter().filter(|(_, e)| e.stored()).map(|(_, e)| (e.start, e.start + e.chunks(&self.sb))).collect();
         used.sort();
         let mut at = self.sb.data_chunk()?;
         for (s, e) in used {
@@ -292,10 +292,14 @@ fn fsck(path: &Path) -> Result<u8, String> {
         if !e.name().is_empty() && v.objects[..i].iter().any(|(_, o)| o.name() == e.name()) {
             problems.push(format!("{id}: the name '{}' is given twice", e.name()));
         }
-        if e.kind != Kind::File {
+        if !e.stored() {
             continue;
         }
         extents.push((e.start, e.start + e.chunks(&v.sb), id.clone()));
+        // A fetched link's digest names it, not its bytes.
+        if e.kind != Kind::File {
+            continue;
+        }
         let mut data = vec![0u8; e.size as usize];
         match v.file.read_exact_at(&mut data, e.start * v.sb.chunk_size as u64) {
             Ok(()) if <[u8; DIGEST_SIZE]>::from(Sha256::digest(&data)) == e.digest => {}

@@ -127,3 +127,105 @@ fn a_volume_that_is_not_shfs_is_refused_at_mount() {
     assert!(err.contains("cache: cannot mount the volume: not an SHFS volume"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An origin server in the daemon's namespace, on the bridge's gateway
+/// address: `/big.bin` (400 KB, sent in paced pieces), `/short.bin`
+/// (announces 1 MB, sends 100 KB, closes), `/hang` (never answers),
+/// `/count/<path>` (how often `<path>` was asked for).
+const ORIGIN: &str = r#"
+import http.server, socketserver, sys, threading, time
+counts = {}
+BIG = bytes((i * 13) % 251 for i in range(400_000))
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_GET(self):
+        if self.path.startswith('/count/'):
+            body = str(counts.get(self.path[6:], 0)).encode()
+            self.send_response(200); self.send_header('Content-Length', str(len(body))); self.end_headers(); self.wfile.write(body); return
+        counts[self.path] = counts.get(self.path, 0) + 1
+        if self.path == '/big.bin':
+            self.send_response(200); self.send_header('Content-Length', str(len(BIG))); self.send_header('Content-Type', 'video/mp4'); self.end_headers()
+            for i in range(0, len(BIG), 40_000):
+                self.wfile.write(BIG[i:i + 40_000]); self.wfile.flush(); time.sleep(0.03)
+        elif self.path == '/short.bin':
+            self.send_response(200); self.send_header('Content-Length', '1000000'); self.end_headers()
+            self.wfile.write(b'x' * 100_000); self.wfile.flush()
+        elif self.path == '/hang':
+            time.sleep(30)
+        else:
+            self.send_response(404); self.end_headers()
+class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+S((sys.argv[1], 8000), H).serve_forever()
+"#;
+
+#[test]
+fn links_are_fetched_once_streamed_to_every_client_and_stored() {
+    let dir = fresh_dir("cache-up");
+    let v = volume(&dir, &[]);
+    let vs = v.to_str().unwrap();
+    for (name, path) in [("/big.bin", "big.bin"), ("/short.bin", "short.bin"), ("/hang", "hang"), ("/down", "down")] {
+        let port = if name == "/down" { 8001 } else { 8000 };
+        let url = format!("http://10.77.34.1:{port}/{path}");
+        assert_eq!(wisp(&["shfs", "add", vs, "--link", &url, "--name", name]).code, Some(0));
+    }
+    let d = Daemon::start_in_netns("cache-up", "10.77.34.0/24", &[]);
+    // The cache first: its NIC makes the bridge the origin listens on.
+    let out = d.wisp(&["run", "-d", "--net", "-p", "8080:80", "--volume", vs, "--mem", "64M", "-e", "CACHE_UPSTREAM_TIMEOUT_MS=1500", "cache"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let mut c = d.client();
+    wait_console(&mut c, &id, "cache: serving 4 objects");
+    let mut origin = d.in_netns(&["python3", "-c", ORIGIN, "10.77.34.1"]).spawn().unwrap();
+    let up = "import socket,time\nfor i in range(500):\n  try:\n    socket.create_connection(('10.77.34.1',8000),timeout=1).close(); print('up'); break\n  except OSError: time.sleep(0.02)";
+    assert_eq!(d.python(up).trim(), "up", "the origin did not start");
+    let big: Vec<u8> = (0..400_000u32).map(|i| (i * 13 % 251) as u8).collect();
+    // Four clients at once: one upstream read, four whole bodies.
+    let script = r#"
+import socket, threading, hashlib
+res = []
+def get():
+    s = socket.create_connection(('127.0.0.1', 8080), timeout=20)
+    s.sendall(b'GET /big.bin HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n')
+    out = b''
+    while True:
+        b = s.recv(65536)
+        if not b: break
+        out += b
+    head, _, body = out.partition(b'\r\n\r\n')
+    res.append((head.split(b'\r\n')[0].decode(), b'X-Cache: miss' in head, hashlib.sha256(body).hexdigest()))
+ts = [threading.Thread(target=get) for _ in range(4)]
+[t.start() for t in ts]; [t.join() for t in ts]
+for r in sorted(res): print(*r)
+"#;
+    let got = d.python(script);
+    let want = format!("HTTP/1.1 200 OK True {}", sha(&big));
+    let stderr = || String::from_utf8_lossy(&d.wisp(&["logs", "--stderr", &id]).stdout).into_owned();
+    assert_eq!(got.lines().collect::<Vec<_>>(), [want.as_str(); 4], "{got} (the cache said: {})", stderr());
+    let count = |p: &str| curl(&d, &[&format!("http://10.77.34.1:8000/count{p}")]).1;
+    assert_eq!(count("/big.bin"), b"1", "one upstream read for four clients");
+    // Stored: served from the volume now, with ranges; fsck is clean.
+    let (h, body) = curl(&d, &["-r", "1000-1999", "http://127.0.0.1:8080/big.bin"]);
+    assert!(h.starts_with("HTTP/1.1 206") && !h.contains("X-Cache: miss"), "{h}");
+    assert_eq!(body, &big[1000..2000]);
+    assert_eq!(count("/big.bin"), b"1");
+    let ls = wisp(&["shfs", "ls", vs]).stdout;
+    assert!(ls.lines().any(|l| l.contains("/big.bin") && l.contains(" 400000 ")), "{ls}");
+    assert_eq!(wisp(&["shfs", "fsck", vs]).code, Some(0));
+    // Failures: nothing listening (502), no answer (504), a body cut short
+    // (the connection closes; nothing stored: the next request fetches again).
+    let (h, _) = curl(&d, &["http://127.0.0.1:8080/down"]);
+    assert!(h.starts_with("HTTP/1.1 502"), "{h}");
+    let (h, _) = curl(&d, &["http://127.0.0.1:8080/hang"]);
+    assert!(h.starts_with("HTTP/1.1 504"), "{h}");
+    let o = d.in_netns(&["curl", "-s", "-o", "/dev/null", "-w", "%{size_download}", "--max-time", "10", "http://127.0.0.1:8080/short.bin"]).output().unwrap();
+    assert!(!o.status.success(), "a cut body must not look complete");
+    let _ = d.in_netns(&["curl", "-s", "-o", "/dev/null", "--max-time", "10", "http://127.0.0.1:8080/short.bin"]).output();
+    assert_eq!(count("/short.bin"), b"2", "a failed fetch is not stored");
+    let ls = wisp(&["shfs", "ls", vs]).stdout;
+    assert!(ls.lines().any(|l| l.contains("/short.bin") && l.contains(" link          0 ")), "{ls}");
+    let _ = origin.kill();
+    let _ = origin.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

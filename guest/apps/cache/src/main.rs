@@ -7,7 +7,11 @@
 //! 416); `ETag` (the digest) and `Last-Modified`, with `If-None-Match` and
 //! `If-Modified-Since` (304); `Cache-Control` (`CACHE_MAX_AGE` seconds in
 //! the environment, default 3600) and `Content-Type`; 400, 404, 405, 414
-//! and 431 where they apply. A volume that is not SHFS, damaged or
+//! and 431 where they apply. Link objects are fetched from their upstream
+//! on the first request, streamed to every client that asks meanwhile
+//! (one upstream read), and stored on a writable volume (`upstream.rs`;
+//! 502/504 when the upstream fails or does not answer within
+//! `CACHE_UPSTREAM_TIMEOUT_MS`, default 10 s). A volume that is not SHFS, damaged or
 //! truncated is refused at mount (exit 1, the reason on stderr).
 #![no_std]
 #![no_main]
@@ -15,6 +19,7 @@
 extern crate alloc;
 
 mod store;
+mod upstream;
 
 use alloc::format;
 use alloc::rc::Rc;
@@ -25,6 +30,7 @@ use core::cell::RefCell;
 use httpcache::Ranges;
 use shfs::Kind;
 use store::{Store, CACHE_OBJECT_MAX, PIECE};
+use upstream::{Fetches, State};
 use wisp::net::{TcpListener, TcpOptions, TcpStream};
 
 wisp::main!(main, wisp::Manifest::new().nic(true));
@@ -61,12 +67,13 @@ fn main() -> i32 {
     };
     wisp::println!("cache: serving {} objects on {}:{}", store.len(), cfg.ip, port);
     let store = Rc::new(RefCell::new(store));
-    listener.serve_app("cache", move |conn| serve(conn, store.clone(), max_age))
+    let fetches = Rc::new(Fetches::default());
+    listener.serve_app("cache", move |conn| serve(conn, store.clone(), fetches.clone(), max_age))
 }
 
 /// Serve one connection: requests as they come (pipelined ones in order)
 /// until the client closes or asks to.
-async fn serve(conn: TcpStream, store: Rc<RefCell<Store>>, max_age: u64) {
+async fn serve(conn: TcpStream, store: Rc<RefCell<Store>>, fetches: Rc<Fetches>, max_age: u64) {
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut chunk = [0u8; 4096];
     loop {
@@ -85,7 +92,7 @@ async fn serve(conn: TcpStream, store: Rc<RefCell<Store>>, max_age: u64) {
                     return error(&conn, 431, "the request head is too large").await;
                 }
                 Ok(httparse::Status::Complete(n)) => {
-                    let keep = respond(&conn, &req, &store, max_age).await;
+                    let keep = respond(&conn, &req, &store, &fetches, max_age).await;
                     buf.drain(..n);
                     if !keep {
                         return;
@@ -121,7 +128,7 @@ fn header<'a>(req: &'a httparse::Request<'_, '_>, name: &str) -> Option<&'a str>
 }
 
 /// Answer one request; whether the connection stays open.
-async fn respond(conn: &TcpStream, req: &httparse::Request<'_, '_>, store: &Rc<RefCell<Store>>, max_age: u64) -> bool {
+async fn respond(conn: &TcpStream, req: &httparse::Request<'_, '_>, store: &Rc<RefCell<Store>>, fetches: &Rc<Fetches>, max_age: u64) -> bool {
     let connection = header(req, "Connection").unwrap_or("");
     let keep = if req.version == Some(0) {
         connection.eq_ignore_ascii_case("keep-alive")
@@ -144,11 +151,9 @@ async fn respond(conn: &TcpStream, req: &httparse::Request<'_, '_>, store: &Rc<R
         let h = httpcache::head(404, &[("Content-Type", "text/plain")], body.len() as u64, keep);
         return send(conn, h, body.as_bytes(), keep).await;
     };
-    if e.kind == Kind::Link {
+    if e.kind == Kind::Link && !e.stored() {
         store.borrow_mut().count(&e.digest, false, 0, now);
-        let body = "this object is fetched from upstream, which this cache does not do yet\n";
-        let h = httpcache::head(502, &[("Content-Type", "text/plain")], body.len() as u64, keep);
-        return send(conn, h, body.as_bytes(), keep).await;
+        return stream(conn, store, fetches, &e, head_only, keep).await;
     }
     let etag = format!("\"{}\"", String::from_utf8_lossy(&shfs::hex(&e.digest)));
     let modified = httpcache::http_date(e.last_modified);
@@ -256,3 +261,55 @@ async fn body(conn: &TcpStream, store: &Rc<RefCell<Store>>, e: &shfs::Entry, s: 
     }
     true
 }
+
+/// A link not stored yet: join its fetch and send what comes, as it
+/// comes (the whole object; ranges and conditionals once it is stored).
+async fn stream(conn: &TcpStream, store: &Rc<RefCell<Store>>, fetches: &Rc<Fetches>, e: &shfs::Entry, head_only: bool, keep: bool) -> bool {
+    let f = upstream::join(fetches, store, e);
+    // The head once the upstream said its length, or failed.
+    loop {
+        let (state, total) = (f.borrow().state, f.borrow().total);
+        if let State::Failed(status) = state {
+            let body = "the upstream failed\n";
+            let h = httpcache::head(status, &[("Content-Type", "text/plain")], body.len() as u64, keep);
+            return send(conn, h, body.as_bytes(), keep).await;
+        }
+        if total.is_some() || state == State::Done {
+            break;
+        }
+        upstream::changed(&f, 0, false).await;
+    }
+    let etag = format!("\"{}\"", String::from_utf8_lossy(&shfs::hex(&e.digest)));
+    let mime = f.borrow().mime.clone();
+    let total = f.borrow().total.unwrap_or(f.borrow().data.len() as u64);
+    let h = httpcache::head(200, &[("ETag", &etag), ("Content-Type", &mime), ("X-Cache", "miss")], total, keep);
+    if !send(conn, h, b"", true).await {
+        return false;
+    }
+    if head_only {
+        return keep;
+    }
+    let mut pos = 0usize;
+    loop {
+        let (piece, state) = {
+            let x = f.borrow();
+            (x.data[pos..].to_vec(), x.state)
+        };
+        if !piece.is_empty() {
+            if conn.write_all(&piece).await.is_err() {
+                return false;
+            }
+            pos += piece.len();
+            continue;
+        }
+        match state {
+            State::Done => break,
+            // The head went out: the client learns of it by the close.
+            State::Failed(_) => return false,
+            State::Running => upstream::changed(&f, pos, true).await,
+        }
+    }
+    store.borrow_mut().count(&e.digest, false, pos as u64, wisp::time::wall_ns() / 1_000_000_000);
+    keep
+}
+

@@ -24,7 +24,8 @@ pub const PIECE: u64 = 256 << 10;
 pub struct Store {
     pub disk: Disk,
     pub sb: Superblock,
-    objects: HashMap<[u8; DIGEST_SIZE], Entry>,
+    /// Objects by digest: (table slot, entry).
+    objects: HashMap<[u8; DIGEST_SIZE], (u32, Entry)>,
     names: HashMap<String, [u8; DIGEST_SIZE]>,
     cache: HashMap<[u8; DIGEST_SIZE], Rc<Vec<u8>>>,
     order: VecDeque<[u8; DIGEST_SIZE]>,
@@ -54,7 +55,7 @@ impl Store {
             if !e.name().is_empty() {
                 names.insert(e.name().to_string(), e.digest);
             }
-            objects.insert(e.digest, e);
+            objects.insert(e.digest, (slot, e));
         }
         Ok(Store { disk, sb, objects, names, cache: HashMap::new(), order: VecDeque::new(), cached: 0, budget })
     }
@@ -67,15 +68,15 @@ impl Store {
     /// The object a request path names: `/<64 hex digits>`, or a name.
     pub fn lookup(&self, path: &str) -> Option<Entry> {
         if let Some(d) = self.names.get(path) {
-            return self.objects.get(d).copied();
+            return self.objects.get(d).map(|o| o.1);
         }
         let d = shfs::parse_hex(path.strip_prefix('/')?)?;
-        self.objects.get(&d).copied()
+        self.objects.get(&d).map(|o| o.1)
     }
 
     /// Count a request of `e` that found it (`hit`) or not, and `bytes` sent.
     pub fn count(&mut self, digest: &[u8; DIGEST_SIZE], hit: bool, bytes: u64, now: u64) {
-        if let Some(e) = self.objects.get_mut(digest) {
+        if let Some((_, e)) = self.objects.get_mut(digest) {
             if hit {
                 e.hits += 1;
             } else {
@@ -117,6 +118,51 @@ impl Store {
         buf.drain(..skip);
         buf.truncate((end - start) as usize);
         Ok(buf)
+    }
+
+    /// Store the fetched body `data` of link `e`: its chunks written in the
+    /// first gap and made durable, then its entry (start, size, date), one
+    /// sector rewritten. Nothing is referenced before the last step.
+    pub fn commit_fetched(&mut self, e: &Entry, data: &[u8]) -> Result<(), String> {
+        if self.disk.read_only() {
+            return Err("the volume is read-only".into());
+        }
+        let &(slot, current) = self.objects.get(&e.digest).ok_or("the link was removed meanwhile")?;
+        if current.stored() {
+            return Ok(());
+        }
+        let need = self.sb.chunks_for(data.len() as u64).max(1);
+        let mut used: Vec<(u64, u64)> = self.objects.values().filter(|(_, o)| o.stored()).map(|(_, o)| (o.start, o.start + o.chunks(&self.sb))).collect();
+        used.sort();
+        let mut at = self.sb.data_chunk().ok_or("no data area")?;
+        for (s, t) in used {
+            if s >= at + need {
+                break;
+            }
+            at = at.max(t);
+        }
+        if at + need > self.sb.chunks {
+            return Err(format!("no room for {} bytes on the volume", data.len()));
+        }
+        let mut padded = data.to_vec();
+        padded.resize((need * self.sb.chunk_size as u64) as usize, 0);
+        let err = |e: wisp::blk::Error| format!("{}", e);
+        self.disk.write(at * self.sb.chunk_size as u64, &padded).map_err(err)?;
+        self.disk.flush().map_err(err)?;
+        let mut stored = current;
+        stored.start = at;
+        stored.size = data.len() as u64;
+        stored.last_modified = wisp::time::wall_ns() / 1_000_000_000;
+        let off = self.sb.slot_offset(slot);
+        let sector = off / 4096 * 4096;
+        let mut sec = vec![0u8; 4096];
+        self.disk.read(sector, &mut sec).map_err(err)?;
+        let i = (off - sector) as usize;
+        sec[i..i + ENTRY_SIZE].copy_from_slice(&stored.encode());
+        self.disk.write(sector, &sec).map_err(err)?;
+        self.disk.flush().map_err(err)?;
+        self.objects.insert(e.digest, (slot, stored));
+        Ok(())
     }
 
     fn keep(&mut self, d: [u8; DIGEST_SIZE], b: Rc<Vec<u8>>) {

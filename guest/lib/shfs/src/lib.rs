@@ -271,9 +271,9 @@ pub struct Entry {
     pub digest: [u8; DIGEST_SIZE],
     /// File or link.
     pub kind: Kind,
-    /// First chunk of a file's contents (0 for a link).
+    /// First chunk of the contents (0 for a link not fetched yet).
     pub start: u64,
-    /// Bytes (of a link: 0 until known).
+    /// Bytes (of a link: 0 until fetched).
     pub size: u64,
     /// Last-Modified (Unix seconds).
     pub last_modified: u64,
@@ -383,13 +383,19 @@ impl Entry {
         Ok(Some(e))
     }
 
-    /// Check the entry against the volume `sb`: in its digest's bucket, a
-    /// file's chunks inside the data area.
+    /// Whether its contents are on the volume (a file, or a link fetched
+    /// and stored: `start` set).
+    pub fn stored(&self) -> bool {
+        self.kind == Kind::File || self.start != 0
+    }
+
+    /// Check the entry against the volume `sb`: in its digest's bucket,
+    /// stored contents inside the data area.
     pub fn check(&self, slot: u32, sb: &Superblock) -> Result<(), Error> {
         if !sb.bucket_slots(&self.digest).contains(&slot) {
             return Err(Error::Entry(slot, "not in the bucket of its digest"));
         }
-        if self.kind == Kind::File {
+        if self.stored() {
             let data = sb.data_chunk().unwrap_or(u64::MAX);
             let end = self.start.checked_add(sb.chunks_for(self.size));
             if self.start < data || end.is_none_or(|e| e > sb.chunks) {
@@ -442,9 +448,9 @@ impl Entry {
         core::str::from_utf8(&self.url[..self.url_len as usize]).unwrap_or("")
     }
 
-    /// Chunks it takes on `sb` (0 for a link).
+    /// Chunks it takes on `sb` (0 for a link not stored).
     pub fn chunks(&self, sb: &Superblock) -> u64 {
-        if self.kind == Kind::File {
+        if self.stored() {
             sb.chunks_for(self.size)
         } else {
             0
