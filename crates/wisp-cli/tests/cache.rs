@@ -229,3 +229,55 @@ for r in sorted(res): print(*r)
     let _ = origin.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_operator_shell_works_on_the_console_and_over_http_for_admins_only() {
+    let dir = fresh_dir("cache-shell");
+    let page = b"<p>shell</p>\n".to_vec();
+    let v = volume(&dir, &[("/page.html", &page)]);
+    let vs = v.to_str().unwrap();
+    let d = Daemon::start_in_netns("cache-shell", "10.77.36.0/24", &[]);
+    // The console: commands on standard input, answers on standard output.
+    let input = "help\nls\nadd http://10.77.36.1:9/x.bin /x.bin\nls\nrm /x.bin\nuptime\nbogus\nhalt\n";
+    let r = common::wisp_input(
+        &["run", "-i", "--net", "--volume", vs, "cache"],
+        &[("WISP_SOCKET", &d.socket)],
+        Some(input.as_bytes().to_vec()),
+        std::time::Duration::from_secs(30),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let out = r.stdout;
+    assert!(out.contains("commands: ls, stats, info, add URL [NAME], rm OBJECT, purge OBJECT, uptime, halt"), "{out}");
+    assert!(out.contains(&format!("{} file 13 /page.html hits 0", sha(&page))), "{out}");
+    assert!(out.contains(&format!("added {}", sha(b"http://10.77.36.1:9/x.bin"))) && out.contains("link 0 /x.bin"), "{out}");
+    assert!(out.contains("removed ") && out.contains("up ") && out.contains("unknown command 'bogus'"), "{out}");
+    assert!(out.contains("halting (statistics of 1 objects saved)"), "{out}");
+    // Over HTTP: refused to others, served to CACHE_ADMIN addresses (the
+    // host's forwards come from the bridge's address).
+    let out = d.wisp(&["run", "-d", "--net", "-p", "8080:80", "--volume", vs, "-e", "CACHE_ADMIN=10.77.36.1", "cache"]);
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let mut c = d.client();
+    wait_console(&mut c, &id, "cache: serving 1 objects");
+    for _ in 0..3 {
+        assert_eq!(curl(&d, &["http://127.0.0.1:8080/page.html"]).1, page);
+    }
+    let (h, body) = curl(&d, &["-X", "POST", "--data", "stats", "http://127.0.0.1:8080/.shell"]);
+    assert!(h.starts_with("HTTP/1.1 200"), "{h}");
+    assert!(String::from_utf8_lossy(&body).starts_with("requests 4 hits 3 misses 0 bytes 39 objects 1"), "{}", String::from_utf8_lossy(&body));
+    let (h, body) = curl(&d, &["-X", "PURGE", "http://127.0.0.1:8080/page.html"]);
+    assert!(h.starts_with("HTTP/1.1 200") && String::from_utf8_lossy(&body).starts_with("purged"), "{h}");
+    let (h, _) = curl(&d, &["-X", "POST", "--data", "halt", "http://127.0.0.1:8080/.shell"]);
+    assert!(h.starts_with("HTTP/1.1 200"), "{h}");
+    assert_eq!(c.wait(&id).unwrap().code, 0);
+    assert_eq!(wisp(&["shfs", "fsck", vs]).code, Some(0));
+    // Not an admin: 403, for the shell and PURGE alike.
+    let out = d.wisp(&["run", "-d", "--net", "-p", "8081:80", "--volume", &format!("{vs}:ro"), "cache"]);
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    wait_console(&mut c, &id, "cache: serving 1 objects");
+    for args in [["-X", "POST", "--data", "halt", "http://127.0.0.1:8081/.shell"], ["-X", "PURGE", "", "", "http://127.0.0.1:8081/page.html"]] {
+        let args: Vec<&str> = args.into_iter().filter(|a| !a.is_empty()).collect();
+        let (h, _) = curl(&d, &args);
+        assert!(h.starts_with("HTTP/1.1 403"), "{h}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

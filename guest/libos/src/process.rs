@@ -20,6 +20,9 @@ pub(crate) fn dispatch_events(bits: u64) {
     if bits & wisp_abi::events::FAMILY != 0 {
         crate::signals::poll();
     }
+    if bits & wisp_abi::events::STDIN != 0 {
+        crate::stdin::wake_readers();
+    }
     if bits & wisp_abi::events::STOP != 0 {
         match STOP_HANDLER.with(|h| *h) {
             Some(f) => f(),

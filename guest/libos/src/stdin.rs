@@ -39,6 +39,59 @@ fn read_raw(buf: &mut [u8]) -> usize {
     }
 }
 
+/// Tasks waiting in [`read_line_async`], woken by the `STDIN` event.
+static READERS: crate::global::Global<Vec<core::task::Waker>> = crate::global::Global::new(Vec::new());
+
+pub(crate) fn wake_readers() {
+    for w in READERS.with(core::mem::take) {
+        w.wake();
+    }
+}
+
+/// One read from the monitor without waiting: `Some(n)` (0 at the end),
+/// `None` if nothing is there yet.
+fn try_read_raw(buf: &mut [u8]) -> Option<usize> {
+    match crate::hypercall::stdio(stdio_op::READ_IN, buf.as_mut_ptr(), buf.len()) {
+        r if r >= 0 => Some(r as usize),
+        r if r == errno::EAGAIN => None,
+        _ => Some(0),
+    }
+}
+
+/// [`read_line`] for a task of the executor: the other tasks run while it
+/// waits (it is woken by the `STDIN` event).
+pub async fn read_line_async(line: &mut String) -> usize {
+    let mut buf = [0u8; 4096];
+    loop {
+        let taken = PENDING.with(|p| {
+            let end = p.iter().position(|&b| b == b'\n').map(|i| i + 1)?;
+            line.push_str(&String::from_utf8_lossy(&p[..end]));
+            p.drain(..end);
+            Some(end)
+        });
+        if let Some(n) = taken {
+            return n;
+        }
+        let got = core::future::poll_fn(|cx| match try_read_raw(&mut buf) {
+            Some(n) => core::task::Poll::Ready(n),
+            None => {
+                READERS.with(|r| r.push(cx.waker().clone()));
+                core::task::Poll::Pending
+            }
+        })
+        .await;
+        match got {
+            0 => {
+                return PENDING.with(|p| {
+                    line.push_str(&String::from_utf8_lossy(p));
+                    core::mem::take(p).len()
+                })
+            }
+            n => PENDING.with(|p| p.extend_from_slice(&buf[..n])),
+        }
+    }
+}
+
 /// Read into `buf`: the bytes read, at least 1, or 0 at the end of input.
 pub fn read(buf: &mut [u8]) -> usize {
     if buf.is_empty() {

@@ -18,6 +18,7 @@
 
 extern crate alloc;
 
+mod shell;
 mod store;
 mod upstream;
 
@@ -30,6 +31,7 @@ use core::cell::RefCell;
 use httpcache::Ranges;
 use shfs::Kind;
 use store::{Store, CACHE_OBJECT_MAX, PIECE};
+use shell::Totals;
 use upstream::{Fetches, State};
 use wisp::net::{TcpListener, TcpOptions, TcpStream};
 
@@ -40,6 +42,16 @@ const MAX_LINE: usize = 8 << 10;
 const MAX_HEAD: usize = 16 << 10;
 /// Most header fields of a request (else 431).
 const MAX_HEADERS: usize = 64;
+/// Largest request body (a shell command).
+const MAX_BODY: usize = 4096;
+
+/// What every connection shares.
+struct Cache {
+    store: Rc<RefCell<Store>>,
+    fetches: Rc<Fetches>,
+    totals: RefCell<Totals>,
+    max_age: u64,
+}
 
 fn main() -> i32 {
     let (port, cfg) = match wisp::net::server_args("cache", 1, 80) {
@@ -66,14 +78,26 @@ fn main() -> i32 {
         Err(code) => return code,
     };
     wisp::println!("cache: serving {} objects on {}:{}", store.len(), cfg.ip, port);
-    let store = Rc::new(RefCell::new(store));
-    let fetches = Rc::new(Fetches::default());
-    listener.serve_app("cache", move |conn| serve(conn, store.clone(), fetches.clone(), max_age))
+    let cache = Rc::new(Cache { store: Rc::new(RefCell::new(store)), fetches: Rc::new(Fetches::default()), totals: RefCell::new(Totals::default()), max_age });
+    // The operator's shell on the console (standard input), beside the server.
+    let c = cache.clone();
+    wisp::exec::spawn(async move {
+        let mut line = String::new();
+        while wisp::stdin::read_line_async(&mut line).await > 0 {
+            let a = shell::run(&line, &c.store, &c.totals.borrow());
+            wisp::print!("{}", a.text);
+            if a.halt {
+                wisp::exit(0);
+            }
+            line.clear();
+        }
+    });
+    listener.serve_app("cache", move |conn| serve(conn, cache.clone()))
 }
 
 /// Serve one connection: requests as they come (pipelined ones in order)
 /// until the client closes or asks to.
-async fn serve(conn: TcpStream, store: Rc<RefCell<Store>>, fetches: Rc<Fetches>, max_age: u64) {
+async fn serve(conn: TcpStream, cache: Rc<Cache>) {
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut chunk = [0u8; 4096];
     loop {
@@ -92,8 +116,17 @@ async fn serve(conn: TcpStream, store: Rc<RefCell<Store>>, fetches: Rc<Fetches>,
                     return error(&conn, 431, "the request head is too large").await;
                 }
                 Ok(httparse::Status::Complete(n)) => {
-                    let keep = respond(&conn, &req, &store, &fetches, max_age).await;
-                    buf.drain(..n);
+                    // A body (a shell command) comes whole first.
+                    let len = match header(&req, "Content-Length").map(|v| v.trim().parse::<usize>()) {
+                        None => 0,
+                        Some(Ok(l)) if l <= MAX_BODY => l,
+                        Some(_) => return error(&conn, 400, "a request body of at most 4 KiB").await,
+                    };
+                    if buf.len() < n + len {
+                        break;
+                    }
+                    let keep = respond(&conn, &req, &buf[n..n + len], &cache).await;
+                    buf.drain(..n + len);
                     if !keep {
                         return;
                     }
@@ -128,7 +161,9 @@ fn header<'a>(req: &'a httparse::Request<'_, '_>, name: &str) -> Option<&'a str>
 }
 
 /// Answer one request; whether the connection stays open.
-async fn respond(conn: &TcpStream, req: &httparse::Request<'_, '_>, store: &Rc<RefCell<Store>>, fetches: &Rc<Fetches>, max_age: u64) -> bool {
+async fn respond(conn: &TcpStream, req: &httparse::Request<'_, '_>, req_body: &[u8], cache: &Cache) -> bool {
+    let (store, max_age) = (&cache.store, cache.max_age);
+    cache.totals.borrow_mut().requests += 1;
     let connection = header(req, "Connection").unwrap_or("");
     let keep = if req.version == Some(0) {
         connection.eq_ignore_ascii_case("keep-alive")
@@ -139,6 +174,30 @@ async fn respond(conn: &TcpStream, req: &httparse::Request<'_, '_>, store: &Rc<R
     let path = req.path.unwrap_or("/");
     let path = path.split('?').next().unwrap_or(path);
     let head_only = method == "HEAD";
+    // The operator's: the shell and PURGE, from CACHE_ADMIN addresses only.
+    if method == "PURGE" || (method == "POST" && path == "/.shell") {
+        if !shell::admin(conn.peer_addr().map(|p| p.0)) {
+            let text = "not from an address in CACHE_ADMIN\n";
+            return send(conn, httpcache::head(403, &[("Content-Type", "text/plain")], text.len() as u64, keep), text.as_bytes(), keep).await;
+        }
+        let (status, text) = if method == "PURGE" {
+            match store.borrow_mut().purge(path) {
+                Ok(t) => (200, format!("{}\n", t)),
+                Err(e) => (404, format!("{}\n", e)),
+            }
+        } else {
+            let a = shell::run(&String::from_utf8_lossy(req_body), store, &cache.totals.borrow());
+            if a.halt {
+                let _ = send(conn, httpcache::head(200, &[("Content-Type", "text/plain")], a.text.len() as u64, false), a.text.as_bytes(), false).await;
+                // The answer is acknowledged before the VM ends (an exit
+                // drops what the sockets still hold).
+                let _ = upstream::timeout(core::time::Duration::from_secs(2), conn.flush()).await;
+                wisp::exit(0);
+            }
+            (200, a.text)
+        };
+        return send(conn, httpcache::head(status, &[("Content-Type", "text/plain")], text.len() as u64, keep), text.as_bytes(), keep).await;
+    }
     if method != "GET" && !head_only {
         let body = "only GET and HEAD\n";
         let h = httpcache::head(405, &[("Allow", "GET, HEAD"), ("Content-Type", "text/plain")], body.len() as u64, keep);
@@ -152,8 +211,8 @@ async fn respond(conn: &TcpStream, req: &httparse::Request<'_, '_>, store: &Rc<R
         return send(conn, h, body.as_bytes(), keep).await;
     };
     if e.kind == Kind::Link && !e.stored() {
-        store.borrow_mut().count(&e.digest, false, 0, now);
-        return stream(conn, store, fetches, &e, head_only, keep).await;
+        count(cache, &e.digest, false, 0, now);
+        return stream(conn, cache, &e, head_only, keep).await;
     }
     let etag = format!("\"{}\"", String::from_utf8_lossy(&shfs::hex(&e.digest)));
     let modified = httpcache::http_date(e.last_modified);
@@ -173,7 +232,7 @@ async fn respond(conn: &TcpStream, req: &httparse::Request<'_, '_>, store: &Rc<R
         None => header(req, "If-Modified-Since").and_then(httpcache::parse_http_date).is_some_and(|t| e.last_modified <= t),
     };
     if not_modified {
-        store.borrow_mut().count(&e.digest, true, 0, now);
+        count(cache, &e.digest, true, 0, now);
         let h = httpcache::head(304, &common[..5], 0, keep);
         return send(conn, h, b"", keep).await;
     }
@@ -191,7 +250,7 @@ async fn respond(conn: &TcpStream, req: &httparse::Request<'_, '_>, store: &Rc<R
             if !head_only && !body(conn, store, &e, 0, e.size).await {
                 return false;
             }
-            store.borrow_mut().count(&e.digest, true, if head_only { 0 } else { e.size }, now);
+            count(cache, &e.digest, true, if head_only { 0 } else { e.size }, now);
             keep
         }
         Ranges::Parts(parts) if parts.len() == 1 => {
@@ -203,7 +262,7 @@ async fn respond(conn: &TcpStream, req: &httparse::Request<'_, '_>, store: &Rc<R
             if !send(conn, h, b"", true).await || (!head_only && !body(conn, store, &e, s, t).await) {
                 return false;
             }
-            store.borrow_mut().count(&e.digest, true, if head_only { 0 } else { t - s }, now);
+            count(cache, &e.digest, true, if head_only { 0 } else { t - s }, now);
             keep
         }
         Ranges::Parts(parts) => {
@@ -225,7 +284,7 @@ async fn respond(conn: &TcpStream, req: &httparse::Request<'_, '_>, store: &Rc<R
                     return false;
                 }
             }
-            store.borrow_mut().count(&e.digest, true, if head_only { 0 } else { len }, now);
+            count(cache, &e.digest, true, if head_only { 0 } else { len }, now);
             keep
         }
     }
@@ -264,8 +323,8 @@ async fn body(conn: &TcpStream, store: &Rc<RefCell<Store>>, e: &shfs::Entry, s: 
 
 /// A link not stored yet: join its fetch and send what comes, as it
 /// comes (the whole object; ranges and conditionals once it is stored).
-async fn stream(conn: &TcpStream, store: &Rc<RefCell<Store>>, fetches: &Rc<Fetches>, e: &shfs::Entry, head_only: bool, keep: bool) -> bool {
-    let f = upstream::join(fetches, store, e);
+async fn stream(conn: &TcpStream, cache: &Cache, e: &shfs::Entry, head_only: bool, keep: bool) -> bool {
+    let f = upstream::join(&cache.fetches, &cache.store, e);
     // The head once the upstream said its length, or failed.
     loop {
         let (state, total) = (f.borrow().state, f.borrow().total);
@@ -309,7 +368,19 @@ async fn stream(conn: &TcpStream, store: &Rc<RefCell<Store>>, fetches: &Rc<Fetch
             State::Running => upstream::changed(&f, pos, true).await,
         }
     }
-    store.borrow_mut().count(&e.digest, false, pos as u64, wisp::time::wall_ns() / 1_000_000_000);
+    count(cache, &e.digest, false, pos as u64, wisp::time::wall_ns() / 1_000_000_000);
     keep
+}
+
+/// Count a request of an object, in its statistics and the totals.
+fn count(cache: &Cache, digest: &[u8; shfs::DIGEST_SIZE], hit: bool, bytes: u64, now: u64) {
+    cache.store.borrow_mut().count(digest, hit, bytes, now);
+    let mut t = cache.totals.borrow_mut();
+    if hit {
+        t.hits += 1;
+    } else {
+        t.misses += 1;
+    }
+    t.bytes += bytes;
 }
 

@@ -153,16 +153,110 @@ impl Store {
         stored.start = at;
         stored.size = data.len() as u64;
         stored.last_modified = wisp::time::wall_ns() / 1_000_000_000;
+        self.write_entry(slot, &stored.encode())?;
+        self.objects.insert(e.digest, (slot, stored));
+        Ok(())
+    }
+
+    /// Write slot `slot`'s 512 bytes (its sector read, patched, written,
+    /// flushed).
+    fn write_entry(&self, slot: u32, bytes: &[u8; ENTRY_SIZE]) -> Result<(), String> {
+        if self.disk.read_only() {
+            return Err("the volume is read-only".into());
+        }
+        let err = |e: wisp::blk::Error| format!("{}", e);
         let off = self.sb.slot_offset(slot);
         let sector = off / 4096 * 4096;
         let mut sec = vec![0u8; 4096];
         self.disk.read(sector, &mut sec).map_err(err)?;
         let i = (off - sector) as usize;
-        sec[i..i + ENTRY_SIZE].copy_from_slice(&stored.encode());
+        sec[i..i + ENTRY_SIZE].copy_from_slice(bytes);
         self.disk.write(sector, &sec).map_err(err)?;
-        self.disk.flush().map_err(err)?;
-        self.objects.insert(e.digest, (slot, stored));
-        Ok(())
+        self.disk.flush().map_err(err)
+    }
+
+    /// Every object's entry.
+    pub fn entries(&self) -> Vec<Entry> {
+        let mut v: Vec<Entry> = self.objects.values().map(|o| o.1).collect();
+        v.sort_by(|a, b| a.name().cmp(b.name()).then(a.digest.cmp(&b.digest)));
+        v
+    }
+
+    /// Bytes of objects in memory.
+    pub fn cached_bytes(&self) -> u64 {
+        self.cached
+    }
+
+    fn find(&self, what: &str) -> Option<(u32, Entry)> {
+        let d = match self.names.get(what) {
+            Some(d) => *d,
+            None => shfs::parse_hex(what.trim_start_matches('/'))?,
+        };
+        self.objects.get(&d).copied()
+    }
+
+    /// Add a link to `url` (named `name`, if any); its digest is the
+    /// SHA-256 of the URL.
+    pub fn add_link(&mut self, url: &str, name: &str) -> Result<[u8; DIGEST_SIZE], String> {
+        use sha2::Digest;
+        if !url.starts_with("http://") {
+            return Err(format!("'{}' is not an http:// URL", url));
+        }
+        let d: [u8; DIGEST_SIZE] = sha2::Sha256::digest(url.as_bytes()).into();
+        if self.objects.contains_key(&d) || (!name.is_empty() && self.names.contains_key(name)) {
+            return Err("it is there already".into());
+        }
+        let now = wisp::time::wall_ns() / 1_000_000_000;
+        let e = Entry::new(d, shfs::Kind::Link, 0, 0, "application/octet-stream", name, url, now).map_err(String::from)?;
+        let taken: Vec<u32> = self.objects.values().map(|o| o.0).collect();
+        let slot = self.sb.bucket_slots(&d).find(|s| !taken.contains(s)).ok_or("the table's bucket for it is full")?;
+        self.write_entry(slot, &e.encode())?;
+        if !name.is_empty() {
+            self.names.insert(name.to_string(), d);
+        }
+        self.objects.insert(d, (slot, e));
+        Ok(d)
+    }
+
+    fn evict(&mut self, d: &[u8; DIGEST_SIZE]) {
+        if let Some(b) = self.cache.remove(d) {
+            self.cached -= b.len() as u64;
+            self.order.retain(|x| x != d);
+        }
+    }
+
+    /// Remove an object from the volume (its chunks become free).
+    pub fn remove(&mut self, what: &str) -> Result<String, String> {
+        let (slot, e) = self.find(what).ok_or_else(|| format!("no object '{}'", what))?;
+        self.write_entry(slot, &[0; ENTRY_SIZE])?;
+        self.evict(&e.digest);
+        self.objects.remove(&e.digest);
+        self.names.retain(|_, d| *d != e.digest);
+        Ok(format!("removed {}", String::from_utf8_lossy(&shfs::hex(&e.digest))))
+    }
+
+    /// Purge an object: out of memory, and a fetched link's stored copy
+    /// forgotten (the next request fetches it again).
+    pub fn purge(&mut self, what: &str) -> Result<String, String> {
+        let (slot, e) = self.find(what).ok_or_else(|| format!("no object '{}'", what))?;
+        self.evict(&e.digest);
+        if e.kind == shfs::Kind::Link && e.stored() {
+            let mut fresh = e;
+            fresh.start = 0;
+            fresh.size = 0;
+            self.write_entry(slot, &fresh.encode())?;
+            self.objects.insert(e.digest, (slot, fresh));
+        }
+        Ok(format!("purged {}", String::from_utf8_lossy(&shfs::hex(&e.digest))))
+    }
+
+    /// Write every object's statistics back to its entry.
+    pub fn save_stats(&mut self) -> Result<String, String> {
+        let all: Vec<(u32, Entry)> = self.objects.values().copied().collect();
+        for (slot, e) in &all {
+            self.write_entry(*slot, &e.encode())?;
+        }
+        Ok(format!("statistics of {} objects saved", all.len()))
     }
 
     fn keep(&mut self, d: [u8; DIGEST_SIZE], b: Rc<Vec<u8>>) {
