@@ -32,8 +32,10 @@ pub enum ShfsCmd {
         #[arg(long, default_value = "")]
         label: String,
     },
-    /// Add a file (named by its SHA-256 digest), or with --link an object
-    /// the cache fetches from an upstream URL; prints the digest.
+    /// Add a file (named by its SHA-256 digest), every file under a
+    /// directory (each named by its path below it, `/dir/a.html`), or with
+    /// --link an object the cache fetches from an upstream URL; prints the
+    /// digests.
     Add {
         /// The volume file.
         volume: PathBuf,
@@ -210,6 +212,19 @@ pub fn run(cmd: ShfsCmd) -> Result<u8, String> {
             f.sync_all().map_err(|e| format!("{name}: {e}"))?;
             println!("{name}: SHFS, {} chunks of {chunk} bytes, room for {} objects", sb.chunks, sb.slots());
         }
+        ShfsCmd::Add { volume, file: Some(dir), name: None, mime: None, link: None, digest: None } if dir.is_dir() => {
+            let mut files = Vec::new();
+            walk(&dir, &mut files).map_err(|e| format!("{}: {e}", dir.display()))?;
+            files.sort();
+            for f in &files {
+                let rel = f.strip_prefix(&dir).unwrap_or(f);
+                let name = format!("/{}", rel.display());
+                let add = ShfsCmd::Add { volume: volume.clone(), file: Some(f.clone()), name: Some(name), mime: None, link: None, digest: None };
+                if let Err(e) = run(add) {
+                    return Err(format!("{e} ({} of {} files added)", files.iter().position(|x| x == f).unwrap_or(0), files.len()));
+                }
+            }
+        }
         ShfsCmd::Add { volume, file, name, mime, link, digest } => {
             let v = Volume::open(&volume, true, true, &mut problems)?;
             let label = name.clone().unwrap_or_default();
@@ -277,6 +292,20 @@ pub fn run(cmd: ShfsCmd) -> Result<u8, String> {
         ShfsCmd::Fsck { volume } => return fsck(&volume),
     }
     Ok(0)
+}
+
+/// The regular files under `dir` (links not followed).
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let t = e.file_type()?;
+        if t.is_dir() {
+            walk(&e.path(), out)?;
+        } else if t.is_file() {
+            out.push(e.path());
+        }
+    }
+    Ok(())
 }
 
 /// Every check, every problem reported.
