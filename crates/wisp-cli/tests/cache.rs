@@ -281,3 +281,45 @@ fn the_operator_shell_works_on_the_console_and_over_http_for_admins_only() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn slow_and_vanishing_clients_cost_the_cache_nothing() {
+    let dir = fresh_dir("cache-slow");
+    let blob: Vec<u8> = (0..2_000_000u32).map(|i| (i % 241) as u8).collect();
+    let v = volume(&dir, &[("/blob.bin", &blob)]);
+    let d = Daemon::start_in_netns("cache-slow", "10.77.37.0/24", &[]);
+    let vol = format!("{}:ro", v.display());
+    let out = d.wisp(&["run", "-d", "--net", "-p", "8080:80", "--volume", &vol, "--mem", "64M", "-e", "CACHE_REQUEST_TIMEOUT_MS=500", "cache"]);
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let mut c = d.client();
+    wait_console(&mut c, &id, "cache: serving 1 objects");
+    // A slowloris head is answered 408 and closed by the request timeout;
+    // clients that vanish mid-body leave the cache serving the others.
+    let script = r#"
+import socket, time
+s = socket.create_connection(('127.0.0.1', 8080), timeout=10)
+s.sendall(b'GET /blob.bin HTTP/1.1\r\nHost: x\r\nX-Slow: ')
+t = time.time(); out = b''
+while True:
+    b = s.recv(4096)
+    if not b: break
+    out += b
+print(out.split(b'\r\n')[0].decode(), round(time.time() - t) < 5)
+for _ in range(20):
+    s = socket.create_connection(('127.0.0.1', 8080), timeout=10)
+    s.sendall(b'GET /blob.bin HTTP/1.1\r\nHost: x\r\n\r\n')
+    s.recv(10000)
+    s.close()
+s = socket.create_connection(('127.0.0.1', 8080), timeout=10)
+s.sendall(b'GET /blob.bin HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n')
+out = b''
+while True:
+    b = s.recv(65536)
+    if not b: break
+    out += b
+print(len(out.partition(b'\r\n\r\n')[2]))
+"#;
+    let got = d.python(script);
+    assert_eq!(got.lines().collect::<Vec<_>>(), ["HTTP/1.1 408 Request Timeout True", "2000000"], "{got}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

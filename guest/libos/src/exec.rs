@@ -278,16 +278,24 @@ fn drive(done: impl Fn() -> bool) {
 /// A future that completes at a deadline.
 pub struct Sleep {
     deadline: Instant,
+    /// The waker its timer holds, once it has one: polled again by the
+    /// same task (as a sleep raced against I/O is, at every wake-up) it
+    /// adds no timer.
+    armed: Option<Waker>,
 }
 
 impl Future for Sleep {
     type Output = ();
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         if Instant::now() >= self.deadline {
             return Poll::Ready(());
         }
+        if self.armed.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            return Poll::Pending;
+        }
         let deadline = self.deadline.as_nanos();
         let waker = cx.waker().clone();
+        self.armed = Some(waker.clone());
         EXEC.with(|e| {
             e.seq += 1;
             let seq = e.seq;
@@ -299,12 +307,12 @@ impl Future for Sleep {
 
 /// Wait until `deadline`.
 pub fn sleep_until(deadline: Instant) -> Sleep {
-    Sleep { deadline }
+    Sleep { deadline, armed: None }
 }
 
 /// Wait for `d`.
 pub fn sleep(d: Duration) -> Sleep {
-    Sleep { deadline: Instant::now().add(d) }
+    Sleep { deadline: Instant::now().add(d), armed: None }
 }
 
 /// Let other ready tasks run once.

@@ -7,7 +7,8 @@
 //! 416); `ETag` (the digest) and `Last-Modified`, with `If-None-Match` and
 //! `If-Modified-Since` (304); `Cache-Control` (`CACHE_MAX_AGE` seconds in
 //! the environment, default 3600) and `Content-Type`; 400, 404, 405, 414
-//! and 431 where they apply. Link objects are fetched from their upstream
+//! and 431 where they apply; 408 for a request that does not come whole
+//! within `CACHE_REQUEST_TIMEOUT_MS` (default 10 s). Link objects are fetched from their upstream
 //! on the first request, streamed to every client that asks meanwhile
 //! (one upstream read), and stored on a writable volume (`upstream.rs`;
 //! 502/504 when the upstream fails or does not answer within
@@ -51,6 +52,9 @@ struct Cache {
     fetches: Rc<Fetches>,
     totals: RefCell<Totals>,
     max_age: u64,
+    /// Longest wait for the rest of a request (`CACHE_REQUEST_TIMEOUT_MS`,
+    /// default 10 s).
+    request_timeout: core::time::Duration,
 }
 
 fn main() -> i32 {
@@ -78,7 +82,14 @@ fn main() -> i32 {
         Err(code) => return code,
     };
     wisp::println!("cache: serving {} objects on {}:{}", store.len(), cfg.ip, port);
-    let cache = Rc::new(Cache { store: Rc::new(RefCell::new(store)), fetches: Rc::new(Fetches::default()), totals: RefCell::new(Totals::default()), max_age });
+    let ms = |var: &str, default: u64| core::time::Duration::from_millis(wisp::env::var(var).and_then(|v| v.parse().ok()).unwrap_or(default));
+    let cache = Rc::new(Cache {
+        store: Rc::new(RefCell::new(store)),
+        fetches: Rc::new(Fetches::default()),
+        totals: RefCell::new(Totals::default()),
+        max_age,
+        request_timeout: ms("CACHE_REQUEST_TIMEOUT_MS", 10_000),
+    });
     // The operator's shell on the console (standard input), beside the server.
     let c = cache.clone();
     wisp::exec::spawn(async move {
@@ -141,9 +152,20 @@ async fn serve(conn: TcpStream, cache: Rc<Cache>) {
                 Err(e) => return error(&conn, 400, &format!("malformed request: {}", e)).await,
             }
         }
-        match conn.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        // The rest of a request that has begun must come within the
+        // request timeout (else 408: a client that trickles its head holds
+        // nothing for long). Between requests no timer is armed (one per
+        // read would cost every request a timer); an idle connection stays
+        // until its client closes it.
+        let read = if buf.is_empty() {
+            Some(conn.read(&mut chunk).await)
+        } else {
+            upstream::timeout(cache.request_timeout, conn.read(&mut chunk)).await
+        };
+        match read {
+            None => return error(&conn, 408, "the request did not come in time").await,
+            Some(Ok(0)) | Some(Err(_)) => return,
+            Some(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
         }
     }
 }
