@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write docs/benchmarks.md from bench/results/{boot,density,net,fork,app,ab}.json."""
+"""Write docs/benchmarks.md from bench/results/{boot,density,net,fork,cache,app,ab}.json."""
 
 import json
 import os
@@ -288,6 +288,31 @@ def ab_section(a):
     return out + [""]
 
 
+def cache_section(c):
+    r, t = c["ratios"], c["targets"]
+    peers = [("wisp_cache", "cache VM"), ("nginx_native", "nginx native"), ("nginx_container", "nginx container")]
+    out = ["## The content cache (`make bench-cache`, `bench/results/cache.json`)", "",
+           "wrk (one thread, %d s a point) against the cache VM (its address on the bridge, over its tap), nginx on" % c["seconds_per_point"],
+           "loopback (\"native\", one worker as the VM has one vCPU) and nginx in a namespace container (own network,",
+           "mount and PID namespaces, a veth pair), all in a namespace of the benchmark's own, the same objects", "by name.", "",
+           "| object, connections | cache VM req/s (p99) | nginx native | nginx container |", "|---|---|---|---|"]
+    for k in c["rps"]["wisp_cache"]:
+        cells = ["%.0f (%.2f ms)" % (c["rps"][p][k]["rps"], c["rps"][p][k]["p99_ms"]) for p, _ in peers]
+        out.append("| %s | %s |" % (k.replace("_c", ", "), " | ".join(cells)))
+    met = lambda v, goal, up=True: "met" if (v >= goal if up else v <= goal) else "**missed**"  # noqa: E731
+    thr = c["throughput_256mb_gbit"]
+    fb, pss = c["first_byte_after_run_ms"]["median"], c["idle_cache_vm_pss_kb"]
+    out += ["", "| figure | value | target | |", "|---|---|---|---|",
+            "| `rps_0b_vs_nginx_native` (best of the connection counts each) | %s | ≥ %.1f | %s |" % (ratio(r["rps_0b_vs_nginx_native"]), t["rps_0b_vs_nginx_native"], met(r["rps_0b_vs_nginx_native"], t["rps_0b_vs_nginx_native"])),
+            "| `rps_0b_vs_nginx_container` | %s | ≥ %.1f | %s |" % (ratio(r["rps_0b_vs_nginx_container"]), t["rps_0b_vs_nginx_container"], met(r["rps_0b_vs_nginx_container"], t["rps_0b_vs_nginx_container"])),
+            "| `throughput_100kb_vs_nginx_native` (100 KB objects, best connection count) | %s | ≥ %.1f | %s |" % (ratio(r["throughput_100kb_vs_nginx_native"]), t["throughput_100kb_vs_nginx_native"], met(r["throughput_100kb_vs_nginx_native"], t["throughput_100kb_vs_nginx_native"])),
+            "| `throughput_vs_nginx_native` (256 MB object: %.1f vs %.1f Gbit/s; container %.1f) | %s | — | |" % (thr["wisp_cache"], thr["nginx_native"], thr["nginx_container"], ratio(r["throughput_vs_nginx_native"])),
+            "| first byte after `wisp run` (median of 5; `wisp run -d` + `wisp inspect` + the request) | %.1f ms | ≤ %d ms | %s |" % (fb, t["first_byte_ms"], met(fb, t["first_byte_ms"], False)),
+            "| host memory of an idle cache VM (PSS of its VMM process) | %d KB | ≤ %d KB | %s |" % (pss, t["idle_pss_kb"], met(pss, t["idle_pss_kb"], False)),
+            ""]
+    return out
+
+
 def app_section(a):
     m, r, sz, peer = a["medians_s"], a["ratios"], a["image_bytes"], a["peer_bytes"]
     w, c = m["wisp"], m["cargo_host"]
@@ -326,6 +351,9 @@ def main():
     if os.path.exists(os.path.join(BENCH, "results", "fork.json")):
         fork_text = "\n".join(fork_section(load("fork.json")))
         text = text.replace("<!-- fork -->", fork_text) if "<!-- fork -->" in text else text + "\n" + fork_text
+    if os.path.exists(os.path.join(BENCH, "results", "cache.json")):
+        cache_text = "\n".join(cache_section(load("cache.json")))
+        text = text.replace("<!-- cache -->", cache_text) if "<!-- cache -->" in text else text + "\n" + cache_text
     if os.path.exists(os.path.join(BENCH, "results", "app.json")):
         app_text = "\n".join(app_section(load("app.json")))
         text = text.replace("<!-- app -->", app_text) if "<!-- app -->" in text else text + "\n" + app_text
