@@ -63,13 +63,7 @@ fn try_read_raw(buf: &mut [u8]) -> Option<usize> {
 pub async fn read_line_async(line: &mut String) -> usize {
     let mut buf = [0u8; 4096];
     loop {
-        let taken = PENDING.with(|p| {
-            let end = p.iter().position(|&b| b == b'\n').map(|i| i + 1)?;
-            line.push_str(&String::from_utf8_lossy(&p[..end]));
-            p.drain(..end);
-            Some(end)
-        });
-        if let Some(n) = taken {
+        if let Some(n) = take_line(line) {
             return n;
         }
         let got = core::future::poll_fn(|cx| match try_read_raw(&mut buf) {
@@ -81,15 +75,28 @@ pub async fn read_line_async(line: &mut String) -> usize {
         })
         .await;
         match got {
-            0 => {
-                return PENDING.with(|p| {
-                    line.push_str(&String::from_utf8_lossy(p));
-                    core::mem::take(p).len()
-                })
-            }
+            0 => return take_rest(line),
             n => PENDING.with(|p| p.extend_from_slice(&buf[..n])),
         }
     }
+}
+
+/// The first whole line of [`PENDING`], appended to `line`: its bytes.
+fn take_line(line: &mut String) -> Option<usize> {
+    PENDING.with(|p| {
+        let end = p.iter().position(|&b| b == b'\n').map(|i| i + 1)?;
+        line.push_str(&String::from_utf8_lossy(&p[..end]));
+        p.drain(..end);
+        Some(end)
+    })
+}
+
+/// What is left of [`PENDING`] at the end of input, appended to `line`.
+fn take_rest(line: &mut String) -> usize {
+    PENDING.with(|p| {
+        line.push_str(&String::from_utf8_lossy(p));
+        core::mem::take(p).len()
+    })
 }
 
 /// Read into `buf`: the bytes read, at least 1, or 0 at the end of input.
@@ -128,22 +135,11 @@ pub fn read_to_end(out: &mut Vec<u8>) -> usize {
 pub fn read_line(line: &mut String) -> usize {
     let mut buf = [0u8; 4096];
     loop {
-        let taken = PENDING.with(|p| {
-            let end = p.iter().position(|&b| b == b'\n').map(|i| i + 1)?;
-            line.push_str(&String::from_utf8_lossy(&p[..end]));
-            p.drain(..end);
-            Some(end)
-        });
-        if let Some(n) = taken {
+        if let Some(n) = take_line(line) {
             return n;
         }
         match read_raw(&mut buf) {
-            0 => {
-                return PENDING.with(|p| {
-                    line.push_str(&String::from_utf8_lossy(p));
-                    core::mem::take(p).len()
-                })
-            }
+            0 => return take_rest(line),
             n => PENDING.with(|p| p.extend_from_slice(&buf[..n])),
         }
     }
