@@ -13,6 +13,11 @@ pub fn on_stop(f: fn()) {
     STOP_HANDLER.with(|h| *h = Some(f));
 }
 
+/// Tasks waiting for standard input (`stdin::read_line_async`), woken by
+/// the `STDIN` event.
+pub(crate) static STDIN_READERS: crate::global::Global<alloc::vec::Vec<core::task::Waker>> =
+    crate::global::Global::new(alloc::vec::Vec::new());
+
 /// Act on event bits returned by the idle hypercall. `events::NET` (frames
 /// arrived, or TX room) needs nothing here: the executor polls the network
 /// after every wake-up, whatever woke it.
@@ -21,7 +26,9 @@ pub(crate) fn dispatch_events(bits: u64) {
         crate::signals::poll();
     }
     if bits & wisp_abi::events::STDIN != 0 {
-        crate::stdin::wake_readers();
+        for w in STDIN_READERS.with(core::mem::take) {
+            w.wake();
+        }
     }
     if bits & wisp_abi::events::STOP != 0 {
         match STOP_HANDLER.with(|h| *h) {

@@ -39,15 +39,6 @@ fn read_raw(buf: &mut [u8]) -> usize {
     }
 }
 
-/// Tasks waiting in [`read_line_async`], woken by the `STDIN` event.
-static READERS: crate::global::Global<Vec<core::task::Waker>> = crate::global::Global::new(Vec::new());
-
-pub(crate) fn wake_readers() {
-    for w in READERS.with(core::mem::take) {
-        w.wake();
-    }
-}
-
 /// One read from the monitor without waiting: `Some(n)` (0 at the end),
 /// `None` if nothing is there yet.
 fn try_read_raw(buf: &mut [u8]) -> Option<usize> {
@@ -69,7 +60,7 @@ pub async fn read_line_async(line: &mut String) -> usize {
         let got = core::future::poll_fn(|cx| match try_read_raw(&mut buf) {
             Some(n) => core::task::Poll::Ready(n),
             None => {
-                READERS.with(|r| r.push(cx.waker().clone()));
+                crate::process::STDIN_READERS.with(|r| r.push(cx.waker().clone()));
                 core::task::Poll::Pending
             }
         })
