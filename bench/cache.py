@@ -14,7 +14,9 @@ each serving the same objects under the same names: 0 B, 1 KB, 10 KB and
 thread; one nginx worker, as the VM has one vCPU), a 256 MB object's
 throughput (curl, whole downloads), the time from `wisp run` to the first
 byte served by a new cache VM with a mounted volume, and the host memory
-(PSS) of an idle cache VM's VMM process.
+(PSS) of an idle cache VM's VMM process, and the aggregate requests/s of
+1, 2, 4 and 8 cache VMs sharing one read-only volume (one wrk per VM at
+once, 0 B objects, 50 connections each).
 
     python3 bench/cache.py --wisp target/release/wisp --out bench/results/cache.json
 """
@@ -176,6 +178,20 @@ def main():
                 speeds.append(float(out[0]) * 8 / 1e9)
             thr[p] = sorted(speeds)[1]
             log("[cache] %s 256 MB: %.2f Gbit/s" % (p, thr[p]))
+        # Several cache VMs at once, one volume.
+        aggregate = {}
+        vms = [ip]
+        for n in (1, 2, 4, 8):
+            while len(vms) < n:
+                _, more = run_cache()
+                vms.append(more["ip"])
+                wait_answer = "import socket,time\nfor i in range(2000):\n  try:\n    socket.create_connection((%r,80),timeout=1).close(); break\n  except OSError: time.sleep(0.01)" % more["ip"]
+                sh("python3", "-c", wait_answer, ns=NS)
+            runs = [subprocess.Popen(["ip", "netns", "exec", NS, "wrk", "-t1", "-c50", "-d%ds" % args.seconds, "http://%s/0B" % v],
+                                     stdout=subprocess.PIPE, text=True) for v in vms[:n]]
+            total = sum(float(re.search(r"Requests/sec:\s*([\d.]+)", r.communicate()[0]).group(1)) for r in runs)
+            aggregate[str(n)] = total
+            log("[cache] %d cache VMs: %.0f requests/s together" % (n, total))
         med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
         r0 = lambda p: max(res[p]["0B_c%d" % c]["rps"] for c in CONNS)  # noqa: E731
         doc = {
@@ -188,6 +204,7 @@ def main():
                                         "wisp_run_d_ms": med([x[0] for x in parts]), "address_from_api_ms": med([x[1] for x in parts]),
                                         "then_to_first_byte_ms": med([x[2] for x in parts])},
             "idle_cache_vm_pss_kb": pss,
+            "aggregate_rps_0b": aggregate,
             "ratios": {
                 "rps_0b_vs_nginx_native": r0("wisp_cache") / r0("nginx_native"),
                 "rps_0b_vs_nginx_container": r0("wisp_cache") / r0("nginx_container"),

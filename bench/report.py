@@ -312,6 +312,10 @@ def cache_section(c):
                 c["first_byte_after_run_ms"].get("then_to_first_byte_ms", 0), fb, t["first_byte_ms"], met(fb, t["first_byte_ms"], False)),
             "| host memory of an idle cache VM (PSS of its VMM process) | %d KB | ≤ %d KB | %s |" % (pss, t["idle_pss_kb"], met(pss, t["idle_pss_kb"], False)),
             ""]
+    if "aggregate_rps_0b" in c:
+        out += ["Several cache VMs on one read-only volume, one wrk each at once (0 B, 50 connections each; the host has %s CPUs):" % c["machine"].get("nproc", "?"), "",
+                "| cache VMs | requests/s together |", "|---|---|"]
+        out += ["| %s | %.0f |" % (n, v) for n, v in c["aggregate_rps_0b"].items()] + [""]
     return out
 
 

@@ -613,3 +613,47 @@ fn a_daemon_whose_binary_is_replaced_on_disk_keeps_starting_vmm_processes() {
     assert!(!d.log().contains("cannot prepare"), "{}", d.log());
     assert_eq!(d.wisp(&["rm", "-f", "--all"]).status.code(), Some(0));
 }
+
+#[test]
+fn a_second_daemon_on_a_served_socket_is_refused_but_a_mute_listener_is_not_a_daemon() {
+    let wispd = std::path::Path::new(env!("CARGO_BIN_EXE_wisp")).with_file_name("wispd");
+    let d = Daemon::start("second", &[]);
+    let dir = common::fresh_dir("second-state");
+    let o = std::process::Command::new(&wispd)
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("another wispd is serving"), "{}", String::from_utf8_lossy(&o.stderr));
+    drop(d);
+    // A listener nobody accepts on (as a killed daemon's, inherited by a
+    // process on its way to exec) does not keep a daemon from starting.
+    let sock = dir.join("mute.sock");
+    let mute = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).ok()?).into();
+    let mut child = std::process::Command::new(&wispd)
+        .arg("--socket")
+        .arg(&sock)
+        .arg("--state-dir")
+        .arg(dir.join("state2"))
+        .arg("--pool")
+        .arg("16M=0")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // (Asking before it bound its own socket would wait on the mute one.)
+    let mute_ino: Option<u64> = ino(&sock);
+    eventually(Duration::from_secs(20), || "wispd did not bind a socket of its own".into(), || (ino(&sock) != mute_ino && ino(&sock).is_some()).then_some(()));
+    let up = eventually(Duration::from_secs(20), || "wispd did not answer".into(), || {
+        wisp_api::client::Client::connect(&sock).ok().and_then(|mut c| c.version().ok())
+    });
+    assert!(up.abi > 0);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    drop(mute);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -197,11 +197,23 @@ fn host_ram() -> u64 {
     (info.totalram as u64).saturating_mul(u64::from(info.mem_unit))
 }
 
+/// Whether a daemon answers on `socket`. A connection alone does not
+/// say so: a process that inherited a killed daemon's listener on its way
+/// to `exec` (a VMM process being started) holds it for a moment, and the
+/// kernel queues connections there that nobody will accept.
+fn serving(socket: &std::path::Path) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut c) = std::os::unix::net::UnixStream::connect(socket) else { return false };
+    let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+    let mut b = [0u8; 1];
+    c.write_all(b"GET /v1/version HTTP/1.1\r\nHost: wispd\r\nConnection: close\r\n\r\n").is_ok() && matches!(c.read(&mut b), Ok(1))
+}
+
 fn run(cli: Cli) -> Result<(), String> {
     if let Some(parent) = cli.socket.parent() {
         std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
     }
-    if std::os::unix::net::UnixStream::connect(&cli.socket).is_ok() {
+    if serving(&cli.socket) {
         return Err(format!("another wispd is serving {}", cli.socket.display()));
     }
     let _ = std::fs::remove_file(&cli.socket);
