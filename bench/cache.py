@@ -87,12 +87,41 @@ http { access_log off; sendfile on; tcp_nopush on; tcp_nodelay on; keepalive_req
 """
 
 
+def plot(doc, png):
+    """Requests/s of the three peers per object size and connection count
+    (grouped bars). False without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    keys = list(doc["rps"]["wisp_cache"])
+    xs = range(len(keys))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for i, (p, label, color) in enumerate([("wisp_cache", "cache VM", "tab:red"), ("nginx_native", "nginx native", "tab:blue"),
+                                           ("nginx_container", "nginx container", "tab:green")]):
+        ax.bar([x + (i - 1) * 0.27 for x in xs], [doc["rps"][p][k]["rps"] / 1e3 for k in keys], 0.27, label=label, color=color)
+    ax.set_xticks(list(xs), [k.replace("_c", "\n") + " conn" for k in keys], fontsize=7)
+    ax.set_ylabel("thousand requests/s (wrk)")
+    ax.set_title("content cache vs nginx, %s" % doc["machine"].get("cpu_model", ""), fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    return True
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--wisp", default=os.path.join(ROOT, "target/release/wisp"))
     ap.add_argument("--seconds", type=int, default=4)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/cache.json"))
+    ap.add_argument("--plot-only", action="store_true", help="only draw the plot of --out's results")
     args = ap.parse_args()
+    png = os.path.splitext(args.out)[0] + ".png"
+    if args.plot_only:
+        with open(args.out) as f:
+            return plot(json.load(f), png)
     wisp = os.path.abspath(args.wisp)
     wispd = os.path.join(os.path.dirname(wisp), "wispd")
     work = tempfile.mkdtemp(prefix="wisp-bench-cache-")
@@ -218,6 +247,9 @@ def main():
         doc["ratios"]["throughput_100kb_vs_nginx_native"] = r100("wisp_cache") / r100("nginx_native")
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
+        # (Debian's matplotlib is the system Python's.)
+        if not plot(doc, png) and os.path.exists("/usr/bin/python3") and sys.executable != "/usr/bin/python3":
+            subprocess.run(["/usr/bin/python3", os.path.abspath(__file__), "--plot-only", "--out", args.out])
         log(json.dumps(doc["ratios"], indent=1))
         log("first byte %.2f ms, idle PSS %d KB" % (med(first_ms), pss))
     finally:

@@ -291,7 +291,7 @@ def ab_section(a):
 def cache_section(c):
     r, t = c["ratios"], c["targets"]
     peers = [("wisp_cache", "cache VM"), ("nginx_native", "nginx native"), ("nginx_container", "nginx container")]
-    out = ["## The content cache (`make bench-cache`, `bench/results/cache.json`)", "",
+    out = ["## The content cache (`make bench-cache`, `bench/results/cache.json`, `cache.png`)", "",
            "wrk (one thread, %d s a point) against the cache VM (its address on the bridge, over its tap), nginx on" % c["seconds_per_point"],
            "loopback (\"native\", one worker as the VM has one vCPU) and nginx in a namespace container (own network,",
            "mount and PID namespaces, a veth pair), all in a namespace of the benchmark's own, the same objects", "by name.", "",
