@@ -329,3 +329,44 @@ pub async fn yield_now() {
     })
     .await
 }
+
+/// One of two outcomes ([`race`]).
+pub enum Either<A, B> {
+    /// The first future's.
+    Left(A),
+    /// The second future's.
+    Right(B),
+}
+
+/// Whichever of `a` and `b` completes first (`a` if both are ready); the
+/// other is dropped.
+pub async fn race<A: Future, B: Future>(a: A, b: B) -> Either<A::Output, B::Output> {
+    let mut a = core::pin::pin!(a);
+    let mut b = core::pin::pin!(b);
+    core::future::poll_fn(|cx| {
+        if let Poll::Ready(v) = a.as_mut().poll(cx) {
+            return Poll::Ready(Either::Left(v));
+        }
+        if let Poll::Ready(v) = b.as_mut().poll(cx) {
+            return Poll::Ready(Either::Right(v));
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// `fut`'s output, or `None` once `d` has passed.
+///
+/// ```ignore
+/// match wisp::exec::timeout(Duration::from_secs(5), conn.read(&mut buf)).await {
+///     None => { /* nothing came in 5 s */ }
+///     Some(r) => { /* the read's result */ }
+/// }
+/// ```
+pub async fn timeout<T>(d: Duration, fut: impl Future<Output = T>) -> Option<T> {
+    match race(fut, sleep(d)).await {
+        Either::Left(v) => Some(v),
+        Either::Right(()) => None,
+    }
+}
+

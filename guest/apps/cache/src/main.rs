@@ -160,7 +160,7 @@ async fn serve(conn: TcpStream, cache: Rc<Cache>) {
         let read = if buf.is_empty() {
             Some(conn.read(&mut chunk).await)
         } else {
-            upstream::timeout(cache.request_timeout, conn.read(&mut chunk)).await
+            wisp::exec::timeout(cache.request_timeout, conn.read(&mut chunk)).await
         };
         match read {
             None => return error(&conn, 408, "the request did not come in time").await,
@@ -213,7 +213,7 @@ async fn respond(conn: &TcpStream, req: &httparse::Request<'_, '_>, req_body: &[
                 let _ = send(conn, httpcache::head(200, &[("Content-Type", "text/plain")], a.text.len() as u64, false), a.text.as_bytes(), false).await;
                 // The answer is acknowledged before the VM ends (an exit
                 // drops what the sockets still hold).
-                let _ = upstream::timeout(core::time::Duration::from_secs(2), conn.flush()).await;
+                let _ = wisp::exec::timeout(core::time::Duration::from_secs(2), conn.flush()).await;
                 wisp::exit(0);
             }
             (200, a.text)

@@ -14,9 +14,7 @@ use alloc::rc::Rc;
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::cell::RefCell;
-use core::future::Future;
 use core::net::Ipv4Addr;
-use core::pin::pin;
 use core::task::{Poll, Waker};
 use core::time::Duration;
 
@@ -85,21 +83,6 @@ pub async fn changed(f: &Shared, seen: usize, head_known: bool) {
     .await
 }
 
-/// `fut`, or `None` once `d` has passed.
-pub async fn timeout<T>(d: Duration, fut: impl Future<Output = T>) -> Option<T> {
-    let mut fut = pin!(fut);
-    let mut sleep = pin!(wisp::exec::sleep(d));
-    core::future::poll_fn(|cx| {
-        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
-            return Poll::Ready(Some(v));
-        }
-        if sleep.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(None);
-        }
-        Poll::Pending
-    })
-    .await
-}
 
 /// The fetch of link `e`: the one under way, or a new one.
 pub fn join(fetches: &Rc<Fetches>, store: &Rc<RefCell<Store>>, e: &Entry) -> Shared {
@@ -151,7 +134,7 @@ type Failure = (u16, String);
 async fn fetch(e: &Entry, f: &Shared) -> Result<(), Failure> {
     let url = e.url();
     let (ip, port, path, host) = parse_url(url).ok_or((502, format!("'{}' is not http://IPv4[:port]/path", url)))?;
-    let conn = match timeout(upstream_timeout(), TcpStream::connect(ip, port)).await {
+    let conn = match wisp::exec::timeout(upstream_timeout(), TcpStream::connect(ip, port)).await {
         None => return Err((504, "no connection in time".into())),
         Some(Err(err)) => return Err((502, format!("connect: {}", err))),
         Some(Ok(c)) => c,
@@ -162,7 +145,7 @@ async fn fetch(e: &Entry, f: &Shared) -> Result<(), Failure> {
     let mut chunk = [0u8; 16 << 10];
     // The head.
     let body_start = loop {
-        let n = match timeout(upstream_timeout(), conn.read(&mut chunk)).await {
+        let n = match wisp::exec::timeout(upstream_timeout(), conn.read(&mut chunk)).await {
             None => return Err((504, "no answer in time".into())),
             Some(Err(err)) => return Err((502, format!("read: {}", err))),
             Some(Ok(0)) => return Err((502, "closed before its head".into())),
@@ -210,7 +193,7 @@ async fn fetch(e: &Entry, f: &Shared) -> Result<(), Failure> {
         if f.borrow().total.is_some_and(|t| f.borrow().data.len() as u64 == t) {
             return Ok(());
         }
-        match timeout(upstream_timeout(), conn.read(&mut chunk)).await {
+        match wisp::exec::timeout(upstream_timeout(), conn.read(&mut chunk)).await {
             None => return Err((504, "stalled".into())),
             Some(Err(err)) => return Err((502, format!("read: {}", err))),
             Some(Ok(0)) => {

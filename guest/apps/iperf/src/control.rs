@@ -16,7 +16,7 @@ use crate::protocol::{
 };
 use crate::session::{now, Phase, Test};
 use crate::streams::{udp_receive, udp_send};
-use crate::sync::{race, Either};
+use wisp::exec::{race, Either};
 
 /// A test is abandoned this long after its announced end if the client
 /// does not end it.

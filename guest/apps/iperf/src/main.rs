@@ -44,7 +44,7 @@ use iperf_params::{socket_buffer, Proto};
 use protocol::{deny, read_exact, COOKIE_SIZE, MESSAGE_TIMEOUT};
 use session::Test;
 use streams::tcp_stream;
-use sync::{race, Either};
+use wisp::exec::{race, Either};
 use wisp::net::{TcpListener, TcpOptions, TcpStream};
 
 wisp::main!(main, wisp::Manifest::new().nic(true));

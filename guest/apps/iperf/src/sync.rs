@@ -1,4 +1,5 @@
-//! Signals between the tasks of one test, and racing two futures.
+//! Signals between the tasks of one test (racing two futures is the
+//! executor's: `wisp::exec::race`).
 
 use alloc::vec::Vec;
 use core::cell::{Cell, RefCell};
@@ -69,23 +70,3 @@ pub async fn until<F: Future>(sig: &Signal, f: F) -> Option<F::Output> {
     .await
 }
 
-pub enum Either<A, B> {
-    Left(A),
-    Right(B),
-}
-
-/// Whichever of `a` and `b` completes first (`a` if both are ready).
-pub async fn race<A: Future, B: Future>(a: A, b: B) -> Either<A::Output, B::Output> {
-    let mut a = pin!(a);
-    let mut b = pin!(b);
-    poll_fn(|cx| {
-        if let Poll::Ready(v) = a.as_mut().poll(cx) {
-            return Poll::Ready(Either::Left(v));
-        }
-        if let Poll::Ready(v) = b.as_mut().poll(cx) {
-            return Poll::Ready(Either::Right(v));
-        }
-        Poll::Pending
-    })
-    .await
-}
