@@ -157,21 +157,6 @@ impl Volume {
         self.objects.iter().find(|(_, e)| Some(e.digest) == digest || (!what.is_empty() && e.name() == what))
     }
 
-    /// Free space for `need` chunks: the first gap between files.
-    fn allocate(&self, need: u64) -> Option<u64> {
-        let mut used: Vec<(u64, u64)> =
-            self.objects.iter().filter(|(_, e)| e.stored()).map(|(_, e)| (e.start, e.start + e.chunks(&self.sb))).collect();
-        used.sort();
-        let mut at = self.sb.data_chunk()?;
-        for (s, e) in used {
-            if s >= at + need {
-                break;
-            }
-            at = at.max(e);
-        }
-        (at + need <= self.sb.chunks).then_some(at)
-    }
-
     fn write_slot(&self, slot: u32, bytes: &[u8; ENTRY_SIZE]) -> Result<(), String> {
         self.file.write_all_at(bytes, self.sb.slot_offset(slot)).map_err(|e| format!("{}: {e}", self.name))?;
         self.file.sync_data().map_err(|e| format!("{}: {e}", self.name))
@@ -241,7 +226,7 @@ pub fn run(cmd: ShfsCmd) -> Result<u8, String> {
                         return Ok(0);
                     }
                     let need = v.sb.chunks_for(data.len() as u64);
-                    let start = v.allocate(need).ok_or_else(|| format!("{}: no room for {} bytes", v.name, data.len()))?;
+                    let start = v.sb.allocate(v.objects.iter().map(|(_, e)| e), need).ok_or_else(|| format!("{}: no room for {} bytes", v.name, data.len()))?;
                     v.file.write_all_at(&data, start * v.sb.chunk_size as u64).map_err(|e| format!("{}: {e}", v.name))?;
                     v.file.sync_data().map_err(|e| format!("{}: {e}", v.name))?;
                     let mime = mime.unwrap_or_else(|| mime_of(&path).to_string());

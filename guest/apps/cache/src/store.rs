@@ -132,18 +132,7 @@ impl Store {
             return Ok(());
         }
         let need = self.sb.chunks_for(data.len() as u64).max(1);
-        let mut used: Vec<(u64, u64)> = self.objects.values().filter(|(_, o)| o.stored()).map(|(_, o)| (o.start, o.start + o.chunks(&self.sb))).collect();
-        used.sort();
-        let mut at = self.sb.data_chunk().ok_or("no data area")?;
-        for (s, t) in used {
-            if s >= at + need {
-                break;
-            }
-            at = at.max(t);
-        }
-        if at + need > self.sb.chunks {
-            return Err(format!("no room for {} bytes on the volume", data.len()));
-        }
+        let at = self.sb.allocate(self.objects.values().map(|o| &o.1), need).ok_or_else(|| format!("no room for {} bytes on the volume", data.len()))?;
         let mut padded = data.to_vec();
         padded.resize((need * self.sb.chunk_size as u64) as usize, 0);
         let err = |e: wisp::blk::Error| format!("{}", e);

@@ -15,10 +15,13 @@
 //! only unreferenced chunks, which count as free. Removing writes the
 //! entry's slot with zeros.
 //!
-//! `no_std`, no allocation: parsing works on byte slices, for the guest
-//! (which reads the table from its disk) and the host tool alike. The
+//! `no_std`: parsing works on byte slices without allocating, for the
+//! guest (which reads the table from its disk) and the host tool alike;
+//! finding free chunks ([`Superblock::allocate`]) uses `alloc`. The
 //! on-disk format is documented in `docs/shfs.md`.
 #![no_std]
+
+extern crate alloc;
 
 use core::fmt;
 
@@ -246,6 +249,22 @@ impl Superblock {
     /// Chunks an object of `size` bytes takes.
     pub fn chunks_for(&self, size: u64) -> u64 {
         size.div_ceil(self.chunk_size as u64)
+    }
+
+    /// The first chunk of the first gap of `need` free chunks among the
+    /// contents `objects` store (the writer's allocation: first fit).
+    pub fn allocate<'a>(&self, objects: impl IntoIterator<Item = &'a Entry>, need: u64) -> Option<u64> {
+        let mut used: alloc::vec::Vec<(u64, u64)> =
+            objects.into_iter().filter(|e| e.stored()).map(|e| (e.start, e.start + e.chunks(self))).collect();
+        used.sort();
+        let mut at = self.data_chunk()?;
+        for (s, e) in used {
+            if s >= at + need {
+                break;
+            }
+            at = at.max(e);
+        }
+        (at + need <= self.chunks).then_some(at)
     }
 
     /// The label as text.
@@ -546,6 +565,20 @@ mod tests {
             x[i] ^= 0x5a;
             let _ = Entry::parse(1, &x);
         }
+    }
+
+    #[test]
+    fn allocation_takes_the_first_gap() {
+        let s = sb();
+        let d0 = s.data_chunk().unwrap();
+        let file = |start, size| Entry::new([1; 32], Kind::File, start, size, "", "", "", 0).unwrap();
+        let link = Entry::new([2; 32], Kind::Link, 0, 0, "", "", "http://x/", 0).unwrap();
+        assert_eq!(s.allocate(&[], 3), Some(d0));
+        // 16 KiB chunks: 40,000 bytes take 3.
+        let taken = [file(d0, 40_000), file(d0 + 5, 16_384), link];
+        assert_eq!(s.allocate(&taken, 2), Some(d0 + 3));
+        assert_eq!(s.allocate(&taken, 3), Some(d0 + 6));
+        assert_eq!(s.allocate(&taken, s.chunks), None);
     }
 
     #[test]
