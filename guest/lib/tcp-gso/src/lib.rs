@@ -21,7 +21,7 @@
 extern crate alloc;
 
 use alloc::vec::Vec;
-use wisp_abi::net::{gso, vnet_flags, VnetHdr, MAX_GSO_FRAME, MAX_GSO_SEGS, MIN_GSO_SIZE};
+use wisp_abi::net::{gso, slots_for, vnet_flags, VnetHdr, MAX_GSO_FRAME, MAX_GSO_SEGS, MIN_GSO_SIZE};
 
 /// Ethernet header bytes.
 pub const ETH: usize = 14;
@@ -117,152 +117,264 @@ pub fn single(frame: &mut [u8]) -> VnetHdr {
     }
 }
 
-/// Super-frames open at once (one per flow): smoltcp's egress sends one
-/// segment per socket and round, so the segments of parallel streams
-/// interleave.
-pub const OPEN_MAX: usize = 4;
+/// A frame of the batch: where it lies in the arena, and what it is.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    off: usize,
+    len: usize,
+    /// Its layout if it is TCP/IPv4.
+    seg: Option<Seg>,
+    /// The next frame of its flow ([`NONE`]: the last).
+    next: u32,
+}
 
-/// A super-frame being built, in a buffer of its own.
-#[derive(Debug)]
+const NONE: u32 = u32::MAX;
+
+/// A flow of the batch and its frames, in their order.
+#[derive(Clone, Copy, Debug)]
+struct Flow {
+    /// Addresses and ports of a TCP/IPv4 flow; `None` gathers every other
+    /// frame (ARP, UDP, ICMP...), which goes alone, in its order.
+    key: Option<[u8; 12]>,
+    first: u32,
+    last: u32,
+}
+
+/// The super-frame being built while a flow's frames are walked.
+#[derive(Clone, Copy, Debug)]
 struct Open {
-    /// Its first segment's layout.
-    first: Seg,
-    /// The frame so far.
-    buf: Vec<u8>,
+    /// The held frame it starts with, and that frame's layout.
+    first: usize,
+    seg: Seg,
+    /// Bytes so far (headers and payloads).
+    len: usize,
     segs: u32,
     next_seq: u32,
     /// Nothing more may join (a short segment or PSH came).
     closed: bool,
     psh: bool,
-    /// When it opened (for the oldest to go first when all are in use).
-    age: u64,
 }
 
-impl Open {
-    /// Whether `frame` belongs to the same flow (addresses and ports).
-    fn same_flow(&self, frame: &[u8], seg: &Seg) -> bool {
-        let l4 = ETH + seg.ip_hl;
-        let ours = ETH + self.first.ip_hl;
-        seg.ip_hl == self.first.ip_hl && frame[ETH + 12..ETH + 20] == self.buf[ETH + 12..ETH + 20] && frame[l4..l4 + 4] == self.buf[ours..ours + 4]
+/// One frame going out: `head`, then the `body` ranges of `arena` (the
+/// payloads that follow the first segment's, for a super-frame).
+#[derive(Debug)]
+pub struct Out<'a> {
+    pub head: &'a [u8],
+    pub arena: &'a [u8],
+    pub body: &'a [(usize, usize)],
+    pub vnet: VnetHdr,
+}
+
+impl Out<'_> {
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.body.iter().map(|r| r.1).sum::<usize>()
     }
 
-    /// Finish it (IPv4 length and checksum, PSH, the pseudo-header sum)
-    /// and hand it to `out` with its virtio-net header.
-    fn finish(&mut self, out: &mut impl FnMut(&[u8], VnetHdr)) {
-        let s = self.first;
-        let len = self.buf.len();
-        let head = &mut self.buf[..];
-        if self.segs == 1 {
-            let v = ask_checksum(head, &s, len - ETH - s.ip_hl);
-            return out(&self.buf, v);
-        }
-        let ip = &mut head[ETH..ETH + s.ip_hl];
-        ip[2..4].copy_from_slice(&((len - ETH) as u16).to_be_bytes());
-        ip[10..12].fill(0);
-        let c = ipv4_checksum(ip);
-        ip[10..12].copy_from_slice(&c.to_be_bytes());
-        if self.psh {
-            head[ETH + s.ip_hl + 13] |= PSH;
-        }
-        let v = ask_checksum(head, &s, len - ETH - s.ip_hl);
-        out(&self.buf, VnetHdr { gso_type: gso::TCPV4, hdr_len: s.hdrs as u16, gso_size: s.payload as u16, ..v });
+    /// Whether it is empty (never, for a frame the batch hands out).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
-    /// Whether `frame` (`seg`, of the same flow) continues this super-frame.
-    fn continued_by(&self, frame: &[u8], seg: &Seg) -> bool {
-        let s = &self.first;
-        if self.closed
+    /// Its bytes, piece by piece.
+    pub fn pieces(&self) -> impl Iterator<Item = &[u8]> {
+        core::iter::once(self.head).chain(self.body.iter().map(|&(o, l)| &self.arena[o..o + l]))
+    }
+}
+
+/// The frames smoltcp builds during one poll, held in an arena of the
+/// batch's own and handed out when the poll ends (or the arena or the ring
+/// runs short): per flow, in the order the flows first appeared, each
+/// flow's frames in their order, the consecutive data segments of a flow
+/// coalesced into super-frames. smoltcp's egress sends one segment per
+/// socket and round, so with many connections the segments of a flow lie
+/// far apart in the order they were built: grouping them per flow over the
+/// whole poll is what lets fifty 10 KB responses leave as fifty
+/// super-frames rather than 350 segments. A frame is copied once, from the
+/// arena to the ring.
+#[derive(Debug)]
+pub struct Batch {
+    arena: Vec<u8>,
+    used: usize,
+    held: Vec<Held>,
+    flows: Vec<Flow>,
+    /// Ring slots its frames would take each alone.
+    slots: u32,
+    /// Scratch: a super-frame's payload ranges, and its patched headers.
+    ranges: Vec<(usize, usize)>,
+    head: [u8; HEAD_MAX],
+}
+
+impl Batch {
+    /// A batch holding up to `arena` bytes of frames.
+    pub fn new(arena: usize) -> Batch {
+        Batch { arena: alloc::vec![0; arena], used: 0, held: Vec::new(), flows: Vec::new(), slots: 0, ranges: Vec::new(), head: [0; HEAD_MAX] }
+    }
+
+    /// Arena bytes free for the next frame.
+    pub fn room(&self) -> usize {
+        self.arena.len() - self.used
+    }
+
+    /// Ring slots the held frames would take if each went alone: what
+    /// [`Batch::flush`] publishes takes at most this many (a super-frame is
+    /// shorter than its segments together).
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    /// Whether no frame is held.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// The arena's next `len` bytes, for a frame to be built in; `None` if
+    /// they are not free (flush first).
+    pub fn buffer(&mut self, len: usize) -> Option<&mut [u8]> {
+        self.arena.get_mut(self.used..self.used + len)
+    }
+
+    /// Hold the `len`-byte frame just built in [`Batch::buffer`]`(len)`.
+    pub fn commit(&mut self, len: usize) {
+        let off = self.used;
+        let frame = &self.arena[off..off + len];
+        let seg = parse(frame);
+        let key = seg.map(|s| {
+            let mut k = [0u8; 12];
+            k[..8].copy_from_slice(&frame[ETH + 12..ETH + 20]);
+            k[8..].copy_from_slice(&frame[ETH + s.ip_hl..ETH + s.ip_hl + 4]);
+            k
+        });
+        let me = self.held.len() as u32;
+        self.held.push(Held { off, len, seg, next: NONE });
+        self.used += len;
+        self.slots += slots_for(len as u32);
+        // Recent flows first: smoltcp's rounds revisit them in turn.
+        match self.flows.iter().rposition(|f| f.key == key) {
+            Some(i) => {
+                let last = self.flows[i].last as usize;
+                self.held[last].next = me;
+                self.flows[i].last = me;
+            }
+            None => self.flows.push(Flow { key, first: me, last: me }),
+        }
+    }
+
+    /// Hand every held frame to `out`, in the order described at
+    /// [`Batch`], with its virtio-net header; the batch is empty after.
+    pub fn flush(&mut self, mut out: impl FnMut(Out<'_>)) {
+        let flows = core::mem::take(&mut self.flows);
+        for f in &flows {
+            let mut open: Option<Open> = None;
+            let mut i = f.first;
+            while i != NONE {
+                let idx = i as usize;
+                let h = self.held[idx];
+                i = h.next;
+                if let Some(o) = open.as_mut() {
+                    if self.continues(o, &h) {
+                        let seg = h.seg.expect("continues: a TCP segment");
+                        self.ranges.push((h.off + seg.hdrs, seg.payload));
+                        o.len += seg.payload;
+                        o.segs += 1;
+                        o.next_seq = seg.seq.wrapping_add(seg.payload as u32);
+                        o.psh |= seg.flags & PSH != 0;
+                        o.closed = seg.payload < o.seg.payload || o.psh;
+                        continue;
+                    }
+                    // The flow's earlier data goes first.
+                    self.finish(open.take().expect("open"), &mut out);
+                }
+                let Some(seg) = h.seg else {
+                    out(Out { head: &self.arena[h.off..h.off + h.len], arena: &self.arena, body: &[], vnet: VnetHdr::default() });
+                    continue;
+                };
+                if starts_super_frame(&seg) {
+                    self.ranges.clear();
+                    self.ranges.push((h.off + seg.hdrs, seg.payload));
+                    open = Some(Open { first: idx, seg, len: h.len, segs: 1, next_seq: seg.seq.wrapping_add(seg.payload as u32), closed: false, psh: false });
+                    continue;
+                }
+                let frame = &mut self.arena[h.off..h.off + h.len];
+                let v = ask_checksum(frame, &seg, h.len - ETH - seg.ip_hl);
+                out(Out { head: &self.arena[h.off..h.off + h.len], arena: &self.arena, body: &[], vnet: v });
+            }
+            if let Some(o) = open {
+                self.finish(o, &mut out);
+            }
+        }
+        self.flows = flows;
+        self.flows.clear();
+        self.held.clear();
+        self.ranges.clear();
+        self.used = 0;
+        self.slots = 0;
+    }
+
+    /// Whether held frame `h` (of the same flow) continues super-frame `o`:
+    /// the same headers but for what differs between segments.
+    fn continues(&self, o: &Open, h: &Held) -> bool {
+        let Some(seg) = h.seg else { return false };
+        let s = &o.seg;
+        let data = seg.flags & ACK != 0 && seg.flags & (FIN | SYN | RST | URG) == 0;
+        if !data
+            || o.closed
             || seg.hdrs != s.hdrs
-            || seg.seq != self.next_seq
+            || seg.seq != o.next_seq
             || seg.payload == 0
             || seg.payload > s.payload
-            || self.buf.len() + seg.payload > MAX_GSO_FRAME as usize
-            || self.segs >= MAX_GSO_SEGS
+            || o.len + seg.payload > MAX_GSO_FRAME as usize
+            || o.segs >= MAX_GSO_SEGS
         {
             return false;
         }
-        // The same headers but for what differs between segments.
+        let first = self.held[o.first];
+        let (a, b) = (&self.arena[first.off..first.off + s.hdrs], &self.arena[h.off..h.off + s.hdrs]);
         let (ip, l4) = (ETH, ETH + s.ip_hl);
-        let same = |a: usize, b: usize| frame[a..b] == self.buf[a..b];
+        let same = |x: usize, y: usize| a[x..y] == b[x..y];
         same(0, ip + 2)
             && same(ip + 6, ip + 10)
             && same(ip + 12, l4 + 4)
             && same(l4 + 8, l4 + 13)
-            && (frame[l4 + 13] & !PSH) == (self.buf[l4 + 13] & !PSH)
+            && (b[l4 + 13] & !PSH) == (a[l4 + 13] & !PSH)
             && same(l4 + 14, l4 + 16)
             && same(l4 + 18, s.hdrs)
     }
+
+    /// Hand out super-frame `o` (IPv4 length and checksum, PSH, the
+    /// pseudo-header sum in its headers); one segment goes as it is.
+    fn finish(&mut self, o: Open, out: &mut impl FnMut(Out<'_>)) {
+        let s = o.seg;
+        let first = self.held[o.first];
+        if o.segs == 1 {
+            let frame = &mut self.arena[first.off..first.off + first.len];
+            let v = ask_checksum(frame, &s, first.len - ETH - s.ip_hl);
+            out(Out { head: &self.arena[first.off..first.off + first.len], arena: &self.arena, body: &[], vnet: v });
+            self.ranges.clear();
+            return;
+        }
+        let head = &mut self.head[..s.hdrs];
+        head.copy_from_slice(&self.arena[first.off..first.off + s.hdrs]);
+        let ip = &mut head[ETH..ETH + s.ip_hl];
+        ip[2..4].copy_from_slice(&((o.len - ETH) as u16).to_be_bytes());
+        ip[10..12].fill(0);
+        let c = ipv4_checksum(ip);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        if o.psh {
+            head[ETH + s.ip_hl + 13] |= PSH;
+        }
+        let v = ask_checksum(head, &s, o.len - ETH - s.ip_hl);
+        let vnet = VnetHdr { gso_type: gso::TCPV4, hdr_len: s.hdrs as u16, gso_size: s.payload as u16, ..v };
+        // The payloads: the first segment's, then the others'.
+        out(Out { head: &self.head[..s.hdrs], arena: &self.arena, body: &self.ranges, vnet });
+        self.ranges.clear();
+    }
 }
 
-/// Coalesces a poll's segments, up to [`OPEN_MAX`] flows at once.
-#[derive(Debug, Default)]
-pub struct Coalescer {
-    open: [Option<Open>; OPEN_MAX],
-    /// Buffers of finished super-frames, kept for the next ones.
-    spare: Vec<Vec<u8>>,
-    clock: u64,
-}
-
-impl Coalescer {
-    /// Take a frame smoltcp built (`frame`, whose headers may be changed):
-    /// it joins an open super-frame of its flow, opens one, or goes alone;
-    /// every frame that is done, in the order it must leave (a flow's
-    /// frames in their order), goes to `out` with its virtio-net header.
-    /// At most [`OPEN_MAX`] + 1 frames go out per call.
-    pub fn push(&mut self, frame: &mut [u8], mut out: impl FnMut(&[u8], VnetHdr)) {
-        let Some(seg) = parse(frame) else { return out(frame, VnetHdr::default()) };
-        let data = seg.flags & ACK != 0 && seg.flags & (FIN | SYN | RST | URG) == 0 && seg.payload > 0;
-        let mine = self.open.iter().position(|o| o.as_ref().is_some_and(|o| o.same_flow(frame, &seg)));
-        if let Some(i) = mine {
-            let o = self.open[i].as_mut().expect("found above");
-            if data && o.continued_by(frame, &seg) {
-                o.buf.extend_from_slice(&frame[seg.hdrs..]);
-                o.segs += 1;
-                o.next_seq = seg.seq.wrapping_add(seg.payload as u32);
-                o.psh |= seg.flags & PSH != 0;
-                o.closed = seg.payload < o.first.payload || o.psh;
-                return;
-            }
-            // The flow's earlier data goes first.
-            self.close(i, &mut out);
-        }
-        // A new super-frame: a full data segment that may be followed.
-        if !data || seg.payload < MIN_GSO_SIZE as usize || seg.flags & PSH != 0 {
-            let v = ask_checksum(frame, &seg, frame.len() - ETH - seg.ip_hl);
-            return out(frame, v);
-        }
-        let i = match self.open.iter().position(Option::is_none) {
-            Some(i) => i,
-            None => {
-                let oldest = (0..OPEN_MAX).min_by_key(|&i| self.open[i].as_ref().map_or(0, |o| o.age)).unwrap_or(0);
-                self.close(oldest, &mut out);
-                oldest
-            }
-        };
-        let mut buf = self.spare.pop().unwrap_or_default();
-        buf.clear();
-        buf.reserve(MAX_GSO_FRAME as usize);
-        buf.extend_from_slice(frame);
-        self.clock += 1;
-        let next_seq = seg.seq.wrapping_add(seg.payload as u32);
-        self.open[i] = Some(Open { first: seg, buf, segs: 1, next_seq, closed: false, psh: false, age: self.clock });
-    }
-
-    fn close(&mut self, i: usize, out: &mut impl FnMut(&[u8], VnetHdr)) {
-        if let Some(mut o) = self.open[i].take() {
-            o.finish(out);
-            self.spare.push(o.buf);
-        }
-    }
-
-    /// Hand every open super-frame to `out` (at the end of a poll).
-    pub fn flush(&mut self, mut out: impl FnMut(&[u8], VnetHdr)) {
-        let mut order: Vec<usize> = (0..OPEN_MAX).filter(|&i| self.open[i].is_some()).collect();
-        order.sort_by_key(|&i| self.open[i].as_ref().map_or(0, |o| o.age));
-        for i in order {
-            self.close(i, &mut out);
-        }
-    }
+/// Whether a segment may start a super-frame: a full data segment that
+/// may be followed (no PSH, FIN, SYN, RST, URG; not tiny).
+fn starts_super_frame(seg: &Seg) -> bool {
+    seg.flags & ACK != 0 && seg.flags & (FIN | SYN | RST | URG | PSH) == 0 && seg.payload >= MIN_GSO_SIZE as usize
 }
 
 #[cfg(test)]
@@ -300,15 +412,29 @@ mod tests {
     /// Run `frames` through a coalescer as the NIC does; the frames that
     /// go out (header, bytes).
     fn run(frames: &[Vec<u8>]) -> Vec<(VnetHdr, Vec<u8>)> {
-        let mut c = Coalescer::default();
+        run_in(1 << 20, frames)
+    }
+
+    /// The same with an arena of `arena` bytes, flushed when full; checks
+    /// that what a flush hands out takes no more ring slots than it said.
+    fn run_in(arena: usize, frames: &[Vec<u8>]) -> Vec<(VnetHdr, Vec<u8>)> {
+        let mut b = Batch::new(arena);
         let mut out: Vec<(VnetHdr, Vec<u8>)> = Vec::new();
+        let mut flush = |b: &mut Batch, out: &mut Vec<(VnetHdr, Vec<u8>)>| {
+            let (said, before) = (b.slots(), out.len());
+            b.flush(|o| out.push((o.vnet, o.pieces().flatten().copied().collect())));
+            let took: u32 = out[before..].iter().map(|(_, f)| slots_for(f.len() as u32)).sum();
+            assert!(took <= said, "{took} slots published, {said} said");
+            assert!(b.is_empty() && b.slots() == 0 && b.room() == arena);
+        };
         for f in frames {
-            let mut f = f.clone();
-            let before = out.len();
-            c.push(&mut f, |b, v| out.push((v, b.to_vec())));
-            assert!(out.len() - before <= OPEN_MAX + 1);
+            if b.room() < f.len() {
+                flush(&mut b, &mut out);
+            }
+            b.buffer(f.len()).unwrap().copy_from_slice(f);
+            b.commit(f.len());
         }
-        c.flush(|b, v| out.push((v, b.to_vec())));
+        flush(&mut b, &mut out);
         out
     }
 
@@ -417,8 +543,8 @@ mod tests {
         let mut udp = seg(1, 100, ACK);
         udp[ETH + 9] = 17;
         let out = run(&[seg(1, 1000, ACK), udp.clone(), seg(1001, 1000, ACK)]);
-        assert!(out[0] == (VnetHdr::default(), udp));
-        assert_eq!((out.len(), out[1].0.gso_type, out[1].1.len()), (2, gso::TCPV4, 2054));
+        assert!(out[1] == (VnetHdr::default(), udp));
+        assert_eq!((out.len(), out[0].0.gso_type, out[0].1.len()), (2, gso::TCPV4, 2054));
         let out = run(&[seg(1, 0, ACK)]);
         assert_eq!(out[0].0, VnetHdr { flags: 1, csum_start: 34, csum_offset: 16, ..Default::default() });
         assert!(verify(&segment(&out[0].0, &out[0].1)[0]));
@@ -443,10 +569,10 @@ mod tests {
         frames.push(flow(0, 10_001, 0, ACK | FIN));
         let out = run(&frames);
         let port = |f: &Vec<u8>| f[ETH + 20 + 1];
-        // Stream 1's data, then its ACK; stream 0's data, then its FIN;
-        // streams 2 and 3 at the end of the poll.
+        // Per stream in the order they first came: stream 0's data, then
+        // its FIN; stream 1's data, then its ACK; streams 2 and 3.
         let shape: Vec<(u8, u8, usize)> = out.iter().map(|(v, f)| (port(f), v.gso_type, f.len())).collect();
-        assert_eq!(shape, [(1, 1, 54 + 10_000), (1, 0, 54), (0, 1, 54 + 10_000), (0, 0, 54), (2, 1, 54 + 10_000), (3, 1, 54 + 10_000)]);
+        assert_eq!(shape, [(0, 1, 54 + 10_000), (0, 0, 54), (1, 1, 54 + 10_000), (1, 0, 54), (2, 1, 54 + 10_000), (3, 1, 54 + 10_000)]);
         let mut seen = [0usize; 4];
         for (v, f) in &out {
             for b in segment(v, f) {
@@ -458,12 +584,31 @@ mod tests {
             }
         }
         assert_eq!(seen, [11, 11, 10, 10]);
-        // A fifth flow closes the oldest.
-        let mut frames: Vec<Vec<u8>> = (0..5u8).map(|p| flow(p, 1, 1000, ACK)).collect();
-        frames.push(flow(4, 1001, 1000, ACK));
+        // Fifty responses of seven segments, one segment per stream and
+        // round: fifty super-frames.
+        let mut frames = Vec::new();
+        for r in 0..7u32 {
+            for p in 0..50u8 {
+                frames.push(flow(p, 1 + r * 1460, 1460, if r == 6 { ACK | PSH } else { ACK }));
+            }
+        }
         let out = run(&frames);
-        let shape: Vec<(u8, usize)> = out.iter().map(|(_, f)| (port(f), f.len())).collect();
-        assert_eq!(shape, [(0, 1054), (1, 1054), (2, 1054), (3, 1054), (4, 2054)]);
+        let shape: Vec<(u8, u8, usize)> = out.iter().map(|(v, f)| (port(f), v.gso_type, f.len())).collect();
+        assert_eq!(shape, (0..50u8).map(|p| (p, 1, 54 + 7 * 1460)).collect::<Vec<_>>());
+        // An arena too small for a poll: flushed when full, every segment
+        // still leaves once and in its order, in fewer frames than segments.
+        let out = run_in(256 << 10, &frames);
+        assert!(out.len() < frames.len() / 2, "{} frames", out.len());
+        let mut seen = [0u32; 50];
+        for (v, f) in &out {
+            for b in segment(v, f) {
+                let p = port(&b) as usize;
+                let orig = frames.iter().filter(|g| port(g) as usize == p).nth(seen[p] as usize).unwrap();
+                assert!(b == with_checksum(orig), "stream {p}, segment {}", seen[p]);
+                seen[p] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&n| n == 7));
     }
 
     #[test]

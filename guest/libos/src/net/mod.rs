@@ -102,12 +102,15 @@ pub enum Error {
     /// Writing after [`TcpStream::shutdown`], or to a connection the peer
     /// no longer reads.
     BrokenPipe,
+    /// The heap has no room for another connection's buffers.
+    NoMemory,
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Error::NoDevice => "no network device",
+            Error::NoMemory => "out of memory for another connection",
             Error::NetDown => "network device stopped",
             Error::AddrInUse => "address in use",
             Error::NoPorts => "no free local port",

@@ -2,13 +2,13 @@
 //! a `DeviceKind::Net` device (see `wisp_abi::net` for the ABI), with the
 //! host's offloads where the monitor's tap has them (`params[4]`):
 //!
-//! - TX: smoltcp builds each frame in a buffer of ours; TCP segments of a
-//!   poll that continue one another are coalesced per flow into
-//!   super-frames of up to 64 KiB (`tcp_gso`), copied into the ring when
-//!   done, which the host cuts back into them (gso TCPV4), and TCP
-//!   checksums are left to the host (smoltcp is told not to compute them;
-//!   the checksum field gets the pseudo-header sum and the descriptor
-//!   NEEDS_CSUM). Other frames go alone.
+//! - TX: smoltcp builds each frame of a poll in a batch of ours
+//!   (`tcp_gso::Batch`), held until the poll ends; then, per flow, TCP
+//!   segments that continue one another go to the ring as super-frames of
+//!   up to 64 KiB, which the host cuts back into them (gso TCPV4), and
+//!   TCP checksums are left to the host (smoltcp is told not to compute
+//!   them; the checksum field gets the pseudo-header sum and the
+//!   descriptor NEEDS_CSUM). Other frames go alone.
 //! - RX: the host's super-frames (up to [`MAX_CHAIN`] slots) go to smoltcp
 //!   whole — its ingress path takes a TCP segment longer than the MTU — and
 //!   straight from the ring unless the chain wraps around its end. smoltcp
@@ -20,9 +20,10 @@
 //! `tx_cons` (slot counts). We read the monitor's index with acquire
 //! ordering (so the slots it published are visible) and publish ours with
 //! release ordering (so the slots we filled or finished with are). A TX
-//! token is only handed out while the TX ring has room for the largest
-//! super-frame and one frame more, so `tx_prod` never runs more than
-//! `SLOTS` ahead of `tx_cons`; every TX frame is 1..=`MAX_GSO_FRAME` bytes.
+//! token is only handed out while the TX ring has room for every frame the
+//! batch holds, each alone, and one frame more, so `tx_prod` never runs
+//! more than `SLOTS` ahead of `tx_cons`; every TX frame is
+//! 1..=`MAX_GSO_FRAME` bytes.
 
 use alloc::boxed::Box;
 use alloc::vec;
@@ -32,7 +33,7 @@ use core::sync::atomic::{fence, AtomicU32, Ordering};
 use smoltcp::phy::{self, Checksum, ChecksumCapabilities, DeviceCapabilities, Medium};
 use smoltcp::time::Instant;
 use smoltcp::wire::{EthernetFrame, EthernetProtocol, Icmpv4Packet, IpProtocol, Ipv4Packet, TcpPacket, UdpPacket};
-use tcp_gso::{Coalescer, OPEN_MAX};
+use tcp_gso::Batch;
 use wisp_abi::net::{
     decode_geometry, hdr, offload, slots_for, vnet_flags, SlotDesc, VnetHdr, DESC_SIZE, MAX_CHAIN, MAX_FRAME, REGION_SIZE,
     RX_BUF_OFF, RX_DESC_OFF, SLOTS, SLOT_SIZE, TX_BUF_OFF, TX_DESC_OFF,
@@ -160,9 +161,9 @@ struct Tx {
     full: bool,
     /// The tap's offloads we use.
     offloads: u64,
-    /// Segments of this poll, coalesced.
-    gso: Coalescer,
-    /// Where smoltcp builds a frame.
+    /// This poll's frames, held until it ends (with the TSO offload).
+    batch: Batch,
+    /// Where smoltcp builds a frame that goes alone (without it).
     scratch: Box<[u8]>,
 }
 
@@ -182,56 +183,72 @@ impl Rx {
     }
 }
 
-/// Free TX slots a token needs: every open super-frame may go out at its
-/// largest before the new frame (`Coalescer::push`).
-const TX_ROOM: u32 = OPEN_MAX as u32 * MAX_CHAIN + 1;
+/// Bytes of frames a poll's batch holds before it goes to the ring: 170
+/// full segments (a 10 KB answer each to 24 connections at once).
+const BATCH_ARENA: usize = 256 << 10;
 
 impl TxRing {
-    /// Whether the TX ring has room for what one frame may make go out.
-    fn has_room(&self) -> bool {
+    /// Free slots.
+    fn free(&self) -> u32 {
         let cons = field(self.base, hdr::TX_CONS).load(Ordering::Acquire);
-        SLOTS - self.prod.wrapping_sub(cons).min(SLOTS) >= TX_ROOM
+        SLOTS - self.prod.wrapping_sub(cons).min(SLOTS)
     }
 
-    /// Copy `frame` into the chain at `prod` and publish it with header
-    /// `vnet`.
-    fn publish(&mut self, frame: &[u8], vnet: VnetHdr) {
-        let mut from = 0;
-        for (addr, len) in pieces(self.base, TX_BUF_OFF, self.prod, 0, frame.len()) {
-            // SAFETY: the chain at `prod` is not published: the monitor
-            // finished with these slots (`has_room` saw TX_ROOM slots
-            // free with an acquire load of `tx_cons` before the token that
-            // led here, and at most that many are published per token) and
-            // reads them again only after we publish them below. `pieces`
-            // keeps every byte inside the TX buffers of the validated
-            // region (a frame is at most MAX_CHAIN < SLOTS slots).
-            unsafe { core::ptr::copy_nonoverlapping(frame[from..].as_ptr(), addr as *mut u8, len) };
-            from += len;
+    /// Copy the frame made of `pieces` (`len` bytes together) into the
+    /// chain at `prod` and publish it with header `vnet`.
+    fn publish<'a>(&mut self, pieces_of: impl Iterator<Item = &'a [u8]>, len: usize, vnet: VnetHdr) {
+        let dst = pieces(self.base, TX_BUF_OFF, self.prod, 0, len);
+        let (mut di, mut at) = (0, 0);
+        for mut src in pieces_of {
+            while !src.is_empty() && di < dst.len() {
+                let (addr, room) = dst[di];
+                let n = src.len().min(room - at);
+                // SAFETY: the chain at `prod` is not published: the monitor
+                // finished with these slots (`Tx::has_room` saw them free with
+                // an acquire load of `tx_cons` before the token that led
+                // here, and at most that many are published per token) and
+                // reads them again only after we publish them below.
+                // `pieces` keeps every byte inside the TX buffers of the
+                // validated region (a frame is at most MAX_CHAIN < SLOTS
+                // slots), and `at + n` stays within this piece.
+                unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), (addr as usize + at) as *mut u8, n) };
+                src = &src[n..];
+                at += n;
+                if at == room {
+                    (di, at) = (di + 1, 0);
+                }
+            }
         }
         let d = desc_addr(self.base, TX_DESC_OFF, self.prod);
-        let desc = SlotDesc { len: frame.len() as u32, vnet, reserved: 0 };
+        let desc = SlotDesc { len: len as u32, vnet, reserved: 0 };
         // SAFETY: this slot's descriptor, owned by us as above; it is
         // 16-byte aligned inside the validated region.
         unsafe { core::ptr::write_volatile(d as *mut SlotDesc, desc) };
-        self.prod = self.prod.wrapping_add(slots_for(frame.len() as u32));
+        self.prod = self.prod.wrapping_add(slots_for(len as u32));
         field(self.base, hdr::TX_PROD).store(self.prod, Ordering::Release);
         self.queued += 1;
     }
 }
 
 impl Tx {
-    /// Put the `len`-byte frame smoltcp built in `scratch` on the ring:
-    /// coalesced with the TSO offload, else alone (its TCP checksum left to
-    /// the host with the checksum offload).
-    fn push(&mut self, len: usize) {
-        let frame = &mut self.scratch[..len];
-        let ring = &mut self.ring;
-        if self.offloads & offload::TSO4 != 0 {
-            self.gso.push(frame, |f, v| ring.publish(f, v));
-        } else {
-            let vnet = if self.offloads & offload::CSUM != 0 { tcp_gso::single(frame) } else { VnetHdr::default() };
-            ring.publish(frame, vnet);
+    /// Whether the ring has room for the batch's frames and one more;
+    /// if not, the batch goes to the ring now, and there may be room.
+    fn has_room(&mut self) -> bool {
+        let one = slots_for(MAX_FRAME);
+        if self.ring.free() >= self.batch.slots() + one {
+            return true;
         }
+        if self.batch.is_empty() {
+            return false;
+        }
+        self.flush_batch();
+        self.ring.free() >= one
+    }
+
+    /// The batch's frames to the ring (there is room: `has_room`).
+    fn flush_batch(&mut self) {
+        let ring = &mut self.ring;
+        self.batch.flush(|o| ring.publish(o.pieces(), o.len(), o.vnet));
     }
 }
 
@@ -253,7 +270,7 @@ impl Nic {
                 frames: 0,
                 full: false,
                 offloads,
-                gso: Coalescer::default(),
+                batch: Batch::new(if offloads & offload::TSO4 != 0 { BATCH_ARENA } else { 0 }),
                 scratch: vec![0u8; MAX_FRAME as usize].into_boxed_slice(),
             },
             dead: false,
@@ -277,7 +294,7 @@ impl Nic {
             return false;
         }
         let rx = self.rx.available() != 0;
-        (rx || self.tx.full) && self.tx.ring.has_room()
+        (rx || self.tx.full) && self.tx.ring.free() >= self.tx.batch.slots() + slots_for(MAX_FRAME)
     }
 
     /// Whether RX frames wait in the ring.
@@ -307,8 +324,7 @@ impl Nic {
         if self.dead {
             return;
         }
-        let ring = &mut self.tx.ring;
-        self.tx.gso.flush(|f, v| ring.publish(f, v));
+        self.tx.flush_batch();
         let queued = core::mem::take(&mut self.tx.ring.queued) != 0;
         let freed = core::mem::take(&mut self.rx.freed);
         if !queued && !freed {
@@ -347,7 +363,7 @@ impl phy::Device for Nic {
         }
         // Processing a frame may need a reply (ARP, ICMP echo, TCP ACK/RST):
         // leave RX frames waiting until there is a TX slot for it.
-        if !self.tx.ring.has_room() {
+        if !self.tx.has_room() {
             self.tx.full = true;
             return None;
         }
@@ -358,7 +374,7 @@ impl phy::Device for Nic {
         if self.dead {
             return None;
         }
-        if !self.tx.ring.has_room() {
+        if !self.tx.has_room() {
             self.tx.full = true;
             return None;
         }
@@ -431,8 +447,8 @@ impl phy::RxToken for RxToken<'_> {
     }
 }
 
-/// Room for one frame: smoltcp builds it in our buffer, then it goes to
-/// the ring (`Tx::push`).
+/// Room for one frame: smoltcp builds it in the batch, or in our buffer
+/// when it goes alone (no TSO offload).
 pub(crate) struct TxToken<'a> {
     tx: &'a mut Tx,
 }
@@ -446,9 +462,22 @@ impl phy::TxToken for TxToken<'_> {
             let mut scratch = vec![0u8; len];
             return f(&mut scratch);
         }
-        let r = f(&mut tx.scratch[..len]);
-        tx.push(len);
         tx.frames += 1;
+        if tx.offloads & offload::TSO4 != 0 {
+            if tx.batch.room() < len {
+                // (The token was given with room for the batch and one more.)
+                tx.flush_batch();
+            }
+            if let Some(buf) = tx.batch.buffer(len) {
+                let r = f(buf);
+                tx.batch.commit(len);
+                return r;
+            }
+        }
+        let r = f(&mut tx.scratch[..len]);
+        let frame = &mut tx.scratch[..len];
+        let vnet = if tx.offloads & offload::CSUM != 0 { tcp_gso::single(frame) } else { VnetHdr::default() };
+        tx.ring.publish(core::iter::once(&*frame), len, vnet);
         r
     }
 }

@@ -1,7 +1,6 @@
 //! TCP: listeners with a backlog, and connections.
 
 use alloc::collections::VecDeque;
-use alloc::vec;
 use alloc::vec::Vec;
 use core::cell::Cell;
 use core::future::Future;
@@ -53,14 +52,39 @@ impl Default for TcpOptions {
 /// gives up on that client and listens again.
 const HANDSHAKE_TIMEOUT: smoltcp::time::Duration = smoltcp::time::Duration::from_secs(20);
 
-/// A smoltcp socket with the buffers and settings of `opts`.
-fn new_socket(opts: &TcpOptions) -> tcp::Socket<'static> {
+/// The smallest buffer a socket is given when the heap runs short.
+const MIN_BUFFER: usize = 4 << 10;
+
+/// Heap left free when buffers are given to a new socket: what the program
+/// itself needs beside its connections (a 32nd of the heap, at least
+/// 256 KiB).
+fn heap_reserve() -> usize {
+    let (used, free) = crate::heap::usage();
+    ((used + free) / 32).max(256 << 10)
+}
+
+/// A smoltcp socket with the buffers and settings of `opts`, or with
+/// smaller buffers (halved down to [`MIN_BUFFER`]) when the heap has not
+/// room for those and a reserve: many connections get smaller windows
+/// rather than the program running out of memory. `None` when even the
+/// smallest do not fit.
+fn new_socket(opts: &TcpOptions) -> Option<tcp::Socket<'static>> {
     // Bounded so a window scale can describe them.
-    let rx = opts.rx_buffer.clamp(64, 1 << 30);
-    let tx = opts.tx_buffer.clamp(64, 1 << 30);
-    let mut s = tcp::Socket::new(tcp::SocketBuffer::new(vec![0; rx]), tcp::SocketBuffer::new(vec![0; tx]));
-    s.set_nagle_enabled(!opts.nodelay);
-    s
+    let (mut rx, mut tx) = (opts.rx_buffer.clamp(64, 1 << 30), opts.tx_buffer.clamp(64, 1 << 30));
+    let reserve = heap_reserve();
+    loop {
+        if let Some(rb) = crate::heap::try_zeroed(rx, reserve) {
+            if let Some(tb) = crate::heap::try_zeroed(tx, reserve) {
+                let mut s = tcp::Socket::new(tcp::SocketBuffer::new(rb), tcp::SocketBuffer::new(tb));
+                s.set_nagle_enabled(!opts.nodelay);
+                return Some(s);
+            }
+        }
+        if rx.max(tx) <= MIN_BUFFER {
+            return None;
+        }
+        (rx, tx) = ((rx / 2).max(rx.min(MIN_BUFFER)), (tx / 2).max(tx.min(MIN_BUFFER)));
+    }
 }
 
 /// `(address, port)` of an endpoint.
@@ -112,7 +136,9 @@ impl Stack {
                 }
             }
             while l.listening.len() < l.opts.backlog && l.ready.len() < l.opts.backlog {
-                let mut s = new_socket(&l.opts);
+                // No memory for another: the backlog is what it is until
+                // connections close (a SYN meanwhile gets a reset).
+                let Some(mut s) = new_socket(&l.opts) else { break };
                 // A handshake that stalls (a client gone, a spoofed SYN)
                 // must not hold a backlog slot forever.
                 s.set_timeout(Some(HANDSHAKE_TIMEOUT));
@@ -313,7 +339,7 @@ impl TcpStream {
                 return Err(Error::Unreachable);
             }
             let local = st.ephemeral_port(true)?;
-            let mut s = new_socket(&opts);
+            let mut s = new_socket(&opts).ok_or(Error::NoMemory)?;
             s.connect(st.iface.context(), (IpAddress::Ipv4(ip), port), local).map_err(|_| Error::Unreachable)?;
             Ok(st.sockets.add(s))
         })??;
