@@ -77,7 +77,18 @@ fn main() -> i32 {
         }
     };
     let max_age: u64 = wisp::env::var("CACHE_MAX_AGE").and_then(|v| v.parse().ok()).unwrap_or(3600);
-    let listener = match TcpListener::bind_app("cache", port, TcpOptions { nodelay: true, ..TcpOptions::default() }) {
+    // Large send buffers (a 100 KB object leaves in two 64 KiB segments,
+    // not in seven windows' worth) and a deep backlog cost nothing until
+    // used: the library OS backs their pages lazily and gives connections
+    // smaller buffers when the heap runs short.
+    let envn = |var: &str, default: usize| wisp::env::var(var).and_then(|v| v.parse().ok()).unwrap_or(default);
+    let opts = TcpOptions {
+        nodelay: true,
+        backlog: envn("CACHE_BACKLOG", 64),
+        tx_buffer: envn("CACHE_SEND_BUFFER", 256 << 10),
+        ..TcpOptions::default()
+    };
+    let listener = match TcpListener::bind_app("cache", port, opts) {
         Ok(l) => l,
         Err(code) => return code,
     };

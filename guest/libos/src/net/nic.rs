@@ -25,7 +25,6 @@
 //! more than `SLOTS` ahead of `tx_cons`; every TX frame is
 //! 1..=`MAX_GSO_FRAME` bytes.
 
-use alloc::boxed::Box;
 use alloc::vec;
 use alloc::vec::Vec;
 use core::sync::atomic::{fence, AtomicU32, Ordering};
@@ -33,9 +32,8 @@ use core::sync::atomic::{fence, AtomicU32, Ordering};
 use smoltcp::phy::{self, Checksum, ChecksumCapabilities, DeviceCapabilities, Medium};
 use smoltcp::time::Instant;
 use smoltcp::wire::{EthernetFrame, EthernetProtocol, Icmpv4Packet, IpProtocol, Ipv4Packet, TcpPacket, UdpPacket};
-use tcp_gso::Batch;
 use wisp_abi::net::{
-    decode_geometry, hdr, offload, slots_for, vnet_flags, SlotDesc, VnetHdr, DESC_SIZE, MAX_CHAIN, MAX_FRAME, REGION_SIZE,
+    decode_geometry, hdr, offload, slots_for, vnet_flags, SlotDesc, VnetHdr, DESC_SIZE, MAX_CHAIN, MAX_FRAME, MAX_GSO_FRAME, MAX_GSO_SEGS, REGION_SIZE,
     RX_BUF_OFF, RX_DESC_OFF, SLOTS, SLOT_SIZE, TX_BUF_OFF, TX_DESC_OFF,
 };
 use wisp_abi::DeviceDesc;
@@ -161,10 +159,12 @@ struct Tx {
     full: bool,
     /// The tap's offloads we use.
     offloads: u64,
-    /// This poll's frames, held until it ends (with the TSO offload).
-    batch: Batch,
-    /// Where smoltcp builds a frame that goes alone (without it).
-    scratch: Box<[u8]>,
+    /// The longest frame smoltcp may build: a 64 KiB TCP segment with the
+    /// TSO offload, else one MTU.
+    max: usize,
+    /// Where smoltcp builds a frame whose chain would wrap around the
+    /// ring's end, and where one the host would refuse is taken apart.
+    scratch: Vec<u8>,
 }
 
 /// The TX ring as the guest fills it.
@@ -183,10 +183,6 @@ impl Rx {
     }
 }
 
-/// Bytes of frames a poll's batch holds before it goes to the ring: 170
-/// full segments (a 10 KB answer each to 24 connections at once).
-const BATCH_ARENA: usize = 256 << 10;
-
 impl TxRing {
     /// Free slots.
     fn free(&self) -> u32 {
@@ -194,20 +190,45 @@ impl TxRing {
         SLOTS - self.prod.wrapping_sub(cons).min(SLOTS)
     }
 
-    /// Copy the frame made of `pieces` (`len` bytes together) into the
+    /// The chain at `prod` for a `len`-byte frame, if it does not wrap
+    /// around the ring's end: smoltcp builds the frame there, in place.
+    fn chain_mut(&mut self, len: usize) -> Option<&mut [u8]> {
+        let [(a0, l0), (_, l1)] = pieces(self.base, TX_BUF_OFF, self.prod, 0, len);
+        if l1 != 0 || l0 != len {
+            return None;
+        }
+        // SAFETY: the chain at `prod` is not published: the monitor finished
+        // with these slots (`Tx::has_room` saw them free with an acquire
+        // load of `tx_cons` before the token that led here, and at most that
+        // many are published per token) and reads them again only after
+        // `publish_built` publishes them. `pieces` keeps the `len` bytes
+        // inside the TX buffers of the validated region, contiguous (no
+        // wrap). The slice lives no longer than this borrow of the ring.
+        Some(unsafe { core::slice::from_raw_parts_mut(a0 as *mut u8, len) })
+    }
+
+    /// Publish the `len`-byte frame built at `prod` with header `vnet`.
+    fn publish_built(&mut self, len: usize, vnet: VnetHdr) {
+        let d = desc_addr(self.base, TX_DESC_OFF, self.prod);
+        let desc = SlotDesc { len: len as u32, vnet, reserved: 0 };
+        // SAFETY: this slot's descriptor, owned by us as in `chain_mut`; it
+        // is 16-byte aligned inside the validated region.
+        unsafe { core::ptr::write_volatile(d as *mut SlotDesc, desc) };
+        self.prod = self.prod.wrapping_add(slots_for(len as u32));
+        field(self.base, hdr::TX_PROD).store(self.prod, Ordering::Release);
+        self.queued += 1;
+    }
+
+    /// Copy the frame made of `parts` (`len` bytes together) into the
     /// chain at `prod` and publish it with header `vnet`.
-    fn publish<'a>(&mut self, pieces_of: impl Iterator<Item = &'a [u8]>, len: usize, vnet: VnetHdr) {
+    fn publish(&mut self, parts: &[&[u8]], len: usize, vnet: VnetHdr) {
         let dst = pieces(self.base, TX_BUF_OFF, self.prod, 0, len);
         let (mut di, mut at) = (0, 0);
-        for mut src in pieces_of {
+        for mut src in parts.iter().copied() {
             while !src.is_empty() && di < dst.len() {
                 let (addr, room) = dst[di];
                 let n = src.len().min(room - at);
-                // SAFETY: the chain at `prod` is not published: the monitor
-                // finished with these slots (`Tx::has_room` saw them free with
-                // an acquire load of `tx_cons` before the token that led
-                // here, and at most that many are published per token) and
-                // reads them again only after we publish them below.
+                // SAFETY: the chain at `prod`, ours as in `chain_mut`;
                 // `pieces` keeps every byte inside the TX buffers of the
                 // validated region (a frame is at most MAX_CHAIN < SLOTS
                 // slots), and `at + n` stays within this piece.
@@ -219,36 +240,37 @@ impl TxRing {
                 }
             }
         }
-        let d = desc_addr(self.base, TX_DESC_OFF, self.prod);
-        let desc = SlotDesc { len: len as u32, vnet, reserved: 0 };
-        // SAFETY: this slot's descriptor, owned by us as above; it is
-        // 16-byte aligned inside the validated region.
-        unsafe { core::ptr::write_volatile(d as *mut SlotDesc, desc) };
-        self.prod = self.prod.wrapping_add(slots_for(len as u32));
-        field(self.base, hdr::TX_PROD).store(self.prod, Ordering::Release);
-        self.queued += 1;
+        self.publish_built(len, vnet);
     }
 }
 
 impl Tx {
-    /// Whether the ring has room for the batch's frames and one more;
-    /// if not, the batch goes to the ring now, and there may be room.
-    fn has_room(&mut self) -> bool {
-        let one = slots_for(MAX_FRAME);
-        if self.ring.free() >= self.batch.slots() + one {
-            return true;
-        }
-        if self.batch.is_empty() {
-            return false;
-        }
-        self.flush_batch();
-        self.ring.free() >= one
+    /// Free TX slots a token needs: with TSO, a 64 KiB segment the host
+    /// would refuse, split into its most pieces (`tcp_gso::split`: 64
+    /// single segments, or up to 16 super-segments of 3 slots); else one
+    /// frame.
+    fn room(&self) -> u32 {
+        if self.max > MAX_FRAME as usize { MAX_GSO_SEGS.max(MAX_CHAIN) } else { slots_for(MAX_FRAME) }
     }
 
-    /// The batch's frames to the ring (there is room: `has_room`).
-    fn flush_batch(&mut self) {
+    fn has_room(&self) -> bool {
+        self.ring.free() >= self.room()
+    }
+
+    /// The virtio-net header for `frame` as it is (smoltcp's segment size
+    /// `tso` for a TCP segment past the MTU), or `Err` if the host would
+    /// refuse it and it must be split.
+    fn vnet(offloads: u64, frame: &mut [u8], tso: Option<u16>) -> Result<VnetHdr, ()> {
+        if offloads & offload::CSUM == 0 {
+            return Ok(VnetHdr::default());
+        }
+        tcp_gso::offload(frame, tso)
+    }
+
+    /// Send the `len` bytes in `scratch` in pieces the host takes.
+    fn publish_split(&mut self, len: usize, size: u16) {
         let ring = &mut self.ring;
-        self.batch.flush(|o| ring.publish(o.pieces(), o.len(), o.vnet));
+        tcp_gso::split(&self.scratch[..len], size, |h, p, v| ring.publish(&[h, p], h.len() + p.len(), v));
     }
 }
 
@@ -261,6 +283,8 @@ impl Nic {
         // values): continue from wherever they are.
         let rx_cons = field(base, hdr::RX_CONS).load(Ordering::Acquire);
         let tx_prod = field(base, hdr::TX_PROD).load(Ordering::Acquire);
+        let tso = offloads & offload::CSUM != 0 && offloads & offload::TSO4 != 0;
+        let max = if tso { MAX_GSO_FRAME as usize } else { MAX_FRAME as usize };
         Nic {
             index,
             doorbell,
@@ -270,8 +294,9 @@ impl Nic {
                 frames: 0,
                 full: false,
                 offloads,
-                batch: Batch::new(if offloads & offload::TSO4 != 0 { BATCH_ARENA } else { 0 }),
-                scratch: vec![0u8; MAX_FRAME as usize].into_boxed_slice(),
+                max,
+                // (Zeroed lazily: its pages cost nothing until a frame wraps.)
+                scratch: vec![0u8; max],
             },
             dead: false,
         }
@@ -294,7 +319,7 @@ impl Nic {
             return false;
         }
         let rx = self.rx.available() != 0;
-        (rx || self.tx.full) && self.tx.ring.free() >= self.tx.batch.slots() + slots_for(MAX_FRAME)
+        (rx || self.tx.full) && self.tx.has_room()
     }
 
     /// Whether RX frames wait in the ring.
@@ -317,14 +342,13 @@ impl Nic {
         (core::mem::take(&mut self.rx.frames), core::mem::take(&mut self.tx.frames))
     }
 
-    /// After a poll: publish the open super-frame; kick the monitor's I/O
+    /// After a poll: kick the monitor's I/O
     /// thread if frames were queued while it sleeps, or RX slots were
     /// freed while it waits for them — once per batch, never per frame.
     pub(crate) fn flush(&mut self) {
         if self.dead {
             return;
         }
-        self.tx.flush_batch();
         let queued = core::mem::take(&mut self.tx.ring.queued) != 0;
         let freed = core::mem::take(&mut self.rx.freed);
         if !queued && !freed {
@@ -367,7 +391,7 @@ impl phy::Device for Nic {
             self.tx.full = true;
             return None;
         }
-        Some((RxToken { rx: &mut self.rx }, TxToken { tx: &mut self.tx }))
+        Some((RxToken { rx: &mut self.rx }, TxToken { tx: &mut self.tx, tso: None }))
     }
 
     fn transmit(&mut self, _now: Instant) -> Option<TxToken<'_>> {
@@ -378,7 +402,7 @@ impl phy::Device for Nic {
             self.tx.full = true;
             return None;
         }
-        Some(TxToken { tx: &mut self.tx })
+        Some(TxToken { tx: &mut self.tx, tso: None })
     }
 
     fn capabilities(&self) -> DeviceCapabilities {
@@ -394,6 +418,9 @@ impl phy::Device for Nic {
         sums.icmpv4 = Checksum::Tx;
         sums.tcp = if self.tx.offloads & offload::CSUM != 0 { Checksum::None } else { Checksum::Tx };
         caps.checksum = sums;
+        if self.tx.max > MAX_FRAME as usize {
+            caps.segmentation.tcpv4 = core::num::NonZeroUsize::new(MAX_GSO_FRAME as usize);
+        }
         caps
     }
 }
@@ -447,37 +474,46 @@ impl phy::RxToken for RxToken<'_> {
     }
 }
 
-/// Room for one frame: smoltcp builds it in the batch, or in our buffer
-/// when it goes alone (no TSO offload).
+/// Room for one frame: smoltcp builds it in the ring (or in our buffer
+/// when its chain would wrap around the ring's end).
 pub(crate) struct TxToken<'a> {
     tx: &'a mut Tx,
+    /// The segment size smoltcp asks the host to cut this frame into.
+    tso: Option<u16>,
 }
 
 impl phy::TxToken for TxToken<'_> {
+    fn set_meta(&mut self, meta: smoltcp::phy::PacketMeta) {
+        self.tso = meta.segmentation_offload_size.map(|n| n.get());
+    }
+
     fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
         let tx = self.tx;
-        if len == 0 || len > MAX_FRAME as usize {
+        if len == 0 || len > tx.max {
             // Cannot go on the ring (smoltcp never asks for this with our
-            // MTU): build it and drop it, as a NIC drops an oversized frame.
+            // capabilities): build it and drop it, as a NIC drops an
+            // oversized frame.
             let mut scratch = vec![0u8; len];
             return f(&mut scratch);
         }
         tx.frames += 1;
-        if tx.offloads & offload::TSO4 != 0 {
-            if tx.batch.room() < len {
-                // (The token was given with room for the batch and one more.)
-                tx.flush_batch();
+        let tso = self.tso.filter(|_| len > MAX_FRAME as usize);
+        if let Some(buf) = tx.ring.chain_mut(len) {
+            let r = f(buf);
+            match Tx::vnet(tx.offloads, buf, tso) {
+                Ok(vnet) => tx.ring.publish_built(len, vnet),
+                Err(()) => {
+                    tx.scratch[..len].copy_from_slice(buf);
+                    tx.publish_split(len, tso.unwrap_or(0));
+                }
             }
-            if let Some(buf) = tx.batch.buffer(len) {
-                let r = f(buf);
-                tx.batch.commit(len);
-                return r;
-            }
+            return r;
         }
         let r = f(&mut tx.scratch[..len]);
-        let frame = &mut tx.scratch[..len];
-        let vnet = if tx.offloads & offload::CSUM != 0 { tcp_gso::single(frame) } else { VnetHdr::default() };
-        tx.ring.publish(core::iter::once(&*frame), len, vnet);
+        match Tx::vnet(tx.offloads, &mut tx.scratch[..len], tso) {
+            Ok(vnet) => tx.ring.publish(&[&tx.scratch[..len]], len, vnet),
+            Err(()) => tx.publish_split(len, tso.unwrap_or(0)),
+        }
         r
     }
 }
