@@ -201,12 +201,14 @@ impl Daemon {
                 c.set_limits(&worker.id, &limits).map_err(ActionError::Contain)?;
             }
         }
-                let net = if req.wants_nic() {
+        let net = if req.wants_nic() {
             let (mut spec, tap) = self.net.alloc(&worker.id, req.net_peers).map_err(ActionError::Network)?;
             spec.rate = req.net_rate.map_or((0, 0), |r| (r.bytes_per_sec, r.frames_per_sec));
             undo.ip = Some(Ipv4Addr::from(spec.ip).to_string());
             Some((spec, tap))
         } else {
+            // (Closed off this path.)
+            self.net.release(&worker.id);
             None
         };
         // Host ports first: a port in use fails the request before the VM starts.

@@ -279,6 +279,7 @@ impl Daemon {
 
     /// Stop an unused VMM process and remove its directory and group.
     fn discard_worker(&self, mut w: Worker) {
+        self.net.release(&w.id);
         process::stop(&mut w);
         self.destroy_group(&w.id);
         self.remove_dir(&w.dir);
@@ -340,7 +341,9 @@ impl Daemon {
 impl Shells for Daemon {
     fn spawn(&self, mem: u64, image: Option<&Arc<CachedImage>>) -> Result<Worker, SpawnError> {
         let mut w = self.spawn_worker(mem)?;
-        // Still in the background (the refill's priority): the preload too.
+        // Still in the background (the refill's priority): its tap, the
+        // preload too.
+        self.net.prepare(&w.id);
         match image.map_or(Ok(()), |i| process::preload(&mut w, i)).and_then(|()| process::to_foreground(&w)) {
             Ok(()) => Ok(w),
             Err(e) => {

@@ -2,12 +2,22 @@
 //! from the subnet, a MAC and a tap attached to the bridge — its port
 //! isolated from the other isolated ports unless the VM may talk to its
 //! peers (`CreateVm::net_peers`).
+//!
+//! Making a tap and putting it on the bridge is most of what a VM's NIC
+//! costs a create (~0.5 ms: a new network device, a bridge port; renaming
+//! one made earlier costs half of that). So once the bridge exists, each
+//! shell the pool prepares (at idle priority) gets its tap too, under the
+//! name its VM will have (`wt` + the shell's id) — on the bridge, isolated,
+//! IPv6 off, down — and a create that wants a NIC only brings it up
+//! (~90 µs). A shell taken by a VM without a NIC, or discarded, hands its
+//! tap to a thread that closes it at idle priority (closing a network
+//! device waits for the kernel's RCU grace period).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::OwnedFd;
-use std::sync::Mutex;
+use std::sync::{mpsc, Mutex};
 
 use wisp_vmm_process::proto::NetSpec;
 
@@ -51,6 +61,19 @@ pub struct VmNet {
     /// Network address and prefix; the bridge takes host 1.
     subnet: ([u8; 4], u8),
     state: Mutex<State>,
+    ahead: Ahead,
+}
+
+/// Taps made ahead for pooled shells, by the shell's id.
+#[derive(Default)]
+struct Ahead {
+    /// The bridge's index, once it exists (nothing is made before).
+    bridge: Mutex<Option<u32>>,
+    /// The netlink socket of the threads that make taps ahead.
+    nl: Mutex<Option<Netlink>>,
+    made: Mutex<HashMap<String, Made>>,
+    /// Where unused taps go to be closed.
+    closer: Mutex<Option<mpsc::Sender<Made>>>,
 }
 
 #[derive(Default)]
@@ -61,10 +84,16 @@ struct State {
     used: HashSet<u32>,
 }
 
+/// A tap made ahead: on the bridge, its port isolated, down.
+struct Made {
+    index: u32,
+    tap: wisp_vmm::tap::Tap,
+}
+
 impl VmNet {
     /// VMs on bridge `bridge_name`, addresses from `subnet`.
     pub fn new(bridge_name: &str, subnet: ([u8; 4], u8)) -> VmNet {
-        VmNet { bridge_name: bridge_name.to_string(), subnet, state: Mutex::new(State::default()) }
+        VmNet { bridge_name: bridge_name.to_string(), subnet, state: Mutex::new(State::default()), ahead: Ahead::default() }
     }
 
     /// Set up the bridge (once) and give VM `id` an address, a MAC and a
@@ -83,23 +112,86 @@ impl VmNet {
                 .map_err(|source| NetError::Address { bridge: self.bridge_name.clone(), source })?;
             st.bridge = bridge;
             st.nl = Some(nl);
+            *self.ahead.bridge.lock().unwrap() = Some(bridge);
         }
         let host = (2..=hosts).find(|h| !st.used.contains(h)).ok_or(NetError::SubnetFull)?;
         let ip = (base + host).to_be_bytes();
         let tap_name = format!("wt{}", &id[..id.len().min(12)]);
-        // With a virtio-net header and offloads (checksum, TSO): set here,
-        // on the tap the VMM process gets, which may not make the ioctls.
-        let wisp_vmm::tap::Tap { fd: tap, offloads } = wisp_vmm::tap::open_tap(&tap_name).map_err(NetError::Tap)?;
-        let index = if_index(&tap_name).ok_or_else(|| NetError::TapMissing(tap_name.clone()))?;
         let bridge = st.bridge;
         let nl = st.nl.as_mut().expect("opened above");
-        nl.enslave(index, bridge).map_err(|source| NetError::Attach { tap: tap_name.clone(), source })?;
-        // Set either way: the flag is what the VM asked for, whatever the
-        // kernel's default for a new port.
-        nl.set_port_isolated(index, !peers).map_err(|source| NetError::Isolate { tap: tap_name.clone(), source })?;
+        let made = self.ahead.made.lock().unwrap().remove(id);
+        let (tap, index, isolated) = match made {
+            Some(m) => (m.tap, m.index, true),
+            None => {
+                // With a virtio-net header and offloads (checksum, TSO): set
+                // here, on the tap the VMM process gets, which may not make
+                // the ioctls.
+                let tap = wisp_vmm::tap::open_tap(&tap_name).map_err(NetError::Tap)?;
+                let index = if_index(&tap_name).ok_or_else(|| NetError::TapMissing(tap_name.clone()))?;
+                nl.enslave(index, bridge).map_err(|source| NetError::Attach { tap: tap_name.clone(), source })?;
+                (tap, index, false)
+            }
+        };
+        // Set on a new tap either way: the flag is what the VM asked for,
+        // whatever the kernel's default for a new port.
+        if !isolated || peers {
+            nl.set_port_isolated(index, !peers).map_err(|source| NetError::Isolate { tap: tap_name.clone(), source })?;
+        }
         nl.set_link(index, None).map_err(|source| NetError::Up { tap: tap_name.clone(), source })?;
+        let wisp_vmm::tap::Tap { fd: tap, offloads } = tap;
         st.used.insert(host);
         Ok((NetSpec { ip, prefix, gateway: (base + 1).to_be_bytes(), mac: wisp_vmm::mac_for_ipv4(ip), rate: (0, 0), offloads }, tap))
+    }
+
+    /// Make the tap of pooled shell `id` ahead (once the bridge exists):
+    /// for the refill thread, at its idle priority. Best effort: a create
+    /// without one makes its own.
+    pub fn prepare(&self, id: &str) {
+        let Some(bridge) = *self.ahead.bridge.lock().unwrap() else { return };
+        let name = format!("wt{}", &id[..id.len().min(12)]);
+        let mut nl = self.ahead.nl.lock().unwrap();
+        if nl.is_none() {
+            *nl = Netlink::open().ok();
+        }
+        let Some(nl) = nl.as_mut() else { return };
+        let made = wisp_vmm::tap::open_tap(&name).map_err(|e| e.to_string()).and_then(|tap| {
+            let index = if_index(&name).ok_or_else(|| format!("tap {name} did not appear"))?;
+            // A VM's port needs no IPv6 of the host's (and bringing it up
+            // then costs no address configuration).
+            let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");
+            nl.enslave(index, bridge).map_err(|e| format!("attach {name}: {e}"))?;
+            nl.set_port_isolated(index, true).map_err(|e| format!("isolate {name}: {e}"))?;
+            Ok(Made { index, tap })
+        });
+        match made {
+            Ok(m) => {
+                self.ahead.made.lock().unwrap().insert(id.to_string(), m);
+            }
+            Err(e) => eprintln!("wispd: pool: a tap made ahead: {e}"),
+        }
+    }
+
+    /// Shell `id` will not use the tap made for it (a VM without a NIC, a
+    /// discarded shell, a VM gone): it is closed by a thread of its own.
+    pub fn release(&self, id: &str) {
+        let Some(m) = self.ahead.made.lock().unwrap().remove(id) else { return };
+        let mut closer = self.ahead.closer.lock().unwrap();
+        if closer.is_none() {
+            let (tx, rx) = mpsc::channel::<Made>();
+            let started = std::thread::Builder::new().name("wispd-taps".into()).spawn(move || {
+                let _ = wisp_jail::priority::background();
+                for m in rx {
+                    drop(m);
+                }
+            });
+            if started.is_ok() {
+                *closer = Some(tx);
+            }
+        }
+        if let Some(tx) = closer.as_ref() {
+            // (If the thread is gone, the tap closes here.)
+            let _ = tx.send(m);
+        }
     }
 
     /// The host part of address `ip`, if it is one a VM can have: in the

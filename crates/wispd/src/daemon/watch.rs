@@ -126,6 +126,7 @@ impl Daemon {
         let removing = e.removing;
         drop(t);
         self.net.free(ip.as_deref());
+        self.net.release(id);
         self.family_ended(&root);
         self.vms.notify_exit();
         if removing {

@@ -15,6 +15,10 @@ use shfs::{Entry, Superblock, DIGEST_SIZE, ENTRY_SIZE, SUPERBLOCK_SIZE};
 use wisp::blk::Disk;
 use wisp::collections::HashMap;
 
+/// Bytes read from the volume's start at mount: the superblock and a table
+/// of up to 120 entries.
+const FIRST_READ: u64 = 64 << 10;
+
 /// Objects up to this size are cached whole.
 pub const CACHE_OBJECT_MAX: u64 = 4 << 20;
 /// Bytes read from the disk at a time for a larger object.
@@ -36,15 +40,26 @@ pub struct Store {
 impl Store {
     /// Mount the volume on `disk`, caching at most `budget` bytes.
     pub fn mount(disk: Disk, budget: u64) -> Result<Store, String> {
-        let mut head = vec![0u8; SUPERBLOCK_SIZE];
+        // The superblock and, on most volumes, the whole table after it in
+        // one read (a request costs more than its bytes).
+        let first = (disk.capacity() & !4095).clamp(SUPERBLOCK_SIZE as u64, FIRST_READ) as usize;
+        let mut head = vec![0u8; first];
         disk.read(0, &mut head).map_err(|e| format!("reading the superblock: {}", e))?;
-        let sb = Superblock::parse(&head).map_err(|e| e.to_string())?;
+        let sb = Superblock::parse(&head[..SUPERBLOCK_SIZE]).map_err(|e| e.to_string())?;
         if disk.capacity() < sb.volume_bytes() {
             return Err(shfs::Error::Truncated { need: sb.volume_bytes(), have: disk.capacity() }.to_string());
         }
         let table_len = (sb.slots() as u64 * ENTRY_SIZE as u64).next_multiple_of(4096);
-        let mut table = vec![0u8; table_len as usize];
-        disk.read(sb.table_offset(), &mut table).map_err(|e| format!("reading the table: {}", e))?;
+        let (start, end) = (sb.table_offset(), sb.table_offset() + table_len);
+        let table = if end <= first as u64 {
+            head.truncate(end as usize);
+            head.drain(..start as usize);
+            head
+        } else {
+            let mut table = vec![0u8; table_len as usize];
+            disk.read(start, &mut table).map_err(|e| format!("reading the table: {}", e))?;
+            table
+        };
         let mut objects = HashMap::new();
         let mut names = HashMap::new();
         for slot in 0..sb.slots() {

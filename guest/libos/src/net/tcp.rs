@@ -19,9 +19,11 @@ use super::{wait, with, with_started, Error, Result, Stack};
 /// [`TcpStream::connect_with`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TcpOptions {
-    /// A listener keeps this many sockets listening (so this many
+    /// A listener keeps up to this many sockets listening (so this many
     /// handshakes can be under way at once) and stops replenishing them
-    /// while this many connections wait to be accepted. Default 16.
+    /// while this many connections wait to be accepted. Default 16. It
+    /// starts with four and doubles them whenever half are taken at once, so a server is listening soon after it starts
+    /// and a burst of clients finds more sockets the next time.
     pub backlog: usize,
     /// Receive buffer per connection, in bytes (the largest window we
     /// advertise). Default 16 KiB.
@@ -97,10 +99,16 @@ fn v4(e: IpEndpoint) -> (Ipv4Addr, u16) {
     (addr, e.port)
 }
 
+/// Sockets a new listener keeps listening (see [`TcpOptions::backlog`]).
+const FIRST_DEPTH: usize = 4;
+
 /// A listener's state inside the stack.
 pub(crate) struct Listener {
     pub(super) port: u16,
     opts: TcpOptions,
+    /// Sockets it keeps listening now: from [`FIRST_DEPTH`] up to the
+    /// backlog.
+    depth: usize,
     /// Sockets listening, or in the middle of a handshake.
     listening: Vec<SocketHandle>,
     /// Established connections not accepted yet.
@@ -117,10 +125,15 @@ impl Stack {
         let sockets = &mut self.sockets;
         for l in self.listeners.iter_mut().flatten() {
             let mut i = 0;
+            let mut taken = 0;
             while i < l.listening.len() {
                 let s = sockets.get_mut::<tcp::Socket>(l.listening[i]);
                 match s.state() {
-                    State::Listen | State::SynReceived => i += 1,
+                    State::Listen => i += 1,
+                    State::SynReceived => {
+                        taken += 1;
+                        i += 1;
+                    }
                     State::Closed | State::TimeWait => {
                         // The handshake failed: listen again.
                         s.abort();
@@ -132,10 +145,14 @@ impl Stack {
                         // fine (the timeout would abort it).
                         s.set_timeout(None);
                         l.ready.push_back(l.listening.swap_remove(i));
+                        taken += 1;
                     }
                 }
             }
-            while l.listening.len() < l.opts.backlog && l.ready.len() < l.opts.backlog {
+            if taken * 2 >= l.depth {
+                l.depth = (l.depth * 2).min(l.opts.backlog.max(1));
+            }
+            while l.listening.len() < l.depth && l.ready.len() < l.opts.backlog {
                 // No memory for another: the backlog is what it is until
                 // connections close (a SYN meanwhile gets a reset).
                 let Some(mut s) = new_socket(&l.opts) else { break };
@@ -211,7 +228,7 @@ impl TcpListener {
                 p if st.tcp_port_used(p) => return Err(Error::AddrInUse),
                 p => p,
             };
-            let l = Listener { port, opts, listening: Vec::new(), ready: VecDeque::new(), waker: None };
+            let l = Listener { port, opts, depth: FIRST_DEPTH.min(opts.backlog.max(1)), listening: Vec::new(), ready: VecDeque::new(), waker: None };
             let id = match st.listeners.iter().position(Option::is_none) {
                 Some(i) => {
                     st.listeners[i] = Some(l);
