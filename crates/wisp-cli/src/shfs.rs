@@ -66,6 +66,10 @@ pub enum ShfsCmd {
     Ls {
         /// The volume file.
         volume: PathBuf,
+        /// Then each object's statistics as a cache last wrote them: hits,
+        /// misses, bytes served, last access (Unix seconds, 0: never).
+        #[arg(long)]
+        stats: bool,
     },
     /// The volume's geometry and use.
     Info {
@@ -256,12 +260,16 @@ pub fn run(cmd: ShfsCmd) -> Result<u8, String> {
             v.write_slot(slot, &[0; ENTRY_SIZE])?;
             println!("removed {}", hex(&e.digest));
         }
-        ShfsCmd::Ls { volume } => {
+        ShfsCmd::Ls { volume, stats } => {
             let v = Volume::open(&volume, false, true, &mut problems)?;
             for (_, e) in &v.objects {
                 let kind = if e.kind == Kind::File { "file" } else { "link" };
                 let line = format!("{} {kind} {:>10} {} {} {}", hex(&e.digest), e.size, e.mime(), e.name(), e.url());
-                println!("{}", line.trim_end());
+                let mut line = line.trim_end().to_string();
+                if stats {
+                    line += &format!(" hits {} misses {} served {} last {}", e.hits, e.misses, e.bytes_served, e.last_access);
+                }
+                println!("{line}");
             }
         }
         ShfsCmd::Info { volume } => {

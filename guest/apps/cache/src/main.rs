@@ -114,6 +114,21 @@ fn main() -> i32 {
             line.clear();
         }
     });
+    // Statistics written back to a writable volume every
+    // CACHE_STATS_SECONDS (default 60; 0: only at `halt`), those that
+    // changed.
+    let every = wisp::env::var("CACHE_STATS_SECONDS").and_then(|v| v.parse::<u64>().ok()).unwrap_or(60);
+    if every > 0 && !cache.store.borrow().disk.read_only() {
+        let store = cache.store.clone();
+        wisp::exec::spawn(async move {
+            loop {
+                wisp::exec::sleep(core::time::Duration::from_secs(every)).await;
+                if let Err(e) = store.borrow_mut().save_changed_stats() {
+                    wisp::eprintln!("cache: writing statistics back: {}", e);
+                }
+            }
+        });
+    }
     listener.serve_app("cache", move |conn| serve(conn, cache.clone()))
 }
 

@@ -15,6 +15,22 @@ use shfs::{Entry, Superblock, DIGEST_SIZE, ENTRY_SIZE, SUPERBLOCK_SIZE};
 use wisp::blk::Disk;
 use wisp::collections::HashMap;
 
+/// Why an object's bytes could not be had.
+#[derive(Debug)]
+pub enum ReadError {
+    Disk(wisp::blk::Error),
+    NoMemory,
+}
+
+impl core::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            ReadError::Disk(e) => write!(f, "{}", e),
+            ReadError::NoMemory => f.write_str("out of memory"),
+        }
+    }
+}
+
 /// Bytes read from the volume's start at mount: the superblock and a table
 /// of up to 120 entries.
 const FIRST_READ: u64 = 64 << 10;
@@ -35,6 +51,8 @@ pub struct Store {
     order: VecDeque<[u8; DIGEST_SIZE]>,
     cached: u64,
     budget: u64,
+    /// Slots whose statistics changed since they were last written.
+    dirty: Vec<u32>,
 }
 
 impl Store {
@@ -72,7 +90,7 @@ impl Store {
             }
             objects.insert(e.digest, (slot, e));
         }
-        Ok(Store { disk, sb, objects, names, cache: HashMap::new(), order: VecDeque::new(), cached: 0, budget })
+        Ok(Store { disk, sb, objects, names, cache: HashMap::new(), order: VecDeque::new(), cached: 0, budget, dirty: Vec::new() })
     }
 
     /// Objects on the volume.
@@ -91,7 +109,10 @@ impl Store {
 
     /// Count a request of `e` that found it (`hit`) or not, and `bytes` sent.
     pub fn count(&mut self, digest: &[u8; DIGEST_SIZE], hit: bool, bytes: u64, now: u64) {
-        if let Some((_, e)) = self.objects.get_mut(digest) {
+        if let Some((slot, e)) = self.objects.get_mut(digest) {
+            if !self.dirty.contains(slot) {
+                self.dirty.push(*slot);
+            }
             if hit {
                 e.hits += 1;
             } else {
@@ -105,7 +126,7 @@ impl Store {
     /// Bytes `[start, end)` of file `e`: from the cache (a small object,
     /// read whole once), else read from the disk (whole sectors around
     /// them).
-    pub fn bytes(&mut self, e: &Entry, start: u64, end: u64) -> Result<Rc<Vec<u8>>, wisp::blk::Error> {
+    pub fn bytes(&mut self, e: &Entry, start: u64, end: u64) -> Result<Rc<Vec<u8>>, ReadError> {
         if e.size <= CACHE_OBJECT_MAX {
             let whole = match self.cache.get(&e.digest) {
                 Some(b) => b.clone(),
@@ -118,17 +139,26 @@ impl Store {
             if start == 0 && end == e.size {
                 return Ok(whole);
             }
-            return Ok(Rc::new(whole[start as usize..end as usize].to_vec()));
+            let part = &whole[start as usize..end as usize];
+            let mut v = Vec::new();
+            v.try_reserve_exact(part.len()).map_err(|_| ReadError::NoMemory)?;
+            v.extend_from_slice(part);
+            return Ok(Rc::new(v));
         }
         Ok(Rc::new(self.read(e, start, end)?))
     }
 
-    fn read(&self, e: &Entry, start: u64, end: u64) -> Result<Vec<u8>, wisp::blk::Error> {
+    /// (Memory for the bytes is asked for, not assumed: with thousands of
+    /// connections the heap may be short, and one answer failing is
+    /// better than the VM.)
+    fn read(&self, e: &Entry, start: u64, end: u64) -> Result<Vec<u8>, ReadError> {
         let base = e.start * self.sb.chunk_size as u64;
         let from = (base + start) / 4096 * 4096;
         let to = (base + end).next_multiple_of(4096);
-        let mut buf = vec![0u8; (to - from) as usize];
-        self.disk.read(from, &mut buf)?;
+        let mut buf = Vec::new();
+        buf.try_reserve_exact((to - from) as usize).map_err(|_| ReadError::NoMemory)?;
+        buf.resize((to - from) as usize, 0);
+        self.disk.read(from, &mut buf).map_err(ReadError::Disk)?;
         let skip = (base + start - from) as usize;
         buf.drain(..skip);
         buf.truncate((end - start) as usize);
@@ -260,7 +290,26 @@ impl Store {
         for (slot, e) in &all {
             self.write_entry(*slot, &e.encode())?;
         }
+        self.dirty.clear();
         Ok(format!("statistics of {} objects saved", all.len()))
+    }
+
+    /// Write back the statistics that changed since they were last written
+    /// (the periodic write-back); how many entries were written.
+    pub fn save_changed_stats(&mut self) -> Result<usize, String> {
+        let slots = core::mem::take(&mut self.dirty);
+        let mut n = 0;
+        for slot in &slots {
+            // (An object removed meanwhile has no entry left to update.)
+            if let Some(e) = self.objects.values().find(|o| o.0 == *slot).map(|o| o.1) {
+                if let Err(err) = self.write_entry(*slot, &e.encode()) {
+                    self.dirty = slots;
+                    return Err(err);
+                }
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     fn keep(&mut self, d: [u8; DIGEST_SIZE], b: Rc<Vec<u8>>) {

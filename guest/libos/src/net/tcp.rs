@@ -60,20 +60,29 @@ const MIN_BUFFER: usize = 4 << 10;
 /// Heap left free when buffers are given to a new socket: what the program
 /// itself needs beside its connections (a 32nd of the heap, at least
 /// 256 KiB).
-fn heap_reserve() -> usize {
-    let (used, free) = crate::heap::usage();
+fn heap_reserve(used: usize, free: usize) -> usize {
     ((used + free) / 32).max(256 << 10)
 }
 
-/// A smoltcp socket with the buffers and settings of `opts`, or with
-/// smaller buffers (halved down to [`MIN_BUFFER`]) when the heap has not
-/// room for those and a reserve: many connections get smaller windows
-/// rather than the program running out of memory. `None` when even the
-/// smallest do not fit.
-fn new_socket(opts: &TcpOptions) -> Option<tcp::Socket<'static>> {
+/// A smoltcp socket with the buffers and settings of `opts`, or smaller
+/// ones so that many connections fit: a new socket's buffers are at most
+/// a share of the heap left above a reserve — that heap over 16 plus
+/// twice the `live` sockets, a power of two, at least [`MIN_BUFFER`] —
+/// and halved again (down to [`MIN_BUFFER`]) if they still do not fit. So
+/// the first connections get what they asked for, a crowd gets smaller
+/// windows (a 128 MiB VM holds some 3,000 connections), and the program
+/// does not run out of memory. `None` when even the smallest do not fit.
+fn new_socket(opts: &TcpOptions, live: usize) -> Option<tcp::Socket<'static>> {
+    let (used, free) = crate::heap::usage();
+    let reserve = heap_reserve(used, free);
+    let share = free.saturating_sub(reserve) / (16 + 2 * live);
+    let cap = if share >= MIN_BUFFER { 1 << share.ilog2() } else { MIN_BUFFER };
     // Bounded so a window scale can describe them.
-    let (mut rx, mut tx) = (opts.rx_buffer.clamp(64, 1 << 30), opts.tx_buffer.clamp(64, 1 << 30));
-    let reserve = heap_reserve();
+    let fit = |want: usize| {
+        let w = want.clamp(64, 1 << 30);
+        if w <= MIN_BUFFER { w } else { w.min(cap) }
+    };
+    let (mut rx, mut tx) = (fit(opts.rx_buffer), fit(opts.tx_buffer));
     loop {
         if let Some(rb) = crate::heap::try_zeroed(rx, reserve) {
             if let Some(tb) = crate::heap::try_zeroed(tx, reserve) {
@@ -155,7 +164,7 @@ impl Stack {
             while l.listening.len() < l.depth && l.ready.len() < l.opts.backlog {
                 // No memory for another: the backlog is what it is until
                 // connections close (a SYN meanwhile gets a reset).
-                let Some(mut s) = new_socket(&l.opts) else { break };
+                let Some(mut s) = new_socket(&l.opts, sockets.iter().count()) else { break };
                 // A handshake that stalls (a client gone, a spoofed SYN)
                 // must not hold a backlog slot forever.
                 s.set_timeout(Some(HANDSHAKE_TIMEOUT));
@@ -356,7 +365,7 @@ impl TcpStream {
                 return Err(Error::Unreachable);
             }
             let local = st.ephemeral_port(true)?;
-            let mut s = new_socket(&opts).ok_or(Error::NoMemory)?;
+            let mut s = new_socket(&opts, st.sockets.iter().count()).ok_or(Error::NoMemory)?;
             s.connect(st.iface.context(), (IpAddress::Ipv4(ip), port), local).map_err(|_| Error::Unreachable)?;
             Ok(st.sockets.add(s))
         })??;
