@@ -13,7 +13,7 @@ each serving the same objects under the same names: 0 B, 1 KB, 10 KB and
 100 KB at 1, 50 and 500 connections (requests/s, p50/p99 latency; one wrk
 thread; one nginx worker, as the VM has one vCPU), a 256 MB object's
 throughput (curl, whole downloads), the time from `wisp run` to the first
-byte served by a new cache VM with a mounted volume, and the host memory
+byte served by a new cache VM with a mounted volume (median of 11), and the host memory
 (PSS) of an idle cache VM's VMM process, and the aggregate requests/s of
 1, 2, 4 and 8 cache VMs sharing one read-only volume (one wrk per VM at
 once, 0 B objects, 50 connections each).
@@ -178,7 +178,7 @@ def main():
 
         # Time from `wisp run` to the first byte, new VMs (the pool warm).
         first_ms, parts = [], []
-        for _ in range(5):
+        for _ in range(11):
             out = sh("python3", "-c", FIRST_BYTE % {"wisp": wisp, "vol": vol, "sock": sock}, ns=NS).stdout.split()
             first_ms.append(float(out[0]))
             parts.append([float(x) for x in out[2:5]])
@@ -289,9 +289,15 @@ while True:
     resp += b
 ip = json.loads(resp.partition(b'\r\n\r\n')[2])['ip']
 t2 = time.time()
+# A plain connect to the address: socket.create_connection would first run
+# getaddrinfo, whose first call in a process costs ~0.8 ms here (its
+# configuration read, a netlink dump of the host's addresses) — the
+# client's cost, not the VM's.
 while True:
     try:
-        s = socket.create_connection((ip, 80), timeout=1)
+        s = socket.socket()
+        s.settimeout(1)
+        s.connect((ip, 80))
         s.sendall(b'GET /1KB HTTP/1.1\r\nHost: x\r\n\r\n')
         if s.recv(1):
             break

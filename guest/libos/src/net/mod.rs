@@ -290,6 +290,35 @@ fn with_started(f: impl FnOnce(&mut Stack)) {
     })
 }
 
+/// Ask for the gateway's MAC address as the NIC starts (an ARP request
+/// from our address). smoltcp fills its neighbour cache from any ARP
+/// packet aimed at us, so the answer — there while the app still starts —
+/// spares the first reply to a client behind the gateway (the host, on a
+/// wispd bridge) an ARP round trip: a host that still knows this address
+/// from an earlier VM sends it no request, and smoltcp would hold the
+/// SYN-ACK until its own was answered (~1 ms on a parked VM). The request
+/// also tells the host our MAC address.
+fn ask_for_gateway(nic: &mut nic::Nic, cfg: &NetConfig, gw: Ipv4Addr, now: u64) {
+    use smoltcp::phy::{Device, TxToken};
+    use smoltcp::wire::{ArpOperation, ArpPacket, ArpRepr, EthernetFrame, EthernetProtocol, EthernetRepr};
+    let mac = EthernetAddress(cfg.mac);
+    let arp = ArpRepr::EthernetIpv4 {
+        operation: ArpOperation::Request,
+        source_hardware_addr: mac,
+        source_protocol_addr: cfg.ip,
+        target_hardware_addr: EthernetAddress([0; 6]),
+        target_protocol_addr: gw,
+    };
+    let eth = EthernetRepr { src_addr: mac, dst_addr: EthernetAddress::BROADCAST, ethertype: EthernetProtocol::Arp };
+    let Some(token) = nic.transmit(smol(now)) else { return };
+    token.consume(eth.buffer_len() + arp.buffer_len(), |buf| {
+        let mut frame = EthernetFrame::new_unchecked(buf);
+        eth.emit(&mut frame);
+        arp.emit(&mut ArpPacket::new_unchecked(frame.payload_mut()));
+    });
+    nic.flush();
+}
+
 impl Stack {
     fn new() -> Option<Stack> {
         let (index, dev, cfg) = find_nic()?;
@@ -319,6 +348,9 @@ impl Stack {
             let _ = iface.routes_mut().add_default_ipv4_route(gw);
         }
         let next_port = (config_seed_port(&cfg) ^ crate::time::rdtsc() as u16) % (u16::MAX - EPHEMERAL_BASE + 1);
+        if let Some(gw) = cfg.gateway {
+            ask_for_gateway(&mut nic, &cfg, gw, now);
+        }
         Some(Stack {
             cfg,
             iface,
