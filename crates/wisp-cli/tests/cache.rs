@@ -37,6 +37,57 @@ fn curl(d: &Daemon, args: &[&str]) -> (String, Vec<u8>) {
     (String::from_utf8_lossy(&o.stderr).into_owned(), o.stdout)
 }
 
+/// Python the tests' scripts share: `read_all(s)`, a response read until
+/// the server closes, split into its head and body.
+const PY_READ_ALL: &str = r#"
+def read_all(s):
+    out = b''
+    while True:
+        b = s.recv(65536)
+        if not b: break
+        out += b
+    head, _, body = out.partition(b'\r\n\r\n')
+    return head, body
+"#;
+
+/// A cache VM serving a volume of `objects`, on a daemon of its own in a
+/// test-made namespace (`subnet`), run with `args` before the image; it
+/// serves once this returns.
+struct CacheVm {
+    dir: PathBuf,
+    vol: PathBuf,
+    d: Daemon,
+    id: String,
+}
+
+impl CacheVm {
+    fn start(tag: &str, subnet: &str, objects: &[(&str, &[u8])], args: &[&str]) -> CacheVm {
+        let dir = fresh_dir(tag);
+        let vol = volume(&dir, objects);
+        let d = Daemon::start_in_netns(tag, subnet, &[]);
+        let spec = args.iter().map(|a| a.replace("VOLUME", vol.to_str().unwrap())).collect::<Vec<_>>();
+        let mut argv = vec!["run", "-d", "--net"];
+        argv.extend(spec.iter().map(String::as_str));
+        argv.push("cache");
+        let id = String::from_utf8_lossy(&d.wisp(&argv).stdout).trim().to_string();
+        let mut c = d.client();
+        wait_console(&mut c, &id, &format!("cache: serving {} objects", objects.len()));
+        CacheVm { dir, vol, d, id }
+    }
+
+    /// The VM's address on the daemon's bridge.
+    fn ip(&self) -> String {
+        let info = String::from_utf8_lossy(&self.d.wisp(&["inspect", &self.id]).stdout).to_string();
+        info.split("\"ip\": \"").nth(1).and_then(|r| r.split('"').next()).expect("the VM's address").to_string()
+    }
+}
+
+impl Drop for CacheVm {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 #[test]
 fn the_cache_serves_a_volume_as_http_says() {
     let dir = fresh_dir("cache-http");
@@ -188,18 +239,13 @@ res = []
 def get():
     s = socket.create_connection(('127.0.0.1', 8080), timeout=20)
     s.sendall(b'GET /big.bin HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n')
-    out = b''
-    while True:
-        b = s.recv(65536)
-        if not b: break
-        out += b
-    head, _, body = out.partition(b'\r\n\r\n')
+    head, body = read_all(s)
     res.append((head.split(b'\r\n')[0].decode(), b'X-Cache: miss' in head, hashlib.sha256(body).hexdigest()))
 ts = [threading.Thread(target=get) for _ in range(4)]
 [t.start() for t in ts]; [t.join() for t in ts]
 for r in sorted(res): print(*r)
 "#;
-    let got = d.python(script);
+    let got = d.python(&(PY_READ_ALL.to_string() + script));
     let want = format!("HTTP/1.1 200 OK True {}", sha(&big));
     let stderr = || String::from_utf8_lossy(&d.wisp(&["logs", "--stderr", &id]).stdout).into_owned();
     assert_eq!(got.lines().collect::<Vec<_>>(), [want.as_str(); 4], "{got} (the cache said: {})", stderr());
@@ -284,15 +330,9 @@ fn the_operator_shell_works_on_the_console_and_over_http_for_admins_only() {
 
 #[test]
 fn slow_and_vanishing_clients_cost_the_cache_nothing() {
-    let dir = fresh_dir("cache-slow");
     let blob: Vec<u8> = (0..2_000_000u32).map(|i| (i % 241) as u8).collect();
-    let v = volume(&dir, &[("/blob.bin", &blob)]);
-    let d = Daemon::start_in_netns("cache-slow", "10.77.37.0/24", &[]);
-    let vol = format!("{}:ro", v.display());
-    let out = d.wisp(&["run", "-d", "--net", "-p", "8080:80", "--volume", &vol, "--mem", "64M", "-e", "CACHE_REQUEST_TIMEOUT_MS=500", "cache"]);
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let mut c = d.client();
-    wait_console(&mut c, &id, "cache: serving 1 objects");
+    let args = ["-p", "8080:80", "--volume", "VOLUME:ro", "--mem", "64M", "-e", "CACHE_REQUEST_TIMEOUT_MS=500"];
+    let vm = CacheVm::start("cache-slow", "10.77.37.0/24", &[("/blob.bin", &blob)], &args);
     // A slowloris head is answered 408 and closed by the request timeout;
     // clients that vanish mid-body leave the cache serving the others.
     let script = r#"
@@ -319,9 +359,8 @@ while True:
     out += b
 print(len(out.partition(b'\r\n\r\n')[2]))
 "#;
-    let got = d.python(script);
+    let got = vm.d.python(script);
     assert_eq!(got.lines().collect::<Vec<_>>(), ["HTTP/1.1 408 Request Timeout True", "2000000"], "{got}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -331,19 +370,11 @@ fn clients_with_a_small_mss_get_every_byte() {
     // segments than the ABI lets one frame carry, and at 88 (Linux's
     // least) nearly 800: the library OS splits those itself, and the
     // monitor, which refuses such frames, never sees one.
-    let dir = fresh_dir("cache-mss");
     let blob: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
-    let v = volume(&dir, &[("/blob.bin", &blob)]);
-    let d = Daemon::start_in_netns("cache-mss", "10.77.38.0/24", &[]);
-    let vol = format!("{}:ro", v.display());
-    let out = d.wisp(&["run", "-d", "--net", "--volume", &vol, "--mem", "64M", "cache"]);
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let mut c = d.client();
-    wait_console(&mut c, &id, "cache: serving 1 objects");
+    let vm = CacheVm::start("cache-mss", "10.77.38.0/24", &[("/blob.bin", &blob)], &["--volume", "VOLUME:ro", "--mem", "64M"]);
     // Straight to the VM's address (a port forwarded by the host would
     // give the VM the host's MSS, not the client's).
-    let info = String::from_utf8_lossy(&d.wisp(&["inspect", &id]).stdout).to_string();
-    let ip = info.split("\"ip\": \"").nth(1).and_then(|r| r.split('"').next()).expect("the VM's address").to_string();
+    let ip = vm.ip();
     let script = r#"
 import hashlib, socket
 for mss in (536, 88, 0):
@@ -353,17 +384,11 @@ for mss in (536, 88, 0):
     s.settimeout(20)
     s.connect((VM_ADDRESS, 80))
     s.sendall(b'GET /blob.bin HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n')
-    out = b''
-    while True:
-        b = s.recv(65536)
-        if not b: break
-        out += b
-    print(mss, hashlib.sha256(out.partition(b'\r\n\r\n')[2]).hexdigest())
+    print(mss, hashlib.sha256(read_all(s)[1]).hexdigest())
 "#;
-    let got = d.python(&script.replace("VM_ADDRESS", &format!("{ip:?}")));
+    let got = vm.d.python(&(PY_READ_ALL.to_string() + &script.replace("VM_ADDRESS", &format!("{ip:?}"))));
     let want = sha(&blob);
     assert_eq!(got.lines().collect::<Vec<_>>(), [format!("536 {want}"), format!("88 {want}"), format!("0 {want}")], "{got}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -371,17 +396,9 @@ fn thousands_of_connections_are_held_at_once() {
     // 2,000 clients connected together, each then asking for an object:
     // the later ones get smaller socket buffers (the library OS shares the
     // heap out), none is refused, and the VM lives on.
-    let dir = fresh_dir("cache-many");
     let blob: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
-    let v = volume(&dir, &[("/o", &blob)]);
-    let d = Daemon::start_in_netns("cache-many", "10.77.39.0/24", &[]);
-    let vol = format!("{}:ro", v.display());
-    let out = d.wisp(&["run", "-d", "--net", "--volume", &vol, "--mem", "128M", "cache"]);
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let mut c = d.client();
-    wait_console(&mut c, &id, "cache: serving 1 objects");
-    let info = String::from_utf8_lossy(&d.wisp(&["inspect", &id]).stdout).to_string();
-    let ip = info.split("\"ip\": \"").nth(1).and_then(|r| r.split('"').next()).expect("the VM's address").to_string();
+    let vm = CacheVm::start("cache-many", "10.77.39.0/24", &[("/o", &blob)], &["--volume", "VOLUME:ro", "--mem", "128M"]);
+    let ip = vm.ip();
     let script = r#"
 import hashlib, resource, socket
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -394,34 +411,21 @@ for s in conns:
     s.sendall(b'GET /o HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n')
 good = set()
 for s in conns:
-    out = b''
-    while True:
-        b = s.recv(65536)
-        if not b: break
-        out += b
+    head, body = read_all(s)
     s.close()
-    head, _, body = out.partition(b'\r\n\r\n')
     good.add((head.split(b'\r\n')[0].decode(), hashlib.sha256(body).hexdigest()))
 print(len(conns), sorted(good))
 "#;
-    let got = d.python(&script.replace("VM_ADDRESS", &format!("{ip:?}")));
+    let got = vm.d.python(&(PY_READ_ALL.to_string() + &script.replace("VM_ADDRESS", &format!("{ip:?}"))));
     assert_eq!(got.trim(), format!("2000 [('HTTP/1.1 200 OK', '{}')]", sha(&blob)), "{got}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn statistics_are_written_back_while_the_cache_runs() {
-    let dir = fresh_dir("cache-stats");
     let page = b"<p>counted</p>\n".to_vec();
-    let v = volume(&dir, &[("/page.html", &page)]);
-    let vs = v.to_str().unwrap().to_string();
-    let d = Daemon::start_in_netns("cache-stats", "10.77.40.0/24", &[]);
-    let out = d.wisp(&["run", "-d", "--net", "-p", "8080:80", "--volume", &vs, "-e", "CACHE_STATS_SECONDS=1", "cache"]);
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let mut c = d.client();
-    wait_console(&mut c, &id, "cache: serving 1 objects");
+    let vm = CacheVm::start("cache-stats", "10.77.40.0/24", &[("/page.html", &page)], &["-p", "8080:80", "--volume", "VOLUME", "-e", "CACHE_STATS_SECONDS=1"]);
     for _ in 0..3 {
-        let (head, body) = curl(&d, &["http://127.0.0.1:8080/page.html"]);
+        let (head, body) = curl(&vm.d, &["http://127.0.0.1:8080/page.html"]);
         assert!(head.starts_with("HTTP/1.1 200 OK") && body == page, "{head}");
     }
     // The host tool reads the volume while the VM runs: within a few
@@ -429,12 +433,11 @@ fn statistics_are_written_back_while_the_cache_runs() {
     let want = format!("hits 3 misses 0 served {}", 3 * page.len());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
-        let ls = wisp(&["shfs", "ls", "--stats", &vs]).stdout;
+        let ls = wisp(&["shfs", "ls", "--stats", vm.vol.to_str().unwrap()]).stdout;
         if ls.contains(&want) {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "not written back: {ls}");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
