@@ -21,9 +21,12 @@ use super::{wait, with, with_started, Error, Result, Stack};
 pub struct TcpOptions {
     /// A listener keeps up to this many sockets listening (so this many
     /// handshakes can be under way at once) and stops replenishing them
-    /// while this many connections wait to be accepted. Default 16. It
-    /// starts with four and doubles them whenever half are taken at once, so a server is listening soon after it starts
-    /// and a burst of clients finds more sockets the next time.
+    /// while this many connections wait to be accepted. Default 16. A
+    /// backlog over 16 starts with 16 listening sockets and doubles them
+    /// whenever half are taken at once: a server is listening soon after
+    /// it starts (each socket costs its buffers' first pages), a burst of
+    /// up to 16 clients is taken at once (a SYN that finds no listening
+    /// socket is refused), and a larger burst finds more the next time.
     pub backlog: usize,
     /// Receive buffer per connection, in bytes (the largest window we
     /// advertise). Default 16 KiB.
@@ -109,7 +112,7 @@ fn v4(e: IpEndpoint) -> (Ipv4Addr, u16) {
 }
 
 /// Sockets a new listener keeps listening (see [`TcpOptions::backlog`]).
-const FIRST_DEPTH: usize = 4;
+const FIRST_DEPTH: usize = 16;
 
 /// A listener's state inside the stack.
 pub(crate) struct Listener {
