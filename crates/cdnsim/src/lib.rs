@@ -11,9 +11,11 @@
 //!   `random_internet_as_graph`), written in the same format;
 //! - [`routing`]: valley-free (Gao–Rexford) shortest paths;
 //! - [`maxmin`]: max-min fair rates, recomputed for the flows a change
-//!   touches.
+//!   touches;
+//! - [`player`]: a viewer's playback buffer and its QoE.
 
 pub mod gen;
 pub mod maxmin;
+pub mod player;
 pub mod routing;
 pub mod topology;
