@@ -12,10 +12,12 @@
 //! - [`routing`]: valley-free (Gao–Rexford) shortest paths;
 //! - [`maxmin`]: max-min fair rates, recomputed for the flows a change
 //!   touches;
-//! - [`player`]: a viewer's playback buffer and its QoE.
+//! - [`player`]: a viewer's playback buffer and its QoE;
+//! - [`workload`]: the viewers: arrivals, channels, bitrates, sessions.
 
 pub mod gen;
 pub mod maxmin;
 pub mod player;
 pub mod routing;
 pub mod topology;
+pub mod workload;
