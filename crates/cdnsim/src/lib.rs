@@ -13,11 +13,13 @@
 //! - [`maxmin`]: max-min fair rates, recomputed for the flows a change
 //!   touches;
 //! - [`player`]: a viewer's playback buffer and its QoE;
-//! - [`workload`]: the viewers: arrivals, channels, bitrates, sessions.
+//! - [`workload`]: the viewers: arrivals, channels, bitrates, sessions;
+//! - [`sim`]: the run: caches booting on demand, flows, QoE.
 
 pub mod gen;
 pub mod maxmin;
 pub mod player;
 pub mod routing;
+pub mod sim;
 pub mod topology;
 pub mod workload;

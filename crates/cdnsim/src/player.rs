@@ -66,6 +66,11 @@ impl Player {
         }
     }
 
+    /// The download rate it has now (bits/s).
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+
     /// Seconds of video buffered.
     pub fn buffer(&self) -> f64 {
         self.buffer
