@@ -19,6 +19,7 @@
 pub mod gen;
 pub mod maxmin;
 pub mod player;
+pub mod report;
 pub mod routing;
 pub mod sim;
 pub mod topology;

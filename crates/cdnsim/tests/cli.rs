@@ -1,0 +1,51 @@
+//! The command line, end to end: a generated topology, a run, its files;
+//! a malformed topology refused with its line.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cdnsim-test-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn cdnsim(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_cdnsim")).args(args).output().unwrap()
+}
+
+#[test]
+fn a_generated_topology_runs_and_writes_its_summary() {
+    let d = dir("run");
+    let topo = d.join("as.txt");
+    let o = cdnsim(&["gen-topology", "--ases", "200", "--seed", "3", "--out", topo.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let info = cdnsim(&["info", topo.to_str().unwrap()]);
+    assert_eq!(String::from_utf8_lossy(&info.stdout).trim(), "200 ASes (10 content, 35 transit, 155 access), 277 links");
+    let out = d.join("run");
+    let o = cdnsim(&["run", "--topology", topo.to_str().unwrap(), "--viewers", "300", "--boot-time", "0.5", "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let summary = std::fs::read_to_string(out.join("summary.json")).unwrap();
+    for field in ["\"viewers\": 300", "\"startup_delay_s\"", "\"buffering_ratio\"", "\"buffering_events\"", "\"playback_ratio\"", "\"boot_time_s\": 0.5"] {
+        assert!(summary.contains(field), "{field} missing: {summary}");
+    }
+    let csv = std::fs::read_to_string(out.join("viewers.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 301);
+    assert!(csv.starts_with("viewer,startup_delay_s,buffering_ratio,buffering_events,playback_ratio,started\n"));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn a_malformed_topology_is_refused_with_its_line() {
+    let d = dir("bad");
+    let topo = d.join("bad.txt");
+    std::fs::write(&topo, "# role 1 content\n1|2|-1\n2|3|2\n").unwrap();
+    let o = cdnsim(&["run", "--topology", topo.to_str().unwrap(), "--out", d.join("x").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("bad.txt: line 3: relationship '2'"), "{err}");
+    let o = cdnsim(&["run", "--topology", d.join("none.txt").to_str().unwrap(), "--out", d.join("x").to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("none.txt: No such file"), "{}", String::from_utf8_lossy(&o.stderr));
+    let _ = std::fs::remove_dir_all(&d);
+}
