@@ -1,11 +1,17 @@
 //! Max-min fair sharing of links among flows, each flow capped by its own
 //! demand (a viewer's line, a video's bitrate): no flow can get more
-//! without taking from one that has less. [`MaxMin`] keeps the rates and
+//! without taking from one that has less. A flow may stand for a class of
+//! `count` identical flows (same path, same demand): it is filled as that
+//! many, and its rate is each one's. [`MaxMin`] keeps the rates and
 //! recomputes, after flows come, go or change demand, only the flows
 //! connected to a changed link (through flows sharing links), by
 //! progressive filling: every flow of that part rises at the same pace
 //! until a link it crosses is full or it reaches its demand, and then
-//! stays. [`from_scratch`] is the same filling over every flow — the
+//! stays. While no link carries more demand than its capacity (the usual
+//! case when caches serve), every flow simply gets its demand and a change
+//! costs only the flows it touched: the solver keeps each link's demand
+//! and how many links are over, and fills only when some are.
+//! [`from_scratch`] is the same filling over every flow — the
 //! straightforward way, kept as the tests' reference and the benchmark's
 //! baseline.
 
@@ -21,6 +27,8 @@ struct Flow {
     /// Its place in each of those links' lists.
     pos: Vec<usize>,
     demand: f64,
+    /// How many identical flows it stands for.
+    count: f64,
     rate: f64,
 }
 
@@ -33,6 +41,14 @@ pub struct MaxMin {
     free: Vec<FlowId>,
     /// Links whose flows changed since the last [`MaxMin::solve`].
     dirty: Vec<usize>,
+    /// Flows added or changed since then.
+    touched: Vec<FlowId>,
+    /// Per link: the demand of its flows; and how many links have more
+    /// than their capacity.
+    load: Vec<f64>,
+    over: usize,
+    /// Flows held below their demand by the last filling.
+    limited: Vec<FlowId>,
     // Scratch, kept between solves.
     mark_link: Vec<u32>,
     mark_flow: Vec<u32>,
@@ -61,12 +77,52 @@ impl MaxMin {
     /// Links of capacities `cap` (bits/s), no flows yet.
     pub fn new(cap: Vec<f64>) -> MaxMin {
         let n = cap.len();
-        MaxMin { cap, on: vec![Vec::new(); n], flows: Vec::new(), free: Vec::new(), dirty: Vec::new(), mark_link: vec![0; n], mark_flow: Vec::new(), epoch: 0 }
+        MaxMin {
+            cap,
+            on: vec![Vec::new(); n],
+            flows: Vec::new(),
+            free: Vec::new(),
+            dirty: Vec::new(),
+            touched: Vec::new(),
+            load: vec![0.0; n],
+            over: 0,
+            limited: Vec::new(),
+            mark_link: vec![0; n],
+            mark_flow: Vec::new(),
+            epoch: 0,
+        }
+    }
+
+    /// Add `delta` to the demand on the links of `path`, counting the
+    /// links that go over or come back under their capacity.
+    fn add_load(&mut self, path: &[usize], delta: f64) {
+        for &l in path {
+            let cap = self.cap[l] * (1.0 + 1e-12);
+            let was = self.load[l] > cap;
+            self.load[l] += delta;
+            if self.on[l].is_empty() {
+                self.load[l] = 0.0;
+            }
+            let is = self.load[l] > cap;
+            if is != was {
+                if is {
+                    self.over += 1;
+                } else {
+                    self.over -= 1;
+                }
+            }
+        }
     }
 
     /// A new flow over `path` (link indices, no repeats) wanting at most
     /// `demand`; its rate is 0 until the next [`MaxMin::solve`].
     pub fn add(&mut self, path: Vec<usize>, demand: f64) -> FlowId {
+        self.add_class(path, demand, 1.0)
+    }
+
+    /// A class of `count` identical flows over `path`, each wanting at most
+    /// `demand`.
+    pub fn add_class(&mut self, path: Vec<usize>, demand: f64, count: f64) -> FlowId {
         let id = self.free.pop().unwrap_or_else(|| {
             self.flows.push(None);
             self.mark_flow.push(0);
@@ -78,8 +134,20 @@ impl MaxMin {
             self.on[l].push((id, k));
             self.dirty.push(l);
         }
-        self.flows[id] = Some(Flow { path, pos, demand, rate: 0.0 });
+        self.add_load(&path, demand * count);
+        self.flows[id] = Some(Flow { path, pos, demand, count, rate: 0.0 });
+        self.touched.push(id);
         id
+    }
+
+    /// Change how many flows class `f` stands for.
+    pub fn set_count(&mut self, f: FlowId, count: f64) {
+        let flow = self.flows[f].as_mut().expect("a live flow");
+        let (path, delta) = (flow.path.clone(), flow.demand * (count - flow.count));
+        flow.count = count;
+        self.dirty.extend_from_slice(&path);
+        self.add_load(&path, delta);
+        self.touched.push(f);
     }
 
     /// Remove flow `f`.
@@ -93,14 +161,18 @@ impl MaxMin {
             }
             self.dirty.push(l);
         }
+        self.add_load(&flow.path, -flow.demand * flow.count);
         self.free.push(f);
     }
 
     /// Change flow `f`'s demand.
     pub fn set_demand(&mut self, f: FlowId, demand: f64) {
         let flow = self.flows[f].as_mut().expect("a live flow");
+        let (path, delta) = (flow.path.clone(), (demand - flow.demand) * flow.count);
         flow.demand = demand;
-        self.dirty.extend_from_slice(&flow.path);
+        self.dirty.extend_from_slice(&path);
+        self.add_load(&path, delta);
+        self.touched.push(f);
     }
 
     /// Flow `f`'s rate as of the last solve.
@@ -115,6 +187,25 @@ impl MaxMin {
         if self.dirty.is_empty() {
             return 0;
         }
+        if self.over == 0 {
+            // No link is over: every flow gets its demand; only those
+            // touched, or held below it before, change.
+            self.dirty.clear();
+            let mut n = 0;
+            let mut flows = std::mem::take(&mut self.touched);
+            flows.append(&mut self.limited);
+            for f in flows {
+                if let Some(fl) = self.flows[f].as_mut() {
+                    n += 1;
+                    if fl.rate != fl.demand {
+                        fl.rate = fl.demand;
+                        changed(f, fl.demand);
+                    }
+                }
+            }
+            return n;
+        }
+        self.touched.clear();
         self.epoch = self.epoch.wrapping_add(1);
         if self.epoch == 0 {
             self.mark_link.fill(0);
@@ -146,35 +237,45 @@ impl MaxMin {
         }
         let rates = fill(&self.cap, &links, &flows, |f| {
             let fl = self.flows[f].as_ref().expect("live");
-            (&fl.path[..], fl.demand)
+            (&fl.path[..], fl.demand, fl.count)
         });
         for (&f, &r) in flows.iter().zip(&rates) {
             let fl = self.flows[f].as_mut().expect("live");
+            if r < fl.demand {
+                self.limited.push(f);
+            }
             if fl.rate != r {
                 fl.rate = r;
                 changed(f, r);
             }
         }
+        // (A flow may be listed twice, or have gone: harmless.)
+        self.limited.sort_unstable();
+        self.limited.dedup();
         flows.len()
     }
 }
 
 /// Progressive filling of `flows` over `links` (every link any of them
-/// crosses; `flow(f)` gives a flow's path and demand): their rates, in
-/// the order of `flows`.
-fn fill<'a>(cap: &[f64], links: &[usize], flows: &[FlowId], flow: impl Fn(FlowId) -> (&'a [usize], f64)) -> Vec<f64> {
+/// crosses; `flow(f)` gives a flow's path, demand and count): their rates,
+/// in the order of `flows`.
+fn fill<'a>(cap: &[f64], links: &[usize], flows: &[FlowId], flow: impl Fn(FlowId) -> (&'a [usize], f64, f64)) -> Vec<f64> {
     // Local numbering of the links.
     let mut local = std::collections::HashMap::with_capacity(links.len());
     for (i, &l) in links.iter().enumerate() {
         local.insert(l, i);
     }
     let mut left: Vec<f64> = links.iter().map(|&l| cap[l]).collect();
+    // Per link: unfrozen entries, and the flows they stand for.
     let mut count = vec![0u32; links.len()];
+    let mut weight = vec![0.0f64; links.len()];
     let mut members: Vec<Vec<usize>> = vec![Vec::new(); links.len()];
     let paths: Vec<Vec<usize>> = flows.iter().map(|&f| flow(f).0.iter().map(|l| local[l]).collect()).collect();
+    let many: Vec<f64> = flows.iter().map(|&f| flow(f).2.max(0.0)).collect();
     for (k, p) in paths.iter().enumerate() {
         for &l in p {
             count[l] += 1;
+            weight[l] += many[k];
             members[l].push(k);
         }
     }
@@ -183,17 +284,19 @@ fn fill<'a>(cap: &[f64], links: &[usize], flows: &[FlowId], flow: impl Fn(FlowId
     by_demand.sort_by(|&a, &b| demand[a].total_cmp(&demand[b]));
     let mut rate = vec![f64::NAN; flows.len()];
     let mut version = vec![0u32; links.len()];
-    let mut heap: BinaryHeap<Level> = (0..links.len()).filter(|&l| count[l] > 0).map(|l| Level(left[l] / count[l] as f64, l, 0)).collect();
+    let level = |left: f64, weight: f64| if weight > 0.0 { (left / weight).max(0.0) } else { f64::INFINITY };
+    let mut heap: BinaryHeap<Level> = (0..links.len()).filter(|&l| count[l] > 0).map(|l| Level(level(left[l], weight[l]), l, 0)).collect();
     let mut next_demand = 0;
     let mut frozen = 0;
-    let freeze = |k: usize, r: f64, rate: &mut Vec<f64>, left: &mut Vec<f64>, count: &mut Vec<u32>, version: &mut Vec<u32>, heap: &mut BinaryHeap<Level>| {
+    let freeze = |k: usize, r: f64, rate: &mut Vec<f64>, left: &mut Vec<f64>, count: &mut Vec<u32>, weight: &mut Vec<f64>, version: &mut Vec<u32>, heap: &mut BinaryHeap<Level>| {
         rate[k] = r;
         for &l in &paths[k] {
-            left[l] -= r;
+            left[l] -= r * many[k];
             count[l] -= 1;
+            weight[l] -= many[k];
             version[l] += 1;
             if count[l] > 0 {
-                heap.push(Level((left[l] / count[l] as f64).max(0.0), l, version[l]));
+                heap.push(Level(level(left[l], weight[l]), l, version[l]));
             }
         }
     };
@@ -214,15 +317,15 @@ fn fill<'a>(cap: &[f64], links: &[usize], flows: &[FlowId], flow: impl Fn(FlowId
         if d <= link_level {
             // A flow reaches its demand before any of its links fills.
             let k = by_demand[next_demand];
-            freeze(k, d, &mut rate, &mut left, &mut count, &mut version, &mut heap);
+            freeze(k, d, &mut rate, &mut left, &mut count, &mut weight, &mut version, &mut heap);
             frozen += 1;
         } else {
             // A link fills: its flows stay at its level.
             let Level(level, l, _) = heap.pop().expect("a level below infinity");
-            let level = level.max(0.0);
+            let level = if level.is_finite() { level.max(0.0) } else { 0.0 };
             for k in members[l].clone() {
                 if rate[k].is_nan() {
-                    freeze(k, level, &mut rate, &mut left, &mut count, &mut version, &mut heap);
+                    freeze(k, level, &mut rate, &mut left, &mut count, &mut weight, &mut version, &mut heap);
                     frozen += 1;
                 }
             }
@@ -238,7 +341,7 @@ pub fn from_scratch(cap: &[f64], flows: &[(Vec<usize>, f64)]) -> Vec<f64> {
     links.sort_unstable();
     links.dedup();
     let ids: Vec<FlowId> = (0..flows.len()).collect();
-    fill(cap, &links, &ids, |f| (&flows[f].0[..], flows[f].1))
+    fill(cap, &links, &ids, |f| (&flows[f].0[..], flows[f].1, 1.0))
 }
 
 #[cfg(test)]
@@ -274,6 +377,30 @@ mod tests {
         let c = m.add(vec![1], 100.0);
         solved(&mut m);
         assert_eq!([m.rate(a), m.rate(b), m.rate(c)], [5.0, 5.0, 5.0]);
+    }
+
+    #[test]
+    fn a_class_is_filled_as_its_flows() {
+        // Three flows, and one class of three, over the same links: the
+        // same rates.
+        let cap = vec![12.0, 5.0];
+        let mut m = MaxMin::new(cap.clone());
+        let c = m.add_class(vec![0], 100.0, 3.0);
+        let a = m.add(vec![0, 1], 100.0);
+        let b = m.add(vec![1], 1.0);
+        solved(&mut m);
+        let want = from_scratch(&cap, &[(vec![0], 100.0), (vec![0], 100.0), (vec![0], 100.0), (vec![0, 1], 100.0), (vec![1], 1.0)]);
+        assert_eq!([m.rate(c), m.rate(a), m.rate(b)], [want[0], want[3], want[4]]);
+        assert_eq!(want, [3.0, 3.0, 3.0, 3.0, 1.0]);
+        // Two of the class leave: link 0 (12) between one of it and A,
+        // A held to 4 by link 1 (5 less B's 1): the class member gets 8.
+        m.set_count(c, 1.0);
+        solved(&mut m);
+        assert_eq!([m.rate(c), m.rate(a), m.rate(b)], [8.0, 4.0, 1.0]);
+        // An empty class takes nothing.
+        m.set_count(c, 0.0);
+        solved(&mut m);
+        assert_eq!(m.rate(a), 4.0);
     }
 
     #[test]

@@ -5,11 +5,16 @@
 //! over the valley-free path to its access AS, sharing links max-min
 //! fairly with the other streams from the origin and the caches' feeds
 //! (each cache pulls its channel from the origin: the non-cooperative
-//! mode; the cooperative one is still to come); once the cache is up its
+//! mode; the cooperative one is still to come; the feeds to one AS are one
+//! class); once the cache is up its
 //! viewers move to it and cross no inter-AS link. Each viewer's playback
-//! buffer turns its rates into QoE (`player`). Every flow is its own entry
-//! in the max-min solver so far: correct, and the reference for the
-//! faster classes of flows still to come.
+//! buffer turns its rates into QoE (`player`). The viewers streaming from
+//! the origin to one access AS with one demand are one class — one entry
+//! of the max-min solver with a count — and a class's rate reaches its
+//! viewers' buffers when it has moved by more than [`REPLAN`] since it
+//! last did: with a congested link, every arrival moves its share by a
+//! fraction of a percent, and telling every viewer each time would make
+//! each event cost as many viewers as share the link.
 //!
 //! Events (arrival, departure, a cache up or stopping, a viewer's buffer
 //! changing state) are taken in time order from a heap; a viewer's
@@ -99,16 +104,31 @@ struct Cache {
     access: usize,
     state: CacheState,
     viewers: Vec<usize>,
-    feed: Option<FlowId>,
+    /// Started and not stopped since.
+    running: bool,
     /// Bumped when a stop is planned or cancelled.
     stop_version: u32,
 }
 
+/// How far (a fraction) a class's rate moves before its viewers are told.
+pub const REPLAN: f64 = 0.01;
+
+/// Viewers streaming from the origin to one access AS, with one demand.
+struct Class {
+    flow: FlowId,
+    members: Vec<usize>,
+    /// The rate its viewers were last given.
+    applied: f64,
+}
+
+/// A class's key: access AS, demand (bits/s, exact).
+type Key = (usize, u64);
+
 struct Watching {
     player: Player,
     cache: usize,
-    /// Its flow from the origin, while its cache boots.
-    flow: Option<FlowId>,
+    /// Its class, while it streams from the origin.
+    class: Option<Key>,
     version: u32,
     /// The rate its plan was made with.
     planned_rate: f64,
@@ -132,7 +152,9 @@ pub fn run(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed: u64
     let mut caches: Vec<Cache> = Vec::new();
     let mut cache_of: HashMap<(usize, u32), usize> = HashMap::new();
     let mut watching: HashMap<usize, Watching> = HashMap::new();
-    let mut flow_owner: HashMap<FlowId, usize> = HashMap::new();
+    let mut classes: HashMap<Key, Class> = HashMap::new();
+    let mut feeds: HashMap<usize, (FlowId, f64)> = HashMap::new();
+    let mut class_of: HashMap<FlowId, Key> = HashMap::new();
     let mut out = Outcome { qoe: vec![Qoe { startup_delay_s: 0.0, buffering_ratio: 0.0, buffering_events: 0, playback_ratio: 0.0, started: false }; viewers.len()], ..Outcome::default() };
     let mut running = 0u32;
     while let Some(Reverse((T(now), ev))) = heap.pop() {
@@ -143,23 +165,26 @@ pub fn run(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed: u64
                 let as_idx = access[v.access];
                 heap.push(Reverse((T(now + v.session_s), Ev::Leave(i))));
                 let c = *cache_of.entry((as_idx, v.channel)).or_insert_with(|| {
-                    caches.push(Cache { access: as_idx, state: CacheState::Booting, viewers: Vec::new(), feed: None, stop_version: 0 });
+                    caches.push(Cache { access: as_idx, state: CacheState::Booting, viewers: Vec::new(), running: false, stop_version: 0 });
                     caches.len() - 1
                 });
-                if caches[c].viewers.is_empty() && caches[c].feed.is_none() && matches!(caches[c].state, CacheState::Booting) {
+                if !caches[c].running {
                     // A cache to start (or one stopped before): boot it.
-                    start_cache(&mut caches[c], c, now, cfg, &mut heap, &mut net, &paths, &mut running, &mut out);
+                    caches[c].running = true;
+                    feed(&mut feeds, &mut net, &paths, as_idx, cfg.feed_bps, 1.0);
+                    running += 1;
+                    out.caches.push((now, running));
+                    heap.push(Reverse((T(now + cfg.boot_s), Ev::CacheUp(c))));
                 }
                 caches[c].viewers.push(i);
                 caches[c].stop_version += 1;
-                let mut w = Watching { player: Player::new(now, v.bitrate, cfg.line_bps, cfg.start_s, cfg.edge_s), cache: c, flow: None, version: 0, planned_rate: 0.0 };
+                let mut w = Watching { player: Player::new(now, v.bitrate, cfg.line_bps, cfg.start_s, cfg.edge_s), cache: c, class: None, version: 0, planned_rate: 0.0 };
                 match caches[c].state {
                     CacheState::Up => w.player.set_rate(now, w.player.demand()),
                     CacheState::Booting => match &paths[as_idx] {
                         Some(p) => {
-                            let f = net.add(p.clone(), w.player.demand());
-                            flow_owner.insert(f, i);
-                            w.flow = Some(f);
+                            let key = (as_idx, w.player.demand().to_bits());
+                            join(i, &mut w, key, p, now, &mut classes, &mut class_of, &mut net)
                         }
                         None => w.player.set_rate(now, 0.0),
                     },
@@ -171,10 +196,7 @@ pub fn run(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed: u64
             Ev::Leave(i) => {
                 let Some(mut w) = watching.remove(&i) else { continue };
                 out.qoe[i] = w.player.finish(now);
-                if let Some(f) = w.flow.take() {
-                    net.remove(f);
-                    flow_owner.remove(&f);
-                }
+                leave(i, &mut w, &mut classes, &mut class_of, &mut net);
                 let c = &mut caches[w.cache];
                 c.viewers.retain(|&x| x != i);
                 if c.viewers.is_empty() {
@@ -186,10 +208,7 @@ pub fn run(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed: u64
                 caches[c].state = CacheState::Up;
                 for &i in &caches[c].viewers {
                     let w = watching.get_mut(&i).expect("a cache's viewers watch");
-                    if let Some(f) = w.flow.take() {
-                        net.remove(f);
-                        flow_owner.remove(&f);
-                    }
+                    leave(i, w, &mut classes, &mut class_of, &mut net);
                     let d = w.player.demand();
                     w.player.set_rate(now, d);
                     plan(i, w, now, &mut heap);
@@ -200,9 +219,8 @@ pub fn run(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed: u64
                 if cache.stop_version != version || !cache.viewers.is_empty() {
                     continue;
                 }
-                if let Some(f) = cache.feed.take() {
-                    net.remove(f);
-                }
+                feed(&mut feeds, &mut net, &paths, cache.access, cfg.feed_bps, -1.0);
+                cache.running = false;
                 cache.state = CacheState::Booting;
                 running -= 1;
                 out.caches.push((now, running));
@@ -214,9 +232,15 @@ pub fn run(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed: u64
                 }
                 w.player.advance(now);
                 let d = w.player.demand();
-                match w.flow {
-                    // (The solve below gives it its new rate.)
-                    Some(f) => net.set_demand(f, d),
+                match w.class {
+                    // Into the class of its new demand (the solve below
+                    // gives it the class's new rate).
+                    Some(key) if key.1 != d.to_bits() => {
+                        leave(i, w, &mut classes, &mut class_of, &mut net);
+                        let p = paths[key.0].as_ref().expect("a class has a path");
+                        join(i, w, (key.0, d.to_bits()), p, now, &mut classes, &mut class_of, &mut net);
+                    }
+                    Some(_) => {}
                     // Served by its cache or unreachable: its line or nothing.
                     None if w.player.rate() > 0.0 => w.player.set_rate(now, d),
                     None => {}
@@ -225,16 +249,49 @@ pub fn run(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed: u64
             }
         }
         net.solve(|f, r| {
-            if let Some(&i) = flow_owner.get(&f) {
-                let w = watching.get_mut(&i).expect("flows belong to watching viewers");
+            let Some(key) = class_of.get(&f) else { return };
+            let class = classes.get_mut(key).expect("a class per class flow");
+            if (r - class.applied).abs() <= REPLAN * class.applied && r > 0.0 {
+                return;
+            }
+            class.applied = r;
+            for &i in &class.members {
+                let w = watching.get_mut(&i).expect("a class's viewers watch");
                 w.player.set_rate(now, r);
-                if (r - w.planned_rate).abs() > 0.01 * w.planned_rate.max(1.0) || r == 0.0 {
-                    plan(i, w, now, &mut heap);
-                }
+                plan(i, w, now, &mut heap);
             }
         });
     }
     Ok(out)
+}
+
+/// Viewer `i` streams from the origin in class `key` (path `path`): it
+/// takes the class's rate as it stands (the next solve adjusts it).
+#[allow(clippy::too_many_arguments)]
+fn join(i: usize, w: &mut Watching, key: Key, path: &[usize], now: f64, classes: &mut HashMap<Key, Class>, class_of: &mut HashMap<FlowId, Key>, net: &mut MaxMin) {
+    let class = classes.entry(key).or_insert_with(|| {
+        let flow = net.add_class(path.to_vec(), f64::from_bits(key.1), 0.0);
+        class_of.insert(flow, key);
+        Class { flow, members: Vec::new(), applied: 0.0 }
+    });
+    class.members.push(i);
+    net.set_count(class.flow, class.members.len() as f64);
+    w.player.set_rate(now, class.applied);
+    w.class = Some(key);
+}
+
+/// Viewer `i` stops streaming from the origin (if it did).
+fn leave(i: usize, w: &mut Watching, classes: &mut HashMap<Key, Class>, class_of: &mut HashMap<FlowId, Key>, net: &mut MaxMin) {
+    let Some(key) = w.class.take() else { return };
+    let class = classes.get_mut(&key).expect("its class");
+    class.members.retain(|&x| x != i);
+    if class.members.is_empty() {
+        net.remove(class.flow);
+        class_of.remove(&class.flow);
+        classes.remove(&key);
+    } else {
+        net.set_count(class.flow, class.members.len() as f64);
+    }
 }
 
 /// Plan viewer `i`'s next buffer event under its current rate.
@@ -246,24 +303,18 @@ fn plan(i: usize, w: &mut Watching, _now: f64, heap: &mut BinaryHeap<Reverse<(T,
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn start_cache(
-    c: &mut Cache,
-    id: usize,
-    now: f64,
-    cfg: &Config,
-    heap: &mut BinaryHeap<Reverse<(T, Ev)>>,
-    net: &mut MaxMin,
-    paths: &[Option<Vec<usize>>],
-    running: &mut u32,
-    out: &mut Outcome,
-) {
-    if let Some(p) = &paths[c.access] {
-        c.feed = Some(net.add(p.clone(), cfg.feed_bps));
+/// One cache more (`delta` 1) or fewer (-1) pulling its feed from the
+/// origin to access AS `access`: the feeds to one AS are one class.
+fn feed(feeds: &mut HashMap<usize, (FlowId, f64)>, net: &mut MaxMin, paths: &[Option<Vec<usize>>], access: usize, bps: f64, delta: f64) {
+    let Some(path) = &paths[access] else { return };
+    let entry = feeds.entry(access).or_insert_with(|| (net.add_class(path.clone(), bps, 0.0), 0.0));
+    entry.1 += delta;
+    if entry.1 <= 0.0 {
+        net.remove(entry.0);
+        feeds.remove(&access);
+    } else {
+        net.set_count(entry.0, entry.1);
     }
-    *running += 1;
-    out.caches.push((now, *running));
-    heap.push(Reverse((T(now + cfg.boot_s), Ev::CacheUp(id))));
 }
 
 #[cfg(test)]
