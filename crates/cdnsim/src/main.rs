@@ -48,6 +48,28 @@ enum Cmd {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Run the same viewers once per cache boot time (the paper's Figure 2)
+    /// and write one summary of them all.
+    Sweep {
+        #[arg(long)]
+        topology: PathBuf,
+        #[arg(long, default_value_t = 100_000)]
+        viewers: usize,
+        /// Boot times to try (seconds, comma-separated).
+        #[arg(long, value_delimiter = ',', default_values_t = vec![0.0, 0.1, 0.5, 1.0, 10.0])]
+        boot_times: Vec<f64>,
+        /// Also the boot time wisp measured: the cache benchmark's first
+        /// byte after `wisp run` (its JSON, if the file exists).
+        #[arg(long, default_value = "bench/results/cache.json")]
+        wisp_result: PathBuf,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long)]
+        origin: Option<u32>,
+        /// Where to write sweep.json and sweep.csv.
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Read a topology and say what it holds (ASes by role, links).
     Info {
         /// A file in CAIDA's AS-relationship format.
@@ -63,6 +85,22 @@ fn read(path: &PathBuf) -> Result<Topology, String> {
     Topology::parse(&text, Speeds::default()).map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// The origin: AS `asn`, or the first content AS.
+fn origin_of(t: &Topology, asn: Option<u32>) -> Result<usize, String> {
+    match asn {
+        Some(asn) => t.find(asn).ok_or_else(|| format!("--origin {asn}: no such AS")),
+        None => t.with_role(Role::Content).next().ok_or_else(|| "the topology has no content AS (mark one: '# role ASN content')".into()),
+    }
+}
+
+fn check_boot(b: f64) -> Result<(), String> {
+    if (0.0..=3600.0).contains(&b) {
+        Ok(())
+    } else {
+        Err(format!("boot time {b}: 0 to 3600 seconds"))
+    }
+}
+
 fn run(cli: Cli) -> Result<(), String> {
     match cli.cmd {
         Cmd::GenTopology { ases, seed, out } => {
@@ -73,15 +111,48 @@ fn run(cli: Cli) -> Result<(), String> {
             std::fs::write(&out, t.write()).map_err(|e| format!("{}: {e}", out.display()))?;
             eprintln!("{}: {} ASes, {} links", out.display(), t.ases.len(), t.links.len());
         }
+        Cmd::Sweep { topology, viewers, mut boot_times, wisp_result, seed, origin, out } => {
+            let t = read(&topology)?;
+            let o = origin_of(&t, origin)?;
+            // The cache VM's first byte after `wisp run`, as measured.
+            let wisp = std::fs::read_to_string(&wisp_result).ok().and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok()).and_then(|v| v["first_byte_after_run_ms"]["median"].as_f64()).map(|ms| ms / 1000.0);
+            if let Some(w) = wisp {
+                boot_times.push(w);
+            }
+            let mut rows = Vec::new();
+            let mut csv = String::from("boot_time_s,wisp,startup_delay_s_mean,startup_delay_s_p90,buffering_ratio_mean,buffering_events_mean,playback_ratio_mean\n");
+            for &b in &boot_times {
+                check_boot(b)?;
+                let params = cdnsim::workload::Params { viewers, ..Default::default() };
+                let cfg = cdnsim::sim::Config { boot_s: b, ..Default::default() };
+                let start = std::time::Instant::now();
+                let r = cdnsim::sim::run(&t, o, &params, &cfg, seed)?;
+                let mut s = cdnsim::report::summary(&r, start.elapsed().as_secs_f64(), b, seed);
+                s["wisp"] = serde_json::Value::Bool(Some(b) == wisp);
+                csv += &format!(
+                    "{},{},{:.6},{:.6},{:.6},{:.6},{:.6}\n",
+                    b,
+                    Some(b) == wisp,
+                    s["startup_delay_s"]["mean"].as_f64().unwrap_or(0.0),
+                    s["startup_delay_s"]["p90"].as_f64().unwrap_or(0.0),
+                    s["buffering_ratio"]["mean"].as_f64().unwrap_or(0.0),
+                    s["buffering_events"]["mean"].as_f64().unwrap_or(0.0),
+                    s["playback_ratio"]["mean"].as_f64().unwrap_or(0.0)
+                );
+                eprintln!("boot {b} s: start-up {:.3} s on average", s["startup_delay_s"]["mean"].as_f64().unwrap_or(0.0));
+                rows.push(s);
+            }
+            std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+            let doc = serde_json::json!({"topology": topology.display().to_string(), "viewers": viewers, "seed": seed, "wisp_boot_time_s": wisp, "runs": rows});
+            for (name, text) in [("sweep.json", serde_json::to_string_pretty(&doc).expect("JSON")), ("sweep.csv", csv)] {
+                let p = out.join(name);
+                std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))?;
+            }
+        }
         Cmd::Run { topology, viewers, boot_time, seed, origin, out } => {
             let t = read(&topology)?;
-            let o = match origin {
-                Some(asn) => t.find(asn).ok_or_else(|| format!("--origin {asn}: no such AS"))?,
-                None => t.with_role(Role::Content).next().ok_or("the topology has no content AS (mark one: '# role ASN content')")?,
-            };
-            if !(0.0..=3600.0).contains(&boot_time) {
-                return Err(format!("--boot-time {boot_time}: 0 to 3600 seconds"));
-            }
+            let o = origin_of(&t, origin)?;
+            check_boot(boot_time)?;
             let params = cdnsim::workload::Params { viewers, ..Default::default() };
             let cfg = cdnsim::sim::Config { boot_s: boot_time, ..Default::default() };
             let start = std::time::Instant::now();

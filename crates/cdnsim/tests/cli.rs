@@ -37,6 +37,25 @@ fn a_generated_topology_runs_and_writes_its_summary() {
 }
 
 #[test]
+fn a_sweep_runs_each_boot_time_and_the_one_wisp_measured() {
+    let d = dir("sweep");
+    let topo = d.join("as.txt");
+    assert!(cdnsim(&["gen-topology", "--ases", "150", "--out", topo.to_str().unwrap()]).status.success());
+    let bench = d.join("cache.json");
+    std::fs::write(&bench, r#"{"first_byte_after_run_ms": {"median": 4.6}}"#).unwrap();
+    let out = d.join("sweep");
+    let o = cdnsim(&["sweep", "--topology", topo.to_str().unwrap(), "--viewers", "400", "--boot-times", "0,10", "--wisp-result", bench.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let csv = std::fs::read_to_string(out.join("sweep.csv")).unwrap();
+    let rows: Vec<&str> = csv.lines().skip(1).collect();
+    assert_eq!(rows.len(), 3, "{csv}");
+    assert!(rows[0].starts_with("0,false,") && rows[1].starts_with("10,false,") && rows[2].starts_with("0.0046,true,"), "{csv}");
+    let json = std::fs::read_to_string(out.join("sweep.json")).unwrap();
+    assert!(json.contains("\"wisp_boot_time_s\": 0.0046"), "{json}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
 fn a_malformed_topology_is_refused_with_its_line() {
     let d = dir("bad");
     let topo = d.join("bad.txt");
