@@ -9,7 +9,7 @@ TEST_IMAGES := hostile hostile-lone
 IMAGES := build/images
 WISP := target/release/wisp
 
-.PHONY: all deps host guest run test fuzz bench-boot bench-net bench-density bench-fork bench-app bench-cache demo-cache clean
+.PHONY: all deps host guest run test fuzz bench-boot bench-net bench-density bench-fork bench-app bench-cache bench-cdnsim demo-cache clean
 N ?= 10000
 
 all: host guest
@@ -67,6 +67,10 @@ bench-fork: all
 bench-cache: all
 	scripts/install-bench-deps.sh
 	python3 bench/cache.py --wisp $(WISP) --out bench/results/cache.json
+
+bench-cdnsim: host
+	scripts/install-bench-deps.sh
+	python3 bench/cdnsim.py --cdnsim target/release/cdnsim --out bench/results/cdnsim.json
 
 # The content cache in one command: a volume from docs/, a cache VM, curl.
 demo-cache: all

@@ -319,6 +319,29 @@ def cache_section(c):
     return out
 
 
+def cdnsim_section(c):
+    r, t = c["ratios"], c["targets"]
+    one_m = [x for x in c["runs"] if x["viewers"] == 1_000_000][0]
+    out = ["## CDNSim (`make bench-cdnsim`, `bench/results/cdnsim.json`, `cdnsim.png`)", "",
+           "The simulator on a 1,000-AS graph of its generator (`%s`), caches booting in 1 s:" % c["topology"], "",
+           "| viewers | wall | peak memory | events | events/s | peak watching | peak caches |", "|---|---|---|---|---|---|---|"]
+    for x in c["runs"] + [dict(c["naive"], viewers="%d, naive" % c["naive"]["viewers"])]:
+        out.append("| %s | %.2f s | %.0f MB | %d | %.0f | %d | %d |" % (x["viewers"], x["wall_s"], x["peak_rss_mb"], x["events"], x["events_per_s"], x["peak_viewers"], x["peak_caches"]))
+    met = lambda v, goal: "met" if v <= goal else "**missed**"  # noqa: E731
+    out += ["", "| figure | value | target | |", "|---|---|---|---|",
+            "| 1M viewers, wall | %.0f s | ≤ %d s (moonshot %d s) | %s |" % (one_m["wall_s"], t["wall_s_1m"], t["moonshot_wall_s_1m"], met(one_m["wall_s"], t["wall_s_1m"])),
+            "| 1M viewers, peak memory | %.0f MB | ≤ %d MB | %s |" % (one_m["peak_rss_mb"], t["peak_rss_mb_1m"], met(one_m["peak_rss_mb"], t["peak_rss_mb_1m"])),
+            "| `speedup_vs_naive` (wall time of the same 10,000 viewers) | %s | — | |" % ratio(r["speedup_vs_naive"]),
+            "| events/s against the naive run | %s | — | |" % ratio(r["events_per_s_vs_naive"]), "",
+            "The boot-time sweep (%d viewers; the last row is wisp's cache VM, its first byte after `wisp run` in `cache.json`):" % c["sweep"]["viewers"], "",
+            "| boot time | start-up delay mean | p90 | p99 | buffering ratio mean | buffering events mean | playback ratio mean |", "|---|---|---|---|---|---|---|"]
+    for x in c["sweep"]["runs"]:
+        out.append("| %.4g s%s | %.3f s | %.3f s | %.3f s | %.5f | %.3f | %.3f |" % (
+            x["boot_time_s"], " (wisp)" if x.get("wisp") else "", x["startup_delay_s"]["mean"], x["startup_delay_s"]["p90"],
+            x["startup_delay_s"]["p99"], x["buffering_ratio"]["mean"], x["buffering_events"]["mean"], x["playback_ratio"]["mean"]))
+    return out + [""]
+
+
 def app_section(a):
     m, r, sz, peer = a["medians_s"], a["ratios"], a["image_bytes"], a["peer_bytes"]
     w, c = m["wisp"], m["cargo_host"]
@@ -360,6 +383,9 @@ def main():
     if os.path.exists(os.path.join(BENCH, "results", "cache.json")):
         cache_text = "\n".join(cache_section(load("cache.json")))
         text = text.replace("<!-- cache -->", cache_text) if "<!-- cache -->" in text else text + "\n" + cache_text
+    if os.path.exists(os.path.join(BENCH, "results", "cdnsim.json")):
+        cd_text = "\n".join(cdnsim_section(load("cdnsim.json")))
+        text = text.replace("<!-- cdnsim -->", cd_text) if "<!-- cdnsim -->" in text else text + "\n" + cd_text
     if os.path.exists(os.path.join(BENCH, "results", "app.json")):
         app_text = "\n".join(app_section(load("app.json")))
         text = text.replace("<!-- app -->", app_text) if "<!-- app -->" in text else text + "\n" + app_text

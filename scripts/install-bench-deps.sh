@@ -11,9 +11,10 @@
 #   python3, python3-matplotlib  the harness; the plot (optional)
 #   iperf3                   bench/net.py's client and its container/native/Linux VM servers
 #   wrk, nginx-light         bench/cache.py's client and its nginx peers (the package's own service is not used)
+#   time                     bench/cdnsim.py's peak memory (/usr/bin/time -v)
 set -eu
 
-PKGS="qemu-system-x86 linux-image-cloud-amd64 busybox-static crun util-linux gcc libc6-dev python3 python3-matplotlib iperf3 wrk nginx-light"
+PKGS="qemu-system-x86 linux-image-cloud-amd64 busybox-static crun util-linux gcc libc6-dev python3 python3-matplotlib iperf3 wrk nginx-light time"
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "install-bench-deps: run as root" >&2

@@ -44,6 +44,10 @@ enum Cmd {
         /// The origin (a content AS; the first one by default).
         #[arg(long)]
         origin: Option<u32>,
+        /// The straightforward way, for comparison: a solver entry per
+        /// stream, every rate filled from scratch after every event.
+        #[arg(long)]
+        naive: bool,
         /// Where to write summary.json and viewers.csv.
         #[arg(long)]
         out: PathBuf,
@@ -149,12 +153,12 @@ fn run(cli: Cli) -> Result<(), String> {
                 std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))?;
             }
         }
-        Cmd::Run { topology, viewers, boot_time, seed, origin, out } => {
+        Cmd::Run { topology, viewers, boot_time, seed, origin, naive, out } => {
             let t = read(&topology)?;
             let o = origin_of(&t, origin)?;
             check_boot(boot_time)?;
             let params = cdnsim::workload::Params { viewers, ..Default::default() };
-            let cfg = cdnsim::sim::Config { boot_s: boot_time, ..Default::default() };
+            let cfg = cdnsim::sim::Config { boot_s: boot_time, naive, ..Default::default() };
             let start = std::time::Instant::now();
             let r = cdnsim::sim::run(&t, o, &params, &cfg, seed)?;
             let wall = start.elapsed().as_secs_f64();

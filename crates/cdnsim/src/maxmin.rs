@@ -49,6 +49,9 @@ pub struct MaxMin {
     over: usize,
     /// Flows held below their demand by the last filling.
     limited: Vec<FlowId>,
+    /// Every solve fills every flow, from scratch (the straightforward
+    /// way, for comparison).
+    pub naive: bool,
     // Scratch, kept between solves.
     mark_link: Vec<u32>,
     mark_flow: Vec<u32>,
@@ -87,6 +90,7 @@ impl MaxMin {
             load: vec![0.0; n],
             over: 0,
             limited: Vec::new(),
+            naive: false,
             mark_link: vec![0; n],
             mark_flow: Vec::new(),
             epoch: 0,
@@ -187,7 +191,9 @@ impl MaxMin {
         if self.dirty.is_empty() {
             return 0;
         }
-        if self.over == 0 {
+        if self.naive {
+            self.dirty = (0..self.cap.len()).filter(|&l| !self.on[l].is_empty()).collect();
+        } else if self.over == 0 {
             // No link is over: every flow gets its demand; only those
             // touched, or held below it before, change.
             self.dirty.clear();
