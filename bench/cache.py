@@ -21,7 +21,6 @@ once, 0 B objects, 50 connections each).
     python3 bench/cache.py --wisp target/release/wisp --out bench/results/cache.json
 """
 
-import argparse
 import json
 import os
 import re
@@ -112,16 +111,13 @@ def plot(doc, png):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--wisp", default=os.path.join(ROOT, "target/release/wisp"))
-    ap.add_argument("--seconds", type=int, default=4)
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/cache.json"))
-    ap.add_argument("--plot-only", action="store_true", help="only draw the plot of --out's results")
-    args = ap.parse_args()
-    png = os.path.splitext(args.out)[0] + ".png"
-    if args.plot_only:
-        with open(args.out) as f:
-            return plot(json.load(f), png)
+    def own(ap):
+        ap.add_argument("--wisp", default=os.path.join(ROOT, "target/release/wisp"))
+        ap.add_argument("--seconds", type=int, default=4)
+    args = common.bench_args(__doc__, os.path.join(ROOT, "bench/results/cache.json"), plot, own)
+    if args is None:
+        return
+    png = args.png
     wisp = os.path.abspath(args.wisp)
     wispd = os.path.join(os.path.dirname(wisp), "wispd")
     work = tempfile.mkdtemp(prefix="wisp-bench-cache-")
@@ -248,8 +244,7 @@ def main():
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
         # (Debian's matplotlib is the system Python's.)
-        if not plot(doc, png) and os.path.exists("/usr/bin/python3") and sys.executable != "/usr/bin/python3":
-            subprocess.run(["/usr/bin/python3", os.path.abspath(__file__), "--plot-only", "--out", args.out])
+        common.draw(plot, doc, png, __file__, args.out)
         log(json.dumps(doc["ratios"], indent=1))
         log("first byte %.2f ms, idle PSS %d KB" % (med(first_ms), pss))
     finally:

@@ -14,7 +14,6 @@ cannot run here (Python 2, not published with its data).
     python3 bench/cdnsim.py --cdnsim target/release/cdnsim --out bench/results/cdnsim.json
 """
 
-import argparse
 import json
 import os
 import re
@@ -80,15 +79,10 @@ def plot(doc, png):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cdnsim", default=os.path.join(ROOT, "target/release/cdnsim"))
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/cdnsim.json"))
-    ap.add_argument("--plot-only", action="store_true")
-    args = ap.parse_args()
-    png = os.path.splitext(args.out)[0] + ".png"
-    if args.plot_only:
-        with open(args.out) as f:
-            return plot(json.load(f), png)
+    args = common.bench_args(__doc__, os.path.join(ROOT, "bench/results/cdnsim.json"), plot,
+                             lambda ap: ap.add_argument("--cdnsim", default=os.path.join(ROOT, "target/release/cdnsim")))
+    if args is None:
+        return
     cdnsim = os.path.abspath(args.cdnsim)
     work = tempfile.mkdtemp(prefix="wisp-bench-cdnsim-")
     topo = os.path.join(work, "as1000.txt")
@@ -119,8 +113,7 @@ def main():
     }
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
-    if not plot(doc, png) and os.path.exists("/usr/bin/python3") and sys.executable != "/usr/bin/python3":
-        subprocess.run(["/usr/bin/python3", os.path.abspath(__file__), "--plot-only", "--out", args.out])
+    common.draw(plot, doc, args.png, __file__, args.out)
     log(json.dumps(doc["ratios"], indent=1))
 
 

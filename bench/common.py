@@ -270,3 +270,28 @@ def with_system_python(script, *args):
         return False
     r = subprocess.run([sys_py, os.path.abspath(script)] + list(args), capture_output=True, text=True)
     return r.returncode == 0
+
+
+def bench_args(doc, default_out, plot, add=lambda ap: None):
+    """A benchmark's arguments (`add` adds its own) with `--out`, the
+    results' JSON, and `--plot-only`; `args.png` is the plot beside it.
+    With `--plot-only` the plot is drawn from `--out` and None returned."""
+    import argparse
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    add(ap)
+    ap.add_argument("--out", default=default_out)
+    ap.add_argument("--plot-only", action="store_true", help="only draw the plot of --out's results")
+    args = ap.parse_args()
+    args.png = os.path.splitext(args.out)[0] + ".png"
+    if args.plot_only:
+        import json
+        with open(args.out) as f:
+            plot(json.load(f), args.png)
+        return None
+    return args
+
+
+def draw(plot, doc, png, script, out):
+    """Draw `doc` into `png` with `plot(doc, png)` (False without
+    matplotlib), or with the system Python running `script --plot-only`."""
+    return plot(doc, png) or with_system_python(script, "--plot-only", "--out", out)
