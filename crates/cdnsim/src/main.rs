@@ -160,7 +160,11 @@ fn run(cli: Cli) -> Result<(), String> {
             let params = cdnsim::workload::Params { viewers, ..Default::default() };
             let cfg = cdnsim::sim::Config { boot_s: boot_time, naive, ..Default::default() };
             let start = std::time::Instant::now();
-            let r = cdnsim::sim::run(&t, o, &params, &cfg, seed)?;
+            // (On a terminal only: indicatif draws nothing elsewhere.)
+            let bar = indicatif::ProgressBar::new(viewers as u64);
+            bar.set_style(indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} viewers done, {elapsed} ({eta} left)").expect("a valid template"));
+            let r = cdnsim::sim::run_with(&t, o, &params, &cfg, seed, |n| bar.set_position(n as u64))?;
+            bar.finish_and_clear();
             let wall = start.elapsed().as_secs_f64();
             std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
             let mut csv = String::from("viewer,startup_delay_s,buffering_ratio,buffering_events,playback_ratio,started\n");

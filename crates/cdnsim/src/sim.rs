@@ -141,6 +141,13 @@ struct Watching {
 /// Run `viewers` (drawn for the access ASes of `t`) on `t` from the
 /// content AS `origin`.
 pub fn run(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed: u64) -> Result<Outcome, String> {
+    run_with(t, origin, params, cfg, seed, |_| {})
+}
+
+/// [`run`], telling `progress` how many viewers have left so far (every
+/// 1,000th departure).
+pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed: u64, mut progress: impl FnMut(usize)) -> Result<Outcome, String> {
+    let mut left = 0usize;
     let access: Vec<usize> = t.with_role(Role::Access).collect();
     let viewers: Vec<Viewer> = workload::viewers(params, access.len(), seed)?.collect();
     let routes = Routes::from(t, origin);
@@ -202,6 +209,10 @@ pub fn run(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed: u64
                 out.peak_viewers = out.peak_viewers.max(watching.len());
             }
             Ev::Leave(i) => {
+                left += 1;
+                if left.is_multiple_of(1000) {
+                    progress(left);
+                }
                 let Some(mut w) = watching.remove(&i) else { continue };
                 out.qoe[i] = w.player.finish(now);
                 leave(i, &mut w, &mut classes, &mut class_of, &mut net);
