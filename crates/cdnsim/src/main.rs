@@ -44,6 +44,10 @@ enum Cmd {
         /// The origin (a content AS; the first one by default).
         #[arg(long)]
         origin: Option<u32>,
+        /// Caches pull their feed from the nearest serving cache of their
+        /// channel (else from the origin).
+        #[arg(long)]
+        cooperative: bool,
         /// The straightforward way, for comparison: a solver entry per
         /// stream, every rate filled from scratch after every event.
         #[arg(long)]
@@ -70,6 +74,10 @@ enum Cmd {
         seed: u64,
         #[arg(long)]
         origin: Option<u32>,
+        /// Caches pull their feed from the nearest serving cache of their
+        /// channel (else from the origin).
+        #[arg(long)]
+        cooperative: bool,
         /// Where to write sweep.json and sweep.csv.
         #[arg(long)]
         out: PathBuf,
@@ -115,7 +123,7 @@ fn run(cli: Cli) -> Result<(), String> {
             std::fs::write(&out, t.write()).map_err(|e| format!("{}: {e}", out.display()))?;
             eprintln!("{}: {} ASes, {} links", out.display(), t.ases.len(), t.links.len());
         }
-        Cmd::Sweep { topology, viewers, mut boot_times, wisp_result, seed, origin, out } => {
+        Cmd::Sweep { topology, viewers, mut boot_times, wisp_result, seed, origin, cooperative, out } => {
             let t = read(&topology)?;
             let o = origin_of(&t, origin)?;
             // The cache VM's first byte after `wisp run`, as measured.
@@ -128,7 +136,7 @@ fn run(cli: Cli) -> Result<(), String> {
             for &b in &boot_times {
                 check_boot(b)?;
                 let params = cdnsim::workload::Params { viewers, ..Default::default() };
-                let cfg = cdnsim::sim::Config { boot_s: b, ..Default::default() };
+                let cfg = cdnsim::sim::Config { boot_s: b, cooperative, ..Default::default() };
                 let start = std::time::Instant::now();
                 let r = cdnsim::sim::run(&t, o, &params, &cfg, seed)?;
                 let mut s = cdnsim::report::summary(&r, start.elapsed().as_secs_f64(), b, seed);
@@ -153,12 +161,12 @@ fn run(cli: Cli) -> Result<(), String> {
                 std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))?;
             }
         }
-        Cmd::Run { topology, viewers, boot_time, seed, origin, naive, out } => {
+        Cmd::Run { topology, viewers, boot_time, seed, origin, cooperative, naive, out } => {
             let t = read(&topology)?;
             let o = origin_of(&t, origin)?;
             check_boot(boot_time)?;
             let params = cdnsim::workload::Params { viewers, ..Default::default() };
-            let cfg = cdnsim::sim::Config { boot_s: boot_time, naive, ..Default::default() };
+            let cfg = cdnsim::sim::Config { boot_s: boot_time, naive, cooperative, ..Default::default() };
             let start = std::time::Instant::now();
             // (On a terminal only: indicatif draws nothing elsewhere.)
             let bar = indicatif::ProgressBar::new(viewers as u64);

@@ -33,6 +33,8 @@ pub fn summary(r: &Outcome, wall: f64, boot_s: f64, seed: u64) -> Value {
         "events_per_s": r.events as f64 / wall.max(1e-9),
         "peak_viewers": r.peak_viewers,
         "peak_caches": r.caches.iter().map(|c| c.1).max().unwrap_or(0),
+        "feeds_from_origin": r.feeds_from_origin,
+        "feeds_from_caches": r.feeds_from_caches,
         "startup_delay_s": spread(&r.qoe, |q| q.startup_delay_s),
         "buffering_ratio": spread(&r.qoe, |q| q.buffering_ratio),
         "buffering_events": spread(&r.qoe, |q| q.buffering_events as f64),

@@ -18,6 +18,8 @@ pub struct Routes {
     prev: Vec<[(usize, u8, usize); 2]>,
     /// Per AS: the phase of its shortest path (`None`: unreachable).
     best: Vec<Option<u8>>,
+    /// Per AS: its shortest path's hops.
+    hops: Vec<u32>,
 }
 
 const UP: u8 = 0;
@@ -57,7 +59,15 @@ impl Routes {
                 _ => Some(DOWN),
             })
             .collect();
-        Routes { source, prev, best }
+        let hops = dist.iter().map(|d| d[0].min(d[1])).collect();
+        Routes { source, prev, best, hops }
+    }
+
+    /// The hops of the shortest valley-free path to AS `dest` (a valley-free
+    /// path read backwards is one too: the same count from `dest`).
+    pub fn hops(&self, dest: usize) -> Option<usize> {
+        let h = self.hops[dest];
+        (h != u32::MAX).then_some(h as usize)
     }
 
     /// The links of the path to AS `dest`, from the source on (empty for
@@ -130,6 +140,13 @@ mod tests {
         // From 20 to 30: 30 is 20's provider.
         assert_eq!(hops(&t, at(20), &Routes::from(&t, at(20)).path(at(30)).unwrap()), [20, 30]);
         assert_eq!(r.path(at(10)).unwrap(), Vec::<usize>::new());
+        // Hop counts, and the same both ways.
+        assert_eq!((r.hops(at(20)), r.hops(at(2)), r.hops(at(10))), (Some(2), Some(2), Some(0)));
+        for a in 0..t.ases.len() {
+            for b in 0..t.ases.len() {
+                assert_eq!(Routes::from(&t, a).hops(b), Routes::from(&t, b).hops(a));
+            }
+        }
     }
 
     #[test]

@@ -46,6 +46,9 @@ pub struct Config {
     pub start_s: f64,
     /// Seconds of video a live stream can be buffered ahead.
     pub edge_s: f64,
+    /// A cache pulls its feed from the nearest cache of its channel that
+    /// serves (no farther than the origin), else from the origin.
+    pub cooperative: bool,
     /// The straightforward way, for comparison: a solver entry per stream
     /// and per feed, every rate filled from scratch after every event and
     /// told to its viewer at once.
@@ -54,7 +57,7 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        Config { boot_s: 1.0, idle_s: 60.0, line_bps: 25e6, feed_bps: 20e6, start_s: 2.0, edge_s: 10.0, naive: false }
+        Config { boot_s: 1.0, idle_s: 60.0, line_bps: 25e6, feed_bps: 20e6, start_s: 2.0, edge_s: 10.0, cooperative: false, naive: false }
     }
 }
 
@@ -69,6 +72,10 @@ pub struct Outcome {
     pub caches: Vec<(f64, u32)>,
     /// Most viewers watching at once.
     pub peak_viewers: usize,
+    /// Caches started with their feed from the origin, and from another
+    /// cache (cooperative).
+    pub feeds_from_origin: u64,
+    pub feeds_from_caches: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -106,6 +113,13 @@ enum CacheState {
 
 struct Cache {
     access: usize,
+    channel: u32,
+    /// The cache its feed comes from (`None`: the origin).
+    source: Option<usize>,
+    /// Caches fed from this one: it stays up while there are any.
+    dependents: u32,
+    /// Its feed's class.
+    feed_key: Option<usize>,
     state: CacheState,
     viewers: Vec<usize>,
     /// Started and not stopped since.
@@ -169,6 +183,8 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
     let mut watching: HashMap<usize, Watching> = HashMap::new();
     let mut classes: HashMap<Key, Class> = HashMap::new();
     let mut feeds: HashMap<usize, (FlowId, f64)> = HashMap::new();
+    let mut routes_from: HashMap<usize, Routes> = HashMap::new();
+    let mut up_by_channel: HashMap<u32, Vec<usize>> = HashMap::new();
     let mut class_of: HashMap<FlowId, Key> = HashMap::new();
     let mut out = Outcome { qoe: vec![Qoe { startup_delay_s: 0.0, buffering_ratio: 0.0, buffering_events: 0, playback_ratio: 0.0, started: false }; viewers.len()], ..Outcome::default() };
     let mut running = 0u32;
@@ -180,13 +196,34 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
                 let as_idx = access[v.access];
                 heap.push(Reverse((T(now + v.session_s), Ev::Leave(i))));
                 let c = *cache_of.entry((as_idx, v.channel)).or_insert_with(|| {
-                    caches.push(Cache { access: as_idx, state: CacheState::Booting, viewers: Vec::new(), running: false, stop_version: 0 });
+                    caches.push(Cache { access: as_idx, channel: v.channel, source: None, dependents: 0, feed_key: None, state: CacheState::Booting, viewers: Vec::new(), running: false, stop_version: 0 });
                     caches.len() - 1
                 });
                 if !caches[c].running {
-                    // A cache to start (or one stopped before): boot it.
+                    // A cache to start (or one stopped before): boot it,
+                    // its feed from the origin or (cooperative) the nearest
+                    // cache of its channel that serves.
                     caches[c].running = true;
-                    feed(&mut feeds, &mut net, &paths, as_idx, if cfg.naive { c } else { as_idx }, cfg.feed_bps, 1.0);
+                    let src = if cfg.cooperative { nearest(t, &mut routes_from, &caches, up_by_channel.get(&v.channel), as_idx, paths[as_idx].as_ref().map(Vec::len)) } else { None };
+                    let src_cache = src.as_ref().map(|x| x.0);
+                    let (src_as, path) = match src {
+                        Some((s, p)) => (caches[s].access, Some(p)),
+                        None => (origin, paths[as_idx].clone()),
+                    };
+                    if let Some(p) = path {
+                        let key = if cfg.naive { usize::MAX - c } else { src_as * t.ases.len() + as_idx };
+                        feed(&mut feeds, &mut net, key, p, cfg.feed_bps, 1.0);
+                        caches[c].feed_key = Some(key);
+                    }
+                    caches[c].source = src_cache;
+                    match src_cache {
+                        Some(s) => {
+                            caches[s].dependents += 1;
+                            caches[s].stop_version += 1;
+                            out.feeds_from_caches += 1;
+                        }
+                        None => out.feeds_from_origin += 1,
+                    }
                     running += 1;
                     out.caches.push((now, running));
                     heap.push(Reverse((T(now + cfg.boot_s), Ev::CacheUp(c))));
@@ -224,7 +261,11 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
                 }
             }
             Ev::CacheUp(c) => {
+                if !caches[c].running {
+                    continue;
+                }
                 caches[c].state = CacheState::Up;
+                up_by_channel.entry(caches[c].channel).or_default().push(c);
                 for &i in &caches[c].viewers {
                     let w = watching.get_mut(&i).expect("a cache's viewers watch");
                     leave(i, w, &mut classes, &mut class_of, &mut net);
@@ -235,14 +276,28 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
             }
             Ev::CacheStop(c, version) => {
                 let cache = &mut caches[c];
-                if cache.stop_version != version || !cache.viewers.is_empty() {
+                if cache.stop_version != version || !cache.viewers.is_empty() || cache.dependents > 0 || !cache.running {
                     continue;
                 }
-                feed(&mut feeds, &mut net, &paths, cache.access, if cfg.naive { c } else { cache.access }, cfg.feed_bps, -1.0);
+                if let Some(key) = cache.feed_key.take() {
+                    feed(&mut feeds, &mut net, key, Vec::new(), cfg.feed_bps, -1.0);
+                }
                 cache.running = false;
                 cache.state = CacheState::Booting;
+                if let Some(list) = up_by_channel.get_mut(&cache.channel) {
+                    list.retain(|&x| x != c);
+                }
                 running -= 1;
                 out.caches.push((now, running));
+                // The cache that fed it may now be idle too.
+                if let Some(s) = caches[c].source.take() {
+                    let src = &mut caches[s];
+                    src.dependents -= 1;
+                    if src.dependents == 0 && src.viewers.is_empty() {
+                        src.stop_version += 1;
+                        heap.push(Reverse((T(now + cfg.idle_s), Ev::CacheStop(s, src.stop_version))));
+                    }
+                }
             }
             Ev::Buffer(i, version) => {
                 let Some(w) = watching.get_mut(&i) else { continue };
@@ -323,12 +378,11 @@ fn plan(i: usize, w: &mut Watching, _now: f64, heap: &mut BinaryHeap<Reverse<(T,
     }
 }
 
-/// One cache more (`delta` 1) or fewer (-1) pulling its feed from the
-/// origin to access AS `access`: the feeds with one `key` (the AS; the
-/// cache, naively) are one class.
-fn feed(feeds: &mut HashMap<usize, (FlowId, f64)>, net: &mut MaxMin, paths: &[Option<Vec<usize>>], access: usize, key: usize, bps: f64, delta: f64) {
-    let Some(path) = &paths[access] else { return };
-    let entry = feeds.entry(key).or_insert_with(|| (net.add_class(path.clone(), bps, 0.0), 0.0));
+/// One cache more (`delta` 1) or fewer (-1) pulling its feed over `path`
+/// (needed for a new class only): the feeds with one `key` (source and
+/// destination AS; the cache, naively) are one class.
+fn feed(feeds: &mut HashMap<usize, (FlowId, f64)>, net: &mut MaxMin, key: usize, path: Vec<usize>, bps: f64, delta: f64) {
+    let entry = feeds.entry(key).or_insert_with(|| (net.add_class(path, bps, 0.0), 0.0));
     entry.1 += delta;
     if entry.1 <= 0.0 {
         net.remove(entry.0);
@@ -336,6 +390,25 @@ fn feed(feeds: &mut HashMap<usize, (FlowId, f64)>, net: &mut MaxMin, paths: &[Op
     } else {
         net.set_count(entry.0, entry.1);
     }
+}
+
+/// The nearest cache among `up` (the serving caches of a channel) to
+/// access AS `dest`, and its path there, if one is no farther than the
+/// origin (`origin_hops`); ties to the lower-numbered cache. One search
+/// from `dest` gives every candidate's distance (valley-free paths read
+/// backwards are valley-free); the path is the chosen cache's.
+fn nearest(t: &Topology, routes_from: &mut HashMap<usize, Routes>, caches: &[Cache], up: Option<&Vec<usize>>, dest: usize, origin_hops: Option<usize>) -> Option<(usize, Vec<usize>)> {
+    let up = up.filter(|u| !u.is_empty())?;
+    let back = Routes::from(t, dest);
+    let (s, _) = up
+        .iter()
+        .filter(|&&s| caches[s].access != dest)
+        .filter_map(|&s| back.hops(caches[s].access).map(|h| (s, h)))
+        .filter(|&(_, h)| origin_hops.is_none_or(|o| h <= o))
+        .min_by_key(|&(s, h)| (h, s))?;
+    let from = caches[s].access;
+    let path = routes_from.entry(from).or_insert_with(|| Routes::from(t, from)).path(dest)?;
+    Some((s, path))
 }
 
 #[cfg(test)]
@@ -398,6 +471,21 @@ mod tests {
                 assert!((a - b).abs() <= 0.02 * b.abs().max(0.01), "boot {boot}: {name} {a} against {b}");
             }
         }
+    }
+
+    #[test]
+    fn cooperative_caches_feed_one_another_and_spare_the_origin() {
+        let (t, o) = small(60e6);
+        let p = Params { concurrency: 60.0, ..params(3000) };
+        let cfg = Config { boot_s: 2.0, idle_s: 5.0, ..Config::default() };
+        let alone = run(&t, o, &p, &cfg, 6).unwrap();
+        let coop = run(&t, o, &p, &Config { cooperative: true, ..cfg }, 6).unwrap();
+        assert_eq!(alone.feeds_from_caches, 0);
+        assert!(coop.feeds_from_caches > 0, "{:?}", (coop.feeds_from_origin, coop.feeds_from_caches));
+        assert!(coop.feeds_from_origin < alone.feeds_from_origin, "{} against {}", coop.feeds_from_origin, alone.feeds_from_origin);
+        // Fewer feeds on the origin's thin link: no worse a start.
+        let (a, c) = (mean(&alone.qoe, |q| q.startup_delay_s), mean(&coop.qoe, |q| q.startup_delay_s));
+        assert!(c <= a * 1.02, "start-up {c} cooperative against {a}");
     }
 
     #[test]
