@@ -259,6 +259,7 @@ def main():
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
+        common.kill_pidns_holder(os.path.join(work, "state"))
         subprocess.run(["pkill", "-f", "nginx-native.conf|nginx-container.conf"], capture_output=True)
         subprocess.run(["ip", "netns", "del", CNS], capture_output=True)
         subprocess.run(["ip", "netns", "del", NS], capture_output=True)

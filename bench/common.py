@@ -3,6 +3,7 @@ logging, C builds, an initramfs writer, statistics, the spawntime launcher,
 host facts and the machine description. A leaf: imports no bench script.
 """
 
+import json
 import os
 import platform
 import re
@@ -295,3 +296,17 @@ def draw(plot, doc, png, script, out):
     """Draw `doc` into `png` with `plot(doc, png)` (False without
     matplotlib), or with the system Python running `script --plot-only`."""
     return plot(doc, png) or with_system_python(script, "--plot-only", "--out", out)
+
+
+def kill_pidns_holder(state_dir):
+    """wispd's PID-namespace holder outlives the daemon on purpose (for a
+    restarted one); a benchmark's own daemon leaves none behind."""
+    try:
+        with open(os.path.join(state_dir, "pidns")) as f:
+            pid = json.load(f)["pid"]
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            cmdline = f.read()
+        if b"__pidns" in cmdline and state_dir.encode() in cmdline:
+            os.kill(pid, 9)
+    except (OSError, ValueError, KeyError):
+        pass

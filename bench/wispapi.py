@@ -3,6 +3,7 @@ standard library only, so the client adds as little as possible to what is
 measured."""
 
 import json
+import os
 import socket
 import time
 
@@ -200,4 +201,8 @@ class Daemon:
             self.remove_all()
         self.proc.terminate()
         self.proc.wait()
+        if remove_vms:
+            # (With VMs left running, their namespace's init stays too.)
+            import common
+            common.kill_pidns_holder(os.path.join(self.root, "state"))
         shutil.rmtree(self.root, ignore_errors=True)

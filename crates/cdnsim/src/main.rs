@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 use cdnsim::topology::{Role, Speeds, Topology};
 
@@ -13,6 +13,25 @@ use cdnsim::topology::{Role, Speeds, Topology};
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// What `run` and `sweep` share.
+#[derive(Args)]
+struct Scenario {
+    /// A file in CAIDA's AS-relationship format.
+    #[arg(long)]
+    topology: PathBuf,
+    #[arg(long, default_value_t = 100_000)]
+    viewers: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The origin (a content AS; the first one by default).
+    #[arg(long)]
+    origin: Option<u32>,
+    /// Caches pull their feed from the nearest serving cache of their
+    /// channel (else from the origin).
+    #[arg(long)]
+    cooperative: bool,
 }
 
 #[derive(Subcommand)]
@@ -31,23 +50,11 @@ enum Cmd {
     },
     /// Simulate viewers on a topology and write their QoE.
     Run {
-        /// A file in CAIDA's AS-relationship format.
-        #[arg(long)]
-        topology: PathBuf,
-        #[arg(long, default_value_t = 100_000)]
-        viewers: usize,
+        #[command(flatten)]
+        scenario: Scenario,
         /// Seconds from a cache's start until it serves.
         #[arg(long, default_value_t = 1.0)]
         boot_time: f64,
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// The origin (a content AS; the first one by default).
-        #[arg(long)]
-        origin: Option<u32>,
-        /// Caches pull their feed from the nearest serving cache of their
-        /// channel (else from the origin).
-        #[arg(long)]
-        cooperative: bool,
         /// The straightforward way, for comparison: a solver entry per
         /// stream, every rate filled from scratch after every event.
         #[arg(long)]
@@ -59,10 +66,8 @@ enum Cmd {
     /// Run the same viewers once per cache boot time (the paper's Figure 2)
     /// and write one summary of them all.
     Sweep {
-        #[arg(long)]
-        topology: PathBuf,
-        #[arg(long, default_value_t = 100_000)]
-        viewers: usize,
+        #[command(flatten)]
+        scenario: Scenario,
         /// Boot times to try (seconds, comma-separated).
         #[arg(long, value_delimiter = ',', default_values_t = vec![0.0, 0.1, 0.5, 1.0, 10.0])]
         boot_times: Vec<f64>,
@@ -70,14 +75,6 @@ enum Cmd {
         /// byte after `wisp run` (its JSON, if the file exists).
         #[arg(long, default_value = "bench/results/cache.json")]
         wisp_result: PathBuf,
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        #[arg(long)]
-        origin: Option<u32>,
-        /// Caches pull their feed from the nearest serving cache of their
-        /// channel (else from the origin).
-        #[arg(long)]
-        cooperative: bool,
         /// Where to write sweep.json and sweep.csv.
         #[arg(long)]
         out: PathBuf,
@@ -123,7 +120,7 @@ fn run(cli: Cli) -> Result<(), String> {
             std::fs::write(&out, t.write()).map_err(|e| format!("{}: {e}", out.display()))?;
             eprintln!("{}: {} ASes, {} links", out.display(), t.ases.len(), t.links.len());
         }
-        Cmd::Sweep { topology, viewers, mut boot_times, wisp_result, seed, origin, cooperative, out } => {
+        Cmd::Sweep { scenario: Scenario { topology, viewers, seed, origin, cooperative }, mut boot_times, wisp_result, out } => {
             let t = read(&topology)?;
             let o = origin_of(&t, origin)?;
             // The cache VM's first byte after `wisp run`, as measured.
@@ -161,7 +158,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))?;
             }
         }
-        Cmd::Run { topology, viewers, boot_time, seed, origin, cooperative, naive, out } => {
+        Cmd::Run { scenario: Scenario { topology, viewers, seed, origin, cooperative }, boot_time, naive, out } => {
             let t = read(&topology)?;
             let o = origin_of(&t, origin)?;
             check_boot(boot_time)?;

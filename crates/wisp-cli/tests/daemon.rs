@@ -655,5 +655,6 @@ fn a_second_daemon_on_a_served_socket_is_refused_but_a_mute_listener_is_not_a_da
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let _ = child.wait();
     drop(mute);
+    common::daemon::kill_leftovers(&dir);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -384,6 +384,7 @@ impl Drop for NsDaemon {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
+        common::daemon::kill_leftovers(&self.dir);
     }
 }
 

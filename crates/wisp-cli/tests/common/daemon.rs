@@ -182,6 +182,25 @@ impl Daemon {
     }
 }
 
+/// Kill what a test's daemons under `dir` leave behind once they are gone:
+/// VMM processes no daemon holds any more (a VM whose record was replaced,
+/// or a test that failed) and the init process of the VMM processes' PID
+/// namespace (it outlives a daemon on purpose, for a restarted one).
+pub fn kill_leftovers(dir: &std::path::Path) {
+    let dir = dir.as_os_str().as_encoded_bytes();
+    for ent in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = ent.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let cmdline = std::fs::read(ent.path().join("cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        let ours = args.get(1) == Some(&&b"__worker"[..]) || args.contains(&&b"__pidns"[..]);
+        if ours && args.iter().any(|a| a.starts_with(dir)) {
+            // SAFETY: a VMM process, or the init of the VMM processes' PID
+            // namespace, of this test's own state directory.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         if let Ok(mut c) = Client::connect(&self.socket) {
@@ -194,20 +213,7 @@ impl Drop for Daemon {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
-        // VMM processes of this test's state directory that no daemon holds
-        // any more (a VM whose record was replaced, or a test that failed).
-        let dir = self.dir.as_os_str().as_encoded_bytes();
-        for ent in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(pid) = ent.file_name().to_string_lossy().parse::<i32>() else { continue };
-            let cmdline = std::fs::read(ent.path().join("cmdline")).unwrap_or_default();
-            let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-            let ours = args.get(1) == Some(&&b"__worker"[..]) || args.contains(&&b"__pidns"[..]);
-            if ours && args.iter().any(|a| a.starts_with(dir)) {
-                // SAFETY: a VMM process, or the init of the VMM processes'
-                // PID namespace, of this test's own state directory.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-        }
+        kill_leftovers(&self.dir);
         if let Some(ns) = &self.netns {
             let _ = Command::new("ip").args(["netns", "del", ns]).status();
         }
