@@ -59,7 +59,7 @@ enum Cmd {
         /// stream, every rate filled from scratch after every event.
         #[arg(long)]
         naive: bool,
-        /// Where to write summary.json and viewers.csv.
+        /// Where to write summary.json, viewers.csv, caches.csv and ases.csv.
         #[arg(long)]
         out: PathBuf,
     },
@@ -176,8 +176,18 @@ fn run(cli: Cli) -> Result<(), String> {
             for (i, q) in r.qoe.iter().enumerate() {
                 csv += &format!("{i},{:.6},{:.6},{},{:.6},{}\n", q.startup_delay_s, q.buffering_ratio, q.buffering_events, q.playback_ratio, q.started);
             }
-            let csv_path = out.join("viewers.csv");
-            std::fs::write(&csv_path, csv).map_err(|e| format!("{}: {e}", csv_path.display()))?;
+            let mut caches = String::from("cache,peak_connections,peak_mbps\n");
+            for (i, c) in r.per_cache.iter().enumerate() {
+                caches += &format!("{i},{},{:.3}\n", c.0, c.1 / 1e6);
+            }
+            let mut ases = String::from("as,peak_connections,peak_gbps,peak_caches\n");
+            for (i, a) in r.per_as.iter().enumerate() {
+                ases += &format!("{i},{},{:.6},{}\n", a.0, a.1 / 1e9, a.2);
+            }
+            for (name, text) in [("viewers.csv", csv), ("caches.csv", caches), ("ases.csv", ases)] {
+                let p = out.join(name);
+                std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))?;
+            }
             let s = serde_json::to_string_pretty(&cdnsim::report::summary(&r, wall, boot_time, seed)).expect("a JSON value");
             let json_path = out.join("summary.json");
             std::fs::write(&json_path, &s).map_err(|e| format!("{}: {e}", json_path.display()))?;

@@ -22,6 +22,13 @@ fn spread(qoe: &[Qoe], f: impl Fn(&Qoe) -> f64) -> Value {
     json!({"mean": mean, "p50": quantile(&v, 0.5), "p90": quantile(&v, 0.9), "p99": quantile(&v, 0.99)})
 }
 
+/// Mean and percentiles of `v`.
+fn spread_of(mut v: Vec<f64>) -> Value {
+    v.sort_by(f64::total_cmp);
+    let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
+    json!({"mean": mean, "p50": quantile(&v, 0.5), "p90": quantile(&v, 0.9), "p99": quantile(&v, 0.99), "max": v.last().copied().unwrap_or(0.0)})
+}
+
 /// The summary of `r` (its run took `wall` seconds).
 pub fn summary(r: &Outcome, wall: f64, boot_s: f64, seed: u64) -> Value {
     json!({
@@ -40,5 +47,10 @@ pub fn summary(r: &Outcome, wall: f64, boot_s: f64, seed: u64) -> Value {
         "buffering_events": spread(&r.qoe, |q| q.buffering_events as f64),
         "playback_ratio": spread(&r.qoe, |q| q.playback_ratio),
         "never_started": r.qoe.iter().filter(|q| !q.started).count(),
+        "per_cache_peak_connections": spread_of(r.per_cache.iter().map(|c| c.0 as f64).collect()),
+        "per_cache_peak_mbps": spread_of(r.per_cache.iter().map(|c| c.1 / 1e6).collect()),
+        "per_as_peak_connections": spread_of(r.per_as.iter().map(|a| a.0 as f64).collect()),
+        "per_as_peak_gbps": spread_of(r.per_as.iter().map(|a| a.1 / 1e9).collect()),
+        "per_as_peak_caches": spread_of(r.per_as.iter().map(|a| a.2 as f64).collect()),
     })
 }

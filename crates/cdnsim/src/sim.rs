@@ -72,6 +72,13 @@ pub struct Outcome {
     pub caches: Vec<(f64, u32)>,
     /// Most viewers watching at once.
     pub peak_viewers: usize,
+    /// Per cache (every one that ran): its most connections at once and
+    /// their bitrates together then (bits/s) — the paper's Figure 1(a, b).
+    pub per_cache: Vec<(u32, f64)>,
+    /// Per access AS with viewers: its most connections at once, the most
+    /// bitrate at once (bits/s) and the most caches running at once —
+    /// Figure 1(c, d, e).
+    pub per_as: Vec<(u32, f64, u32)>,
     /// Caches started with their feed from the origin, and from another
     /// cache (cooperative).
     pub feeds_from_origin: u64,
@@ -113,6 +120,9 @@ enum CacheState {
 
 struct Cache {
     access: usize,
+    /// Its viewers' bitrates together, and its peaks (connections, bits/s).
+    bps: f64,
+    peak: (u32, f64),
     channel: u32,
     /// The cache its feed comes from (`None`: the origin).
     source: Option<usize>,
@@ -184,6 +194,8 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
     let mut classes: HashMap<Key, Class> = HashMap::new();
     let mut feeds: HashMap<usize, (FlowId, f64)> = HashMap::new();
     let mut routes_from: HashMap<usize, Routes> = HashMap::new();
+    // Per AS: connections, bits/s, caches running; and their peaks.
+    let mut per_as: Vec<(u32, f64, u32, u32, f64, u32)> = vec![(0, 0.0, 0, 0, 0.0, 0); t.ases.len()];
     let mut up_by_channel: HashMap<u32, Vec<usize>> = HashMap::new();
     let mut class_of: HashMap<FlowId, Key> = HashMap::new();
     let mut out = Outcome { qoe: vec![Qoe { startup_delay_s: 0.0, buffering_ratio: 0.0, buffering_events: 0, playback_ratio: 0.0, started: false }; viewers.len()], ..Outcome::default() };
@@ -196,7 +208,7 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
                 let as_idx = access[v.access];
                 heap.push(Reverse((T(now + v.session_s), Ev::Leave(i))));
                 let c = *cache_of.entry((as_idx, v.channel)).or_insert_with(|| {
-                    caches.push(Cache { access: as_idx, channel: v.channel, source: None, dependents: 0, feed_key: None, state: CacheState::Booting, viewers: Vec::new(), running: false, stop_version: 0 });
+                    caches.push(Cache { access: as_idx, bps: 0.0, peak: (0, 0.0), channel: v.channel, source: None, dependents: 0, feed_key: None, state: CacheState::Booting, viewers: Vec::new(), running: false, stop_version: 0 });
                     caches.len() - 1
                 });
                 if !caches[c].running {
@@ -225,10 +237,21 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
                         None => out.feeds_from_origin += 1,
                     }
                     running += 1;
+                    per_as[as_idx].2 += 1;
+                    per_as[as_idx].5 = per_as[as_idx].5.max(per_as[as_idx].2);
                     out.caches.push((now, running));
                     heap.push(Reverse((T(now + cfg.boot_s), Ev::CacheUp(c))));
                 }
                 caches[c].viewers.push(i);
+                caches[c].bps += v.bitrate;
+                let cc = &mut caches[c];
+                cc.peak.0 = cc.peak.0.max(cc.viewers.len() as u32);
+                cc.peak.1 = cc.peak.1.max(cc.bps);
+                let a = &mut per_as[as_idx];
+                a.0 += 1;
+                a.1 += v.bitrate;
+                a.3 = a.3.max(a.0);
+                a.4 = a.4.max(a.1);
                 caches[c].stop_version += 1;
                 let mut w = Watching { player: Player::new(now, v.bitrate, cfg.line_bps, cfg.start_s, cfg.edge_s), cache: c, class: None, version: 0, planned_rate: 0.0 };
                 match caches[c].state {
@@ -255,6 +278,10 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
                 leave(i, &mut w, &mut classes, &mut class_of, &mut net);
                 let c = &mut caches[w.cache];
                 c.viewers.retain(|&x| x != i);
+                c.bps -= viewers[i].bitrate;
+                let a = &mut per_as[c.access];
+                a.0 -= 1;
+                a.1 -= viewers[i].bitrate;
                 if c.viewers.is_empty() {
                     c.stop_version += 1;
                     heap.push(Reverse((T(now + cfg.idle_s), Ev::CacheStop(w.cache, c.stop_version))));
@@ -288,6 +315,7 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
                     list.retain(|&x| x != c);
                 }
                 running -= 1;
+                per_as[caches[c].access].2 -= 1;
                 out.caches.push((now, running));
                 // The cache that fed it may now be idle too.
                 if let Some(s) = caches[c].source.take() {
@@ -337,6 +365,8 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
             }
         });
     }
+    out.per_cache = caches.iter().map(|c| c.peak).collect();
+    out.per_as = access.iter().map(|&a| per_as[a]).filter(|a| a.3 > 0).map(|a| (a.3, a.4, a.5)).collect();
     Ok(out)
 }
 
@@ -455,6 +485,11 @@ mod tests {
         // 25 Mb/s, 0.08-1.6 s by bitrate.
         assert!(fast.qoe.iter().all(|q| q.started && q.startup_delay_s <= 1.6 + 1e-6), "{:?}", fast.qoe.iter().map(|q| q.startup_delay_s).fold(0.0, f64::max));
         assert!(fast.peak_viewers > 20 && fast.caches.iter().map(|c| c.1).max().unwrap() <= 60);
+        // Figure 1's figures: no cache or AS above the viewers at once, a
+        // cache's bitrates within its connections' (1 to 20 Mb/s each),
+        // and an AS's caches within its channels (20).
+        assert!(fast.per_cache.iter().all(|&(n, b)| n as usize <= fast.peak_viewers && b >= n as f64 * 1e6 - 1.0 && b <= n as f64 * 20e6 + 1.0));
+        assert!(fast.per_as.len() == 3 && fast.per_as.iter().all(|&(n, _, caches)| n > 0 && (1..=20).contains(&caches)));
     }
 
     #[test]

@@ -33,6 +33,11 @@ fn a_generated_topology_runs_and_writes_its_summary() {
     let csv = std::fs::read_to_string(out.join("viewers.csv")).unwrap();
     assert_eq!(csv.lines().count(), 301);
     assert!(csv.starts_with("viewer,startup_delay_s,buffering_ratio,buffering_events,playback_ratio,started\n"));
+    let caches = std::fs::read_to_string(out.join("caches.csv")).unwrap();
+    let ases = std::fs::read_to_string(out.join("ases.csv")).unwrap();
+    assert!(caches.starts_with("cache,peak_connections,peak_mbps\n") && caches.lines().count() > 1, "{caches}");
+    assert!(ases.starts_with("as,peak_connections,peak_gbps,peak_caches\n") && ases.lines().count() > 1, "{ases}");
+    assert!(summary.contains("\"per_as_peak_caches\""), "{summary}");
     let _ = std::fs::remove_dir_all(&d);
 }
 
