@@ -374,24 +374,14 @@ def main():
     b, d = load("boot.json"), load("density.json")
     parts = head.split("<!-- density -->")
     text = parts[0].replace("<!-- boot -->", "\n".join(boot_section(b))) + "\n".join(density_section(d)) + parts[1]
-    if os.path.exists(os.path.join(BENCH, "results", "net.json")):
-        net_text = "\n".join(net_section(load("net.json")))
-        text = text.replace("<!-- net -->", net_text) if "<!-- net -->" in text else text + "\n" + net_text
-    if os.path.exists(os.path.join(BENCH, "results", "fork.json")):
-        fork_text = "\n".join(fork_section(load("fork.json")))
-        text = text.replace("<!-- fork -->", fork_text) if "<!-- fork -->" in text else text + "\n" + fork_text
-    if os.path.exists(os.path.join(BENCH, "results", "cache.json")):
-        cache_text = "\n".join(cache_section(load("cache.json")))
-        text = text.replace("<!-- cache -->", cache_text) if "<!-- cache -->" in text else text + "\n" + cache_text
-    if os.path.exists(os.path.join(BENCH, "results", "cdnsim.json")):
-        cd_text = "\n".join(cdnsim_section(load("cdnsim.json")))
-        text = text.replace("<!-- cdnsim -->", cd_text) if "<!-- cdnsim -->" in text else text + "\n" + cd_text
-    if os.path.exists(os.path.join(BENCH, "results", "app.json")):
-        app_text = "\n".join(app_section(load("app.json")))
-        text = text.replace("<!-- app -->", app_text) if "<!-- app -->" in text else text + "\n" + app_text
-    if os.path.exists(os.path.join(BENCH, "results", "ab.json")):
-        ab_text = "\n".join(ab_section(load("ab.json")))
-        text = text.replace("<!-- ab -->", ab_text) if "<!-- ab -->" in text else text + "\n" + ab_text
+    # Each further section at its marker in the notes (else at the end),
+    # if its results exist.
+    for name, section in (("net", net_section), ("fork", fork_section), ("cache", cache_section),
+                          ("cdnsim", cdnsim_section), ("app", app_section), ("ab", ab_section)):
+        if os.path.exists(os.path.join(BENCH, "results", name + ".json")):
+            sec = "\n".join(section(load(name + ".json")))
+            marker = "<!-- %s -->" % name
+            text = text.replace(marker, sec) if marker in text else text + "\n" + sec
     with open(os.path.join(ROOT, "docs", "benchmarks.md"), "w") as f:
         f.write(text)
 
