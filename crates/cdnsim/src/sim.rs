@@ -158,8 +158,6 @@ struct Watching {
     /// Its class, while it streams from the origin.
     class: Option<Key>,
     version: u32,
-    /// The rate its plan was made with.
-    planned_rate: f64,
 }
 
 /// Run `viewers` (drawn for the access ASes of `t`) on `t` from the
@@ -253,7 +251,7 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
                 a.3 = a.3.max(a.0);
                 a.4 = a.4.max(a.1);
                 caches[c].stop_version += 1;
-                let mut w = Watching { player: Player::new(now, v.bitrate, cfg.line_bps, cfg.start_s, cfg.edge_s), cache: c, class: None, version: 0, planned_rate: 0.0 };
+                let mut w = Watching { player: Player::new(now, v.bitrate, cfg.line_bps, cfg.start_s, cfg.edge_s), cache: c, class: None, version: 0 };
                 match caches[c].state {
                     CacheState::Up => w.player.set_rate(now, w.player.demand()),
                     CacheState::Booting => match &paths[as_idx] {
@@ -265,7 +263,7 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
                     },
                 }
                 watching.insert(i, w);
-                plan(i, watching.get_mut(&i).expect("just put"), now, &mut heap);
+                plan(i, watching.get_mut(&i).expect("just put"), &mut heap);
                 out.peak_viewers = out.peak_viewers.max(watching.len());
             }
             Ev::Leave(i) => {
@@ -298,7 +296,7 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
                     leave(i, w, &mut classes, &mut class_of, &mut net);
                     let d = w.player.demand();
                     w.player.set_rate(now, d);
-                    plan(i, w, now, &mut heap);
+                    plan(i, w, &mut heap);
                 }
             }
             Ev::CacheStop(c, version) => {
@@ -348,7 +346,7 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
                     None if w.player.rate() > 0.0 => w.player.set_rate(now, d),
                     None => {}
                 }
-                plan(i, w, now, &mut heap);
+                plan(i, w, &mut heap);
             }
         }
         net.solve(|f, r| {
@@ -361,7 +359,7 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
             for &i in &class.members {
                 let w = watching.get_mut(&i).expect("a class's viewers watch");
                 w.player.set_rate(now, r);
-                plan(i, w, now, &mut heap);
+                plan(i, w, &mut heap);
             }
         });
     }
@@ -400,9 +398,8 @@ fn leave(i: usize, w: &mut Watching, classes: &mut HashMap<Key, Class>, class_of
 }
 
 /// Plan viewer `i`'s next buffer event under its current rate.
-fn plan(i: usize, w: &mut Watching, _now: f64, heap: &mut BinaryHeap<Reverse<(T, Ev)>>) {
+fn plan(i: usize, w: &mut Watching, heap: &mut BinaryHeap<Reverse<(T, Ev)>>) {
     w.version += 1;
-    w.planned_rate = w.player.rate();
     if let Some(at) = w.player.next_event() {
         heap.push(Reverse((T(at), Ev::Buffer(i, w.version))));
     }
