@@ -2,24 +2,34 @@
 //! demand (a viewer's line, a video's bitrate): no flow can get more
 //! without taking from one that has less. A flow may stand for a class of
 //! `count` identical flows (same path, same demand): it is filled as that
-//! many, and its rate is each one's. [`MaxMin`] keeps the rates and
-//! recomputes, after flows come, go or change demand, only the flows
-//! connected to a changed link (through flows sharing links), by
-//! progressive filling: every flow of that part rises at the same pace
-//! until a link it crosses is full or it reaches its demand, and then
-//! stays. While no link carries more demand than its capacity (the usual
-//! case when caches serve), every flow simply gets its demand and a change
-//! costs only the flows it touched: the solver keeps each link's demand
-//! and how many links are over, and fills only when some are.
+//! many, and its rate is each one's. [`MaxMin`] keeps the rates and, after
+//! flows come, go or change, recomputes only what the change can move:
+//!
+//! - **Local changes cost only the flow changed.** A flow that comes (or
+//!   grows) where every link it crosses has room for its demand gets its
+//!   demand and moves no one: the others' bottlenecks are full links it
+//!   does not cross. A flow that goes (or shrinks, or wants less) and
+//!   crosses no full link frees nothing anyone is held back by. The
+//!   solver keeps each link's use to tell.
+//! - **Other changes refill their part.** The flows connected to a changed
+//!   link (through flows sharing links) are refilled by progressive
+//!   filling: every flow of that part rises at the same pace until a link
+//!   it crosses is full or it reaches its demand, and then stays.
+//!
 //! [`from_scratch`] is the same filling over every flow — the
 //! straightforward way, kept as the tests' reference and the benchmark's
-//! baseline.
+//! baseline. Hand-written: no crate solves max-min fairness incrementally.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 /// A flow's handle.
 pub type FlowId = usize;
+
+/// A link counts as full within this fraction of its capacity, and a flow
+/// fits into a link's room only with this much to spare: rounding never
+/// makes a full link look free.
+const SLACK: f64 = 1e-9;
 
 struct Flow {
     /// Links crossed.
@@ -39,16 +49,12 @@ pub struct MaxMin {
     on: Vec<Vec<(FlowId, usize)>>,
     flows: Vec<Option<Flow>>,
     free: Vec<FlowId>,
-    /// Links whose flows changed since the last [`MaxMin::solve`].
+    /// Per link: the rates of its flows together.
+    used: Vec<f64>,
+    /// Links whose part is to be refilled at the next [`MaxMin::solve`].
     dirty: Vec<usize>,
-    /// Flows added or changed since then.
+    /// Flows whose rate a local change set since then.
     touched: Vec<FlowId>,
-    /// Per link: the demand of its flows; and how many links have more
-    /// than their capacity.
-    load: Vec<f64>,
-    over: usize,
-    /// Flows held below their demand by the last filling.
-    limited: Vec<FlowId>,
     /// Every solve fills every flow, from scratch (the straightforward
     /// way, for comparison).
     pub naive: bool,
@@ -56,6 +62,8 @@ pub struct MaxMin {
     mark_link: Vec<u32>,
     mark_flow: Vec<u32>,
     epoch: u32,
+    room: Vec<f64>,
+    filler: Filler,
 }
 
 /// A heap entry: a link's fill level, smallest first.
@@ -85,41 +93,40 @@ impl MaxMin {
             on: vec![Vec::new(); n],
             flows: Vec::new(),
             free: Vec::new(),
+            used: vec![0.0; n],
             dirty: Vec::new(),
             touched: Vec::new(),
-            load: vec![0.0; n],
-            over: 0,
-            limited: Vec::new(),
             naive: false,
             mark_link: vec![0; n],
             mark_flow: Vec::new(),
             epoch: 0,
+            room: Vec::new(),
+            filler: Filler::new(n),
         }
     }
 
-    /// Add `delta` to the demand on the links of `path`, counting the
-    /// links that go over or come back under their capacity.
-    fn add_load(&mut self, path: &[usize], delta: f64) {
+    /// Every link of `path` has room for `more` besides its use.
+    fn room(&self, path: &[usize], more: f64) -> bool {
+        !self.naive && path.iter().all(|&l| self.used[l] + more <= self.cap[l] * (1.0 - SLACK))
+    }
+
+    /// No link of `path` is full.
+    fn none_full(&self, path: &[usize]) -> bool {
+        self.room(path, 0.0)
+    }
+
+    fn add_use(&mut self, path: &[usize], delta: f64) {
         for &l in path {
-            let cap = self.cap[l] * (1.0 + 1e-12);
-            let was = self.load[l] > cap;
-            self.load[l] += delta;
-            if self.on[l].is_empty() {
-                self.load[l] = 0.0;
-            }
-            let is = self.load[l] > cap;
-            if is != was {
-                if is {
-                    self.over += 1;
-                } else {
-                    self.over -= 1;
-                }
-            }
+            self.used[l] += delta;
         }
+    }
+
+    fn flow(&self, f: FlowId) -> &Flow {
+        self.flows[f].as_ref().expect("a live flow")
     }
 
     /// A new flow over `path` (link indices, no repeats) wanting at most
-    /// `demand`; its rate is 0 until the next [`MaxMin::solve`].
+    /// `demand`; its rate is known after the next [`MaxMin::solve`].
     pub fn add(&mut self, path: Vec<usize>, demand: f64) -> FlowId {
         self.add_class(path, demand, 1.0)
     }
@@ -136,26 +143,39 @@ impl MaxMin {
         for (k, &l) in path.iter().enumerate() {
             pos.push(self.on[l].len());
             self.on[l].push((id, k));
-            self.dirty.push(l);
         }
-        self.add_load(&path, demand * count);
-        self.flows[id] = Some(Flow { path, pos, demand, count, rate: 0.0 });
-        self.touched.push(id);
+        let rate = if self.room(&path, demand * count) {
+            self.add_use(&path, demand * count);
+            self.touched.push(id);
+            demand
+        } else {
+            self.dirty.extend_from_slice(&path);
+            0.0
+        };
+        self.flows[id] = Some(Flow { path, pos, demand, count, rate });
         id
     }
 
     /// Change how many flows class `f` stands for.
     pub fn set_count(&mut self, f: FlowId, count: f64) {
-        let flow = self.flows[f].as_mut().expect("a live flow");
-        let (path, delta) = (flow.path.clone(), flow.demand * (count - flow.count));
-        flow.count = count;
-        self.dirty.extend_from_slice(&path);
-        self.add_load(&path, delta);
-        self.touched.push(f);
+        let fl = self.flow(f);
+        let (rate, delta) = (fl.rate, count - fl.count);
+        let at_demand = fl.rate == fl.demand;
+        let local = if delta >= 0.0 { at_demand && self.room(&fl.path, fl.demand * delta) } else { self.none_full(&fl.path) };
+        let path = std::mem::take(&mut self.flows[f].as_mut().expect("live").path);
+        if local {
+            self.add_use(&path, rate * delta);
+        } else {
+            self.dirty.extend_from_slice(&path);
+        }
+        let fl = self.flows[f].as_mut().expect("live");
+        fl.path = path;
+        fl.count = count;
     }
 
     /// Remove flow `f`.
     pub fn remove(&mut self, f: FlowId) {
+        let local = self.none_full(&self.flow(f).path);
         let flow = self.flows[f].take().expect("a live flow");
         for (k, &l) in flow.path.iter().enumerate() {
             let i = flow.pos[k];
@@ -163,20 +183,44 @@ impl MaxMin {
             if let Some(&(moved, mk)) = self.on[l].get(i) {
                 self.flows[moved].as_mut().expect("listed flows live").pos[mk] = i;
             }
-            self.dirty.push(l);
         }
-        self.add_load(&flow.path, -flow.demand * flow.count);
+        if local {
+            self.add_use(&flow.path, -flow.rate * flow.count);
+        } else {
+            self.dirty.extend_from_slice(&flow.path);
+        }
         self.free.push(f);
     }
 
     /// Change flow `f`'s demand.
     pub fn set_demand(&mut self, f: FlowId, demand: f64) {
-        let flow = self.flows[f].as_mut().expect("a live flow");
-        let (path, delta) = (flow.path.clone(), (demand - flow.demand) * flow.count);
-        flow.demand = demand;
-        self.dirty.extend_from_slice(&path);
-        self.add_load(&path, delta);
-        self.touched.push(f);
+        let fl = self.flow(f);
+        let (rate, count) = (fl.rate, fl.count);
+        let new_rate = if fl.rate == fl.demand {
+            // At its demand: it takes the new one where there is room, or
+            // gives some back where nobody is held back.
+            let fits = if demand > rate { self.room(&fl.path, (demand - rate) * count) } else { self.none_full(&fl.path) };
+            fits.then_some(demand)
+        } else {
+            // Held back by a full link: still, unless it now wants less.
+            (demand >= rate && !self.naive).then_some(rate)
+        };
+        let path = std::mem::take(&mut self.flows[f].as_mut().expect("live").path);
+        match new_rate {
+            Some(r) => {
+                self.add_use(&path, (r - rate) * count);
+                if r != rate {
+                    self.touched.push(f);
+                }
+            }
+            None => self.dirty.extend_from_slice(&path),
+        }
+        let fl = self.flows[f].as_mut().expect("live");
+        fl.path = path;
+        fl.demand = demand;
+        if let Some(r) = new_rate {
+            fl.rate = r;
+        }
     }
 
     /// Flow `f`'s rate as of the last solve.
@@ -184,160 +228,289 @@ impl MaxMin {
         self.flows[f].as_ref().map_or(0.0, |fl| fl.rate)
     }
 
-    /// The rates of the flows on links that changed, and of every flow
-    /// connected to them, made max-min fair again; `changed` gets each
-    /// flow whose rate moved. Returns how many flows were recomputed.
+    /// Make the rates max-min fair again: `changed` gets each flow whose
+    /// rate moved since the last solve. Returns how many flows were
+    /// refilled.
+    ///
+    /// The part refilled: the flows on the changed links, and through the
+    /// full links they cross the flows held back there, and so on (a link
+    /// with room holds no one back: the change cannot move its other
+    /// flows). Links with room that the part crosses bound it with what
+    /// their other flows use; if one of them fills, its flows join the part
+    /// and it is filled again.
     pub fn solve(&mut self, mut changed: impl FnMut(FlowId, f64)) -> usize {
+        for f in std::mem::take(&mut self.touched) {
+            if let Some(fl) = self.flows[f].as_ref() {
+                changed(f, fl.rate);
+            }
+        }
         if self.dirty.is_empty() {
             return 0;
         }
         if self.naive {
             self.dirty = (0..self.cap.len()).filter(|&l| !self.on[l].is_empty()).collect();
-        } else if self.over == 0 {
-            // No link is over: every flow gets its demand; only those
-            // touched, or held below it before, change.
-            self.dirty.clear();
-            let mut n = 0;
-            let mut flows = std::mem::take(&mut self.touched);
-            flows.append(&mut self.limited);
-            for f in flows {
-                if let Some(fl) = self.flows[f].as_mut() {
-                    n += 1;
-                    if fl.rate != fl.demand {
-                        fl.rate = fl.demand;
-                        changed(f, fl.demand);
-                    }
-                }
-            }
-            return n;
         }
-        self.touched.clear();
+        // Epochs mark the part's links (2e: refilled, 2e + 1: its bounds)
+        // and flows (e).
         self.epoch = self.epoch.wrapping_add(1);
-        if self.epoch == 0 {
+        if self.epoch >= u32::MAX / 2 {
             self.mark_link.fill(0);
             self.mark_flow.fill(0);
             self.epoch = 1;
         }
         let e = self.epoch;
-        // The part connected to the dirty links.
+        let (whole, bound) = (2 * e, 2 * e + 1);
         let mut links = std::mem::take(&mut self.dirty);
-        links.retain(|&l| std::mem::replace(&mut self.mark_link[l], e) != e);
+        links.retain(|&l| std::mem::replace(&mut self.mark_link[l], whole) != whole);
+        let mut bounds: Vec<usize> = Vec::new();
         let mut flows: Vec<FlowId> = Vec::new();
         let mut i = 0;
-        while i < links.len() {
-            let l = links[i];
-            i += 1;
-            for &(f, _) in &self.on[l] {
-                if self.mark_flow[f] == e {
-                    continue;
+        loop {
+            while i < links.len() {
+                let l = links[i];
+                i += 1;
+                for &(f, _) in &self.on[l] {
+                    if self.mark_flow[f] == e {
+                        continue;
+                    }
+                    self.mark_flow[f] = e;
+                    flows.push(f);
+                    for &m in &self.flows[f].as_ref().expect("listed flows live").path {
+                        if self.mark_link[m] == whole {
+                            continue;
+                        }
+                        if self.naive || !self.none_full(&[m]) {
+                            self.mark_link[m] = whole;
+                            links.push(m);
+                        } else if self.mark_link[m] != bound {
+                            self.mark_link[m] = bound;
+                            bounds.push(m);
+                        }
+                    }
                 }
-                self.mark_flow[f] = e;
-                flows.push(f);
-                for &m in &self.flows[f].as_ref().expect("listed flows live").path {
-                    if self.mark_link[m] != e {
-                        self.mark_link[m] = e;
-                        links.push(m);
+            }
+            // The room on each link: all of it on those refilled, what the
+            // other flows leave on the bounds.
+            bounds.retain(|&l| self.mark_link[l] == bound);
+            let mut all = links.clone();
+            all.extend_from_slice(&bounds);
+            self.room.clear();
+            self.room.extend(links.iter().map(|&l| self.cap[l]));
+            for &l in &bounds {
+                let others: f64 = self.on[l].iter().filter(|&&(f, _)| self.mark_flow[f] != e).map(|&(f, _)| {
+                    let fl = self.flows[f].as_ref().expect("live");
+                    fl.rate * fl.count
+                }).sum();
+                self.room.push(self.cap[l] - others);
+            }
+            let flows_of = &self.flows;
+            self.filler.fill(&all, &self.room, &flows, |f| {
+                let fl = flows_of[f].as_ref().expect("live");
+                (&fl.path[..], fl.demand, fl.count)
+            });
+            // A bound now full, with other flows on it: they join.
+            let mut grew = false;
+            let base = links.len();
+            for (k, &l) in bounds.iter().enumerate() {
+                let room = self.room[base + k];
+                let others = self.cap[l] - room;
+                if others > 0.0 && self.filler.left_at(base + k) <= self.cap[l] * SLACK {
+                    self.mark_link[l] = whole;
+                    links.push(l);
+                    grew = true;
+                }
+            }
+            if grew {
+                continue;
+            }
+            for (&f, &r) in flows.iter().zip(&self.filler.rate) {
+                let fl = self.flows[f].as_mut().expect("live");
+                if fl.rate != r {
+                    fl.rate = r;
+                    changed(f, r);
+                }
+            }
+            // The use of every link the part crossed, afresh.
+            for &l in &all {
+                self.used[l] = self.on[l].iter().map(|&(f, _)| {
+                    let fl = self.flows[f].as_ref().expect("live");
+                    fl.rate * fl.count
+                }).sum();
+            }
+            break;
+        }
+        let n = flows.len();
+        self.dirty = links;
+        self.dirty.clear();
+        n
+    }
+}
+
+/// Progressive filling, its tables kept from one filling to the next (a
+/// filling allocates nothing once they have grown).
+struct Filler {
+    /// Per link of the network: its number in this filling.
+    slot: Vec<usize>,
+    // Per link of the filling.
+    left: Vec<f64>,
+    count: Vec<u32>,
+    weight: Vec<f64>,
+    version: Vec<u32>,
+    /// Its flows: `members[start[l]..start[l + 1]]`.
+    start: Vec<usize>,
+    members: Vec<usize>,
+    // Per flow of the filling.
+    path_start: Vec<usize>,
+    path_links: Vec<usize>,
+    many: Vec<f64>,
+    demand: Vec<f64>,
+    by_demand: Vec<usize>,
+    rate: Vec<f64>,
+    heap: BinaryHeap<Level>,
+}
+
+impl Filler {
+    fn new(links: usize) -> Filler {
+        Filler {
+            slot: vec![0; links],
+            left: Vec::new(),
+            count: Vec::new(),
+            weight: Vec::new(),
+            version: Vec::new(),
+            start: Vec::new(),
+            members: Vec::new(),
+            path_start: Vec::new(),
+            path_links: Vec::new(),
+            many: Vec::new(),
+            demand: Vec::new(),
+            by_demand: Vec::new(),
+            rate: Vec::new(),
+            heap: BinaryHeap::new(),
+        }
+    }
+
+    /// The rates of `flows` over `links` (every link any of them crosses,
+    /// with `room[i]` for them on `links[i]`; `flow(f)` gives a flow's
+    /// path, demand and count), in the order of `flows`.
+    fn fill<'a>(&mut self, links: &[usize], room: &[f64], flows: &[FlowId], flow: impl Fn(FlowId) -> (&'a [usize], f64, f64)) -> &[f64] {
+        let (nl, nf) = (links.len(), flows.len());
+        for (i, &l) in links.iter().enumerate() {
+            self.slot[l] = i;
+        }
+        self.left.clear();
+        self.left.extend_from_slice(room);
+        self.count.clear();
+        self.count.resize(nl, 0);
+        self.weight.clear();
+        self.weight.resize(nl, 0.0);
+        self.version.clear();
+        self.version.resize(nl, 0);
+        self.path_start.clear();
+        self.path_links.clear();
+        self.many.clear();
+        self.demand.clear();
+        for &f in flows {
+            let (path, demand, many) = flow(f);
+            let many = many.max(0.0);
+            self.path_start.push(self.path_links.len());
+            for &l in path {
+                let s = self.slot[l];
+                self.path_links.push(s);
+                self.count[s] += 1;
+                self.weight[s] += many;
+            }
+            self.many.push(many);
+            self.demand.push(demand.max(0.0));
+        }
+        self.path_start.push(self.path_links.len());
+        // Each link's flows, in one table.
+        self.start.clear();
+        self.start.push(0);
+        for l in 0..nl {
+            let s = self.start[l] + self.count[l] as usize;
+            self.start.push(s);
+        }
+        self.members.clear();
+        self.members.resize(self.path_links.len(), 0);
+        let mut at = self.start[..nl].to_vec();
+        for k in 0..nf {
+            for &s in &self.path_links[self.path_start[k]..self.path_start[k + 1]] {
+                self.members[at[s]] = k;
+                at[s] += 1;
+            }
+        }
+        self.by_demand.clear();
+        self.by_demand.extend(0..nf);
+        let demand = &self.demand;
+        self.by_demand.sort_unstable_by(|&a, &b| demand[a].total_cmp(&demand[b]).then(a.cmp(&b)));
+        self.rate.clear();
+        self.rate.resize(nf, f64::NAN);
+        let level = |left: f64, weight: f64| if weight > 0.0 { (left / weight).max(0.0) } else { f64::INFINITY };
+        self.heap.clear();
+        for l in 0..nl {
+            if self.count[l] > 0 {
+                self.heap.push(Level(level(self.left[l], self.weight[l]), l, 0));
+            }
+        }
+        let mut next_demand = 0;
+        let mut frozen = 0;
+        while frozen < nf {
+            // Skip flows already frozen among the smallest demands.
+            while next_demand < nf && !self.rate[self.by_demand[next_demand]].is_nan() {
+                next_demand += 1;
+            }
+            // A link's level only rises as flows freeze (each at or below
+            // the lowest level), so a stale entry is low: on top, it is
+            // brought up to date and put back, one entry a link.
+            while let Some(&Level(_, l, v)) = self.heap.peek() {
+                if self.count[l] == 0 {
+                    self.heap.pop();
+                } else if v != self.version[l] {
+                    self.heap.pop();
+                    self.heap.push(Level(level(self.left[l], self.weight[l]), l, self.version[l]));
+                } else {
+                    break;
+                }
+            }
+            let link_level = self.heap.peek().map_or(f64::INFINITY, |t| t.0);
+            let d = self.by_demand.get(next_demand).map_or(f64::INFINITY, |&k| self.demand[k]);
+            if d <= link_level {
+                // A flow reaches its demand before any of its links fills.
+                let k = self.by_demand[next_demand];
+                self.freeze(k, d);
+                frozen += 1;
+            } else {
+                // A link fills: its flows stay at its level.
+                let Level(at, l, _) = self.heap.pop().expect("a level below infinity");
+                let at = if at.is_finite() { at.max(0.0) } else { 0.0 };
+                for m in self.start[l]..self.start[l + 1] {
+                    let k = self.members[m];
+                    if self.rate[k].is_nan() {
+                        self.freeze(k, at);
+                        frozen += 1;
                     }
                 }
             }
         }
-        let rates = fill(&self.cap, &links, &flows, |f| {
-            let fl = self.flows[f].as_ref().expect("live");
-            (&fl.path[..], fl.demand, fl.count)
-        });
-        for (&f, &r) in flows.iter().zip(&rates) {
-            let fl = self.flows[f].as_mut().expect("live");
-            if r < fl.demand {
-                self.limited.push(f);
-            }
-            if fl.rate != r {
-                fl.rate = r;
-                changed(f, r);
-            }
-        }
-        // (A flow may be listed twice, or have gone: harmless.)
-        self.limited.sort_unstable();
-        self.limited.dedup();
-        flows.len()
+        &self.rate
     }
-}
 
-/// Progressive filling of `flows` over `links` (every link any of them
-/// crosses; `flow(f)` gives a flow's path, demand and count): their rates,
-/// in the order of `flows`.
-fn fill<'a>(cap: &[f64], links: &[usize], flows: &[FlowId], flow: impl Fn(FlowId) -> (&'a [usize], f64, f64)) -> Vec<f64> {
-    // Local numbering of the links.
-    let mut local = std::collections::HashMap::with_capacity(links.len());
-    for (i, &l) in links.iter().enumerate() {
-        local.insert(l, i);
+    /// The room left on the filling's link `i` after the last filling.
+    fn left_at(&self, i: usize) -> f64 {
+        self.left[i]
     }
-    let mut left: Vec<f64> = links.iter().map(|&l| cap[l]).collect();
-    // Per link: unfrozen entries, and the flows they stand for.
-    let mut count = vec![0u32; links.len()];
-    let mut weight = vec![0.0f64; links.len()];
-    let mut members: Vec<Vec<usize>> = vec![Vec::new(); links.len()];
-    let paths: Vec<Vec<usize>> = flows.iter().map(|&f| flow(f).0.iter().map(|l| local[l]).collect()).collect();
-    let many: Vec<f64> = flows.iter().map(|&f| flow(f).2.max(0.0)).collect();
-    for (k, p) in paths.iter().enumerate() {
-        for &l in p {
-            count[l] += 1;
-            weight[l] += many[k];
-            members[l].push(k);
+
+    /// Flow `k` stays at rate `r`: its links have that much less room.
+    fn freeze(&mut self, k: usize, r: f64) {
+        self.rate[k] = r;
+        let many = self.many[k];
+        for &l in &self.path_links[self.path_start[k]..self.path_start[k + 1]] {
+            self.left[l] -= r * many;
+            self.count[l] -= 1;
+            self.weight[l] -= many;
+            self.version[l] += 1;
         }
     }
-    let mut by_demand: Vec<usize> = (0..flows.len()).collect();
-    let demand: Vec<f64> = flows.iter().map(|&f| flow(f).1.max(0.0)).collect();
-    by_demand.sort_by(|&a, &b| demand[a].total_cmp(&demand[b]));
-    let mut rate = vec![f64::NAN; flows.len()];
-    let mut version = vec![0u32; links.len()];
-    let level = |left: f64, weight: f64| if weight > 0.0 { (left / weight).max(0.0) } else { f64::INFINITY };
-    let mut heap: BinaryHeap<Level> = (0..links.len()).filter(|&l| count[l] > 0).map(|l| Level(level(left[l], weight[l]), l, 0)).collect();
-    let mut next_demand = 0;
-    let mut frozen = 0;
-    let freeze = |k: usize, r: f64, rate: &mut Vec<f64>, left: &mut Vec<f64>, count: &mut Vec<u32>, weight: &mut Vec<f64>, version: &mut Vec<u32>, heap: &mut BinaryHeap<Level>| {
-        rate[k] = r;
-        for &l in &paths[k] {
-            left[l] -= r * many[k];
-            count[l] -= 1;
-            weight[l] -= many[k];
-            version[l] += 1;
-            if count[l] > 0 {
-                heap.push(Level(level(left[l], weight[l]), l, version[l]));
-            }
-        }
-    };
-    while frozen < flows.len() {
-        // Skip flows already frozen among the smallest demands.
-        while next_demand < by_demand.len() && !rate[by_demand[next_demand]].is_nan() {
-            next_demand += 1;
-        }
-        while let Some(top) = heap.peek() {
-            if top.2 != version[top.1] || count[top.1] == 0 {
-                heap.pop();
-            } else {
-                break;
-            }
-        }
-        let link_level = heap.peek().map_or(f64::INFINITY, |t| t.0);
-        let d = by_demand.get(next_demand).map_or(f64::INFINITY, |&k| demand[k]);
-        if d <= link_level {
-            // A flow reaches its demand before any of its links fills.
-            let k = by_demand[next_demand];
-            freeze(k, d, &mut rate, &mut left, &mut count, &mut weight, &mut version, &mut heap);
-            frozen += 1;
-        } else {
-            // A link fills: its flows stay at its level.
-            let Level(level, l, _) = heap.pop().expect("a level below infinity");
-            let level = if level.is_finite() { level.max(0.0) } else { 0.0 };
-            for k in members[l].clone() {
-                if rate[k].is_nan() {
-                    freeze(k, level, &mut rate, &mut left, &mut count, &mut weight, &mut version, &mut heap);
-                    frozen += 1;
-                }
-            }
-        }
-    }
-    rate
 }
 
 /// Max-min fair rates of `flows` (path, demand) over links of capacities
@@ -347,7 +520,8 @@ pub fn from_scratch(cap: &[f64], flows: &[(Vec<usize>, f64)]) -> Vec<f64> {
     links.sort_unstable();
     links.dedup();
     let ids: Vec<FlowId> = (0..flows.len()).collect();
-    fill(cap, &links, &ids, |f| (&flows[f].0[..], flows[f].1, 1.0))
+    let room: Vec<f64> = links.iter().map(|&l| cap[l]).collect();
+    Filler::new(cap.len()).fill(&links, &room, &ids, |f| (&flows[f].0[..], flows[f].1, 1.0)).to_vec()
 }
 
 #[cfg(test)]
@@ -452,54 +626,99 @@ mod tests {
     }
 
     #[test]
+    fn the_part_refilled_stops_at_links_with_room() {
+        // Link 0 of 10 (A, C), link 1 of 30 (A, and B wanting 22): A and C
+        // get 5, B its 22, and link 1 has room.
+        let mut m = MaxMin::new(vec![10.0, 30.0]);
+        let a = m.add(vec![0, 1], 100.0);
+        let c = m.add(vec![0], 100.0);
+        let b = m.add(vec![1], 22.0);
+        solved(&mut m);
+        assert_eq!([m.rate(a), m.rate(b), m.rate(c)], [5.0, 22.0, 5.0]);
+        // D joins link 0: A, C and D are refilled (3.33 each); B, behind
+        // link 1's room, is not.
+        let d = m.add(vec![0], 100.0);
+        assert_eq!(m.solve(|f, _| assert_ne!(f, b, "B refilled")), 3);
+        assert!(close(m.rate(a), 10.0 / 3.0) && m.rate(b) == 22.0);
+        // C and D leave: A could have 10 on link 0 but fills link 1 at 8,
+        // where B has more: B joins the part, and they share link 1 —
+        // A 10, B 20.
+        m.remove(c);
+        m.remove(d);
+        assert_eq!(solved(&mut m), 2);
+        assert_eq!([m.rate(a), m.rate(b)], [10.0, 20.0]);
+    }
+
+    #[test]
     fn incremental_rates_are_those_from_scratch_and_fair() {
+        // Random flows and classes come, go and change demand and count;
+        // after each step the rates are those filled from scratch (a class
+        // of n as n flows), and fair. Both kinds of change are taken: the
+        // local ones (nothing refilled) and those that refill a part.
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
-        for round in 0..20 {
+        let (mut local, mut refilled) = (0, 0);
+        for round in 0..40 {
             let nl = rng.random_range(1..12);
             let cap: Vec<f64> = (0..nl).map(|_| rng.random_range(1..50) as f64).collect();
             let mut m = MaxMin::new(cap.clone());
-            let mut live: Vec<(FlowId, Vec<usize>, f64)> = Vec::new();
-            for _step in 0..60 {
-                if live.is_empty() || rng.random_bool(0.6) {
+            // (flow, path, demand, count)
+            let mut live: Vec<(FlowId, Vec<usize>, f64, usize)> = Vec::new();
+            for _step in 0..80 {
+                let r = rng.random_range(0..10);
+                if live.is_empty() || r < 4 {
                     let mut path: Vec<usize> = (0..nl).filter(|_| rng.random_bool(0.3)).collect();
                     if path.is_empty() {
                         path.push(rng.random_range(0..nl));
                     }
-                    let demand = if rng.random_bool(0.3) { rng.random_range(1..20) as f64 } else { 1e9 };
-                    let id = m.add(path.clone(), demand);
-                    live.push((id, path, demand));
-                } else if rng.random_bool(0.5) {
+                    let demand = if rng.random_bool(0.6) { rng.random_range(1..20) as f64 } else { 1e9 };
+                    let count = if rng.random_bool(0.3) { rng.random_range(0..4) } else { 1 };
+                    let id = m.add_class(path.clone(), demand, count as f64);
+                    live.push((id, path, demand, count));
+                } else if r < 6 {
                     let k = rng.random_range(0..live.len());
                     m.remove(live.swap_remove(k).0);
-                } else {
+                } else if r < 8 {
                     let k = rng.random_range(0..live.len());
                     live[k].2 = rng.random_range(1..30) as f64;
                     m.set_demand(live[k].0, live[k].2);
+                } else {
+                    let k = rng.random_range(0..live.len());
+                    live[k].3 = rng.random_range(0..5);
+                    m.set_count(live[k].0, live[k].3 as f64);
                 }
-                solved(&mut m);
-                let all: Vec<(Vec<usize>, f64)> = live.iter().map(|x| (x.1.clone(), x.2)).collect();
+                if solved(&mut m) == 0 {
+                    local += 1;
+                } else {
+                    refilled += 1;
+                }
+                let all: Vec<(Vec<usize>, f64)> = live.iter().flat_map(|x| std::iter::repeat_n((x.1.clone(), x.2), x.3)).collect();
                 let want = from_scratch(&cap, &all);
-                for (x, w) in live.iter().zip(&want) {
-                    assert!(close(m.rate(x.0), *w), "round {round}: {} against {}", m.rate(x.0), w);
+                let mut k = 0;
+                for x in &live {
+                    if x.3 > 0 {
+                        assert!(close(m.rate(x.0), want[k]), "round {round}: {} against {}", m.rate(x.0), want[k]);
+                    }
+                    k += x.3;
                 }
                 // Fair: no link over its capacity; every flow at its
                 // demand or crossing a full link on which no flow has more.
                 let mut load = vec![0.0; nl];
-                for (x, &r) in live.iter().zip(&want) {
-                    for &l in &x.1 {
+                for (x, &r) in all.iter().zip(&want) {
+                    for &l in &x.0 {
                         load[l] += r;
                     }
                 }
                 for l in 0..nl {
                     assert!(load[l] <= cap[l] * (1.0 + 1e-9), "link {l} over capacity");
                 }
-                for (x, &r) in live.iter().zip(&want) {
-                    let bottleneck = x.1.iter().any(|&l| {
-                        close(load[l], cap[l]) && live.iter().zip(&want).filter(|(y, _)| y.1.contains(&l)).all(|(_, &s)| s <= r * (1.0 + 1e-9))
+                for (x, &r) in all.iter().zip(&want) {
+                    let bottleneck = x.0.iter().any(|&l| {
+                        close(load[l], cap[l]) && all.iter().zip(&want).filter(|(y, _)| y.0.contains(&l)).all(|(_, &s)| s <= r * (1.0 + 1e-9))
                     });
-                    assert!(close(r, x.2) || bottleneck, "flow at {r} has no bottleneck");
+                    assert!(close(r, x.1) || bottleneck, "flow at {r} has no bottleneck");
                 }
             }
         }
+        assert!(local > 200 && refilled > 200, "{local} local changes, {refilled} refills");
     }
 }

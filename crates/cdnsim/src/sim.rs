@@ -23,7 +23,11 @@
 //! again (`maxmin`), and every viewer whose rate moved is re-planned.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+
+/// The run's maps are keyed by small integers: a fast hash (foldhash), with
+/// a fixed seed so that a run repeats.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::FixedState>;
 
 use crate::maxmin::{FlowId, MaxMin};
 use crate::player::{Player, Qoe};
@@ -187,15 +191,16 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
         heap.push(Reverse((T(v.arrive), Ev::Arrive(i))));
     }
     let mut caches: Vec<Cache> = Vec::new();
-    let mut cache_of: HashMap<(usize, u32), usize> = HashMap::new();
-    let mut watching: HashMap<usize, Watching> = HashMap::new();
-    let mut classes: HashMap<Key, Class> = HashMap::new();
-    let mut feeds: HashMap<usize, (FlowId, f64)> = HashMap::new();
-    let mut routes_from: HashMap<usize, Routes> = HashMap::new();
+    let mut cache_of: HashMap<(usize, u32), usize> = HashMap::default();
+    let mut watching: HashMap<usize, Watching> = HashMap::default();
+    let mut origin_classes = Classes { by_key: HashMap::default(), of_flow: HashMap::default(), slot: vec![0; viewers.len()] };
+    // Per viewer: its place in its cache's list.
+    let mut cache_slot: Vec<u32> = vec![0; viewers.len()];
+    let mut feeds: HashMap<usize, (FlowId, f64)> = HashMap::default();
+    let mut routes_from: HashMap<usize, Routes> = HashMap::default();
     // Per AS: connections, bits/s, caches running; and their peaks.
     let mut per_as: Vec<(u32, f64, u32, u32, f64, u32)> = vec![(0, 0.0, 0, 0, 0.0, 0); t.ases.len()];
-    let mut up_by_channel: HashMap<u32, Vec<usize>> = HashMap::new();
-    let mut class_of: HashMap<FlowId, Key> = HashMap::new();
+    let mut up_by_channel: HashMap<u32, Vec<usize>> = HashMap::default();
     let mut out = Outcome { qoe: vec![Qoe { startup_delay_s: 0.0, buffering_ratio: 0.0, buffering_events: 0, playback_ratio: 0.0, started: false }; viewers.len()], ..Outcome::default() };
     let mut running = 0u32;
     while let Some(Reverse((T(now), ev))) = heap.pop() {
@@ -240,6 +245,7 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
                     out.caches.push((now, running));
                     heap.push(Reverse((T(now + cfg.boot_s), Ev::CacheUp(c))));
                 }
+                cache_slot[i] = caches[c].viewers.len() as u32;
                 caches[c].viewers.push(i);
                 caches[c].bps += v.bitrate;
                 let cc = &mut caches[c];
@@ -257,7 +263,7 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
                     CacheState::Booting => match &paths[as_idx] {
                         Some(p) => {
                             let key = (group(i, as_idx), w.player.demand().to_bits());
-                            join(i, &mut w, key, p, now, &mut classes, &mut class_of, &mut net)
+                            origin_classes.join(i, &mut w, key, p, now, &mut net)
                         }
                         None => w.player.set_rate(now, 0.0),
                     },
@@ -273,9 +279,13 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
                 }
                 let Some(mut w) = watching.remove(&i) else { continue };
                 out.qoe[i] = w.player.finish(now);
-                leave(i, &mut w, &mut classes, &mut class_of, &mut net);
+                origin_classes.leave(i, &mut w, &mut net);
                 let c = &mut caches[w.cache];
-                c.viewers.retain(|&x| x != i);
+                let slot = cache_slot[i] as usize;
+                c.viewers.swap_remove(slot);
+                if let Some(&moved) = c.viewers.get(slot) {
+                    cache_slot[moved] = slot as u32;
+                }
                 c.bps -= viewers[i].bitrate;
                 let a = &mut per_as[c.access];
                 a.0 -= 1;
@@ -293,7 +303,7 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
                 up_by_channel.entry(caches[c].channel).or_default().push(c);
                 for &i in &caches[c].viewers {
                     let w = watching.get_mut(&i).expect("a cache's viewers watch");
-                    leave(i, w, &mut classes, &mut class_of, &mut net);
+                    origin_classes.leave(i, w, &mut net);
                     let d = w.player.demand();
                     w.player.set_rate(now, d);
                     plan(i, w, &mut heap);
@@ -336,10 +346,10 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
                     // Into the class of its new demand (the solve below
                     // gives it the class's new rate).
                     Some(key) if key.1 != d.to_bits() => {
-                        leave(i, w, &mut classes, &mut class_of, &mut net);
+                        origin_classes.leave(i, w, &mut net);
                         let a = access[viewers[i].access];
                         let p = paths[a].as_ref().expect("a class has a path");
-                        join(i, w, (key.0, d.to_bits()), p, now, &mut classes, &mut class_of, &mut net);
+                        origin_classes.join(i, w, (key.0, d.to_bits()), p, now, &mut net);
                     }
                     Some(_) => {}
                     // Served by its cache or unreachable: its line or nothing.
@@ -350,8 +360,8 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
             }
         }
         net.solve(|f, r| {
-            let Some(key) = class_of.get(&f) else { return };
-            let class = classes.get_mut(key).expect("a class per class flow");
+            let Some(key) = origin_classes.of_flow.get(&f) else { return };
+            let class = origin_classes.by_key.get_mut(key).expect("a class per class flow");
             if (r - class.applied).abs() <= tolerance * class.applied && r > 0.0 {
                 return;
             }
@@ -368,32 +378,46 @@ pub fn run_with(t: &Topology, origin: usize, params: &Params, cfg: &Config, seed
     Ok(out)
 }
 
-/// Viewer `i` streams from the origin in class `key` (path `path`): it
-/// takes the class's rate as it stands (the next solve adjusts it).
-#[allow(clippy::too_many_arguments)]
-fn join(i: usize, w: &mut Watching, key: Key, path: &[usize], now: f64, classes: &mut HashMap<Key, Class>, class_of: &mut HashMap<FlowId, Key>, net: &mut MaxMin) {
-    let class = classes.entry(key).or_insert_with(|| {
-        let flow = net.add_class(path.to_vec(), f64::from_bits(key.1), 0.0);
-        class_of.insert(flow, key);
-        Class { flow, members: Vec::new(), applied: 0.0 }
-    });
-    class.members.push(i);
-    net.set_count(class.flow, class.members.len() as f64);
-    w.player.set_rate(now, class.applied);
-    w.class = Some(key);
+/// The classes of viewers streaming from the origin.
+struct Classes {
+    by_key: HashMap<Key, Class>,
+    of_flow: HashMap<FlowId, Key>,
+    /// Per viewer: its place in its class's members.
+    slot: Vec<u32>,
 }
 
-/// Viewer `i` stops streaming from the origin (if it did).
-fn leave(i: usize, w: &mut Watching, classes: &mut HashMap<Key, Class>, class_of: &mut HashMap<FlowId, Key>, net: &mut MaxMin) {
-    let Some(key) = w.class.take() else { return };
-    let class = classes.get_mut(&key).expect("its class");
-    class.members.retain(|&x| x != i);
-    if class.members.is_empty() {
-        net.remove(class.flow);
-        class_of.remove(&class.flow);
-        classes.remove(&key);
-    } else {
+impl Classes {
+    /// Viewer `i` streams from the origin in class `key` (path `path`): it
+    /// takes the class's rate as it stands (the next solve adjusts it).
+    fn join(&mut self, i: usize, w: &mut Watching, key: Key, path: &[usize], now: f64, net: &mut MaxMin) {
+        let class = self.by_key.entry(key).or_insert_with(|| {
+            let flow = net.add_class(path.to_vec(), f64::from_bits(key.1), 0.0);
+            self.of_flow.insert(flow, key);
+            Class { flow, members: Vec::new(), applied: 0.0 }
+        });
+        self.slot[i] = class.members.len() as u32;
+        class.members.push(i);
         net.set_count(class.flow, class.members.len() as f64);
+        w.player.set_rate(now, class.applied);
+        w.class = Some(key);
+    }
+
+    /// Viewer `i` stops streaming from the origin (if it did).
+    fn leave(&mut self, i: usize, w: &mut Watching, net: &mut MaxMin) {
+        let Some(key) = w.class.take() else { return };
+        let class = self.by_key.get_mut(&key).expect("its class");
+        let slot = self.slot[i] as usize;
+        class.members.swap_remove(slot);
+        if let Some(&moved) = class.members.get(slot) {
+            self.slot[moved] = slot as u32;
+        }
+        if class.members.is_empty() {
+            net.remove(class.flow);
+            self.of_flow.remove(&class.flow);
+            self.by_key.remove(&key);
+        } else {
+            net.set_count(class.flow, class.members.len() as f64);
+        }
     }
 }
 
