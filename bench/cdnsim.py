@@ -2,13 +2,15 @@
 """CDNSim's speed and size (issue 15, item 7), and the boot-time sweep
 its results are for. On a 1,000-AS graph of the generator (seed 1),
 boot time 1 s: `cdnsim run` for 10,000, 100,000 and 1,000,000 viewers
-(wall time, peak memory from `/usr/bin/time -v`, events/s); the same
+(wall time, peak memory from `/usr/bin/time -v`, events/s), and for
+100,000 and 1,000,000 with `--cooperative`; the same
 10,000 viewers with `--naive` — the straightforward implementation of
 the same model: a solver entry per stream and per feed, every rate
 filled from scratch after every event and told at once — for the
 speed-up (wall time of the same run); and `cdnsim sweep` of 100,000
 viewers over boot times 0, 0.1, 0.5, 1 and 10 s plus the one wisp
-measured (`bench/results/cache.json`). The Python CDNSim of the paper
+measured (`bench/results/cache.json`), whose start-up CDFs cdnsim draws
+itself (`cdnsim-sweep-cdf.png`). The Python CDNSim of the paper
 cannot run here (Python 2, not published with its data).
 
     python3 bench/cdnsim.py --cdnsim target/release/cdnsim --out bench/results/cdnsim.json
@@ -17,6 +19,7 @@ cannot run here (Python 2, not published with its data).
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,16 +41,16 @@ def timed(argv):
     return rss, r.stdout
 
 
-def run(cdnsim, topo, work, viewers, naive=False):
-    out = os.path.join(work, "run-%d%s" % (viewers, "-naive" if naive else ""))
+def run(cdnsim, topo, work, viewers, mode=None):
+    out = os.path.join(work, "run-%d%s" % (viewers, "-" + mode if mode else ""))
     argv = [cdnsim, "run", "--topology", topo, "--viewers", str(viewers), "--boot-time", "1", "--out", out]
-    rss, _ = timed(argv + (["--naive"] if naive else []))
+    rss, _ = timed(argv + (["--" + mode] if mode else []))
     with open(os.path.join(out, "summary.json")) as f:
         s = json.load(f)
     row = {"viewers": viewers, "wall_s": s["wall_s"], "peak_rss_mb": round(rss, 1), "events": s["events"],
            "events_per_s": s["events_per_s"], "peak_viewers": s["peak_viewers"], "peak_caches": s["peak_caches"],
-           "startup_delay_s_mean": s["startup_delay_s"]["mean"]}
-    log("[cdnsim] %s%d viewers: %.2f s, %.0f MB, %.0f events/s" % ("naive, " if naive else "", viewers, row["wall_s"], rss, row["events_per_s"]))
+           "startup_delay_s_mean": s["startup_delay_s"]["mean"], "feeds_from_caches": s["feeds_from_caches"]}
+    log("[cdnsim] %s%d viewers: %.2f s, %.0f MB, %.0f events/s" % (mode + ", " if mode else "", viewers, row["wall_s"], rss, row["events_per_s"]))
     return row
 
 
@@ -88,7 +91,8 @@ def main():
     topo = os.path.join(work, "as1000.txt")
     subprocess.run([cdnsim, "gen-topology", "--ases", "1000", "--seed", "1", "--out", topo], check=True, capture_output=True)
     runs = [run(cdnsim, topo, work, n) for n in (10_000, 100_000, 1_000_000)]
-    naive = run(cdnsim, topo, work, 10_000, naive=True)
+    cooperative = [run(cdnsim, topo, work, n, "cooperative") for n in (100_000, 1_000_000)]
+    naive = run(cdnsim, topo, work, 10_000, "naive")
     sweep_dir = os.path.join(work, "sweep")
     subprocess.run([cdnsim, "sweep", "--topology", topo, "--viewers", "100000", "--wisp-result",
                     os.path.join(ROOT, "bench/results/cache.json"), "--out", sweep_dir], check=True, capture_output=True)
@@ -102,6 +106,7 @@ def main():
         "method": __doc__.strip(),
         "topology": "cdnsim gen-topology --ases 1000 --seed 1",
         "runs": runs,
+        "cooperative_runs": cooperative,
         "naive": naive,
         "sweep": sweep,
         "ratios": {
@@ -114,6 +119,8 @@ def main():
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
     common.draw(plot, doc, args.png, __file__, args.out)
+    # cdnsim's own plot of the sweep: start-up delay's CDF per boot time.
+    shutil.copy(os.path.join(sweep_dir, "sweep.png"), os.path.join(os.path.dirname(args.out), "cdnsim-sweep-cdf.png"))
     log(json.dumps(doc["ratios"], indent=1))
 
 

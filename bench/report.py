@@ -325,7 +325,8 @@ def cdnsim_section(c):
     out = ["## CDNSim (`make bench-cdnsim`, `bench/results/cdnsim.json`, `cdnsim.png`)", "",
            "The simulator on a 1,000-AS graph of its generator (`%s`), caches booting in 1 s:" % c["topology"], "",
            "| viewers | wall | peak memory | events | events/s | peak watching | peak caches |", "|---|---|---|---|---|---|---|"]
-    for x in c["runs"] + [dict(c["naive"], viewers="%d, naive" % c["naive"]["viewers"])]:
+    coop = [dict(x, viewers="%d, cooperative" % x["viewers"]) for x in c.get("cooperative_runs", [])]
+    for x in c["runs"] + coop + [dict(c["naive"], viewers="%d, naive" % c["naive"]["viewers"])]:
         out.append("| %s | %.2f s | %.0f MB | %d | %.0f | %d | %d |" % (x["viewers"], x["wall_s"], x["peak_rss_mb"], x["events"], x["events_per_s"], x["peak_viewers"], x["peak_caches"]))
     met = lambda v, goal: "met" if v <= goal else "**missed**"  # noqa: E731
     out += ["", "| figure | value | target | |", "|---|---|---|---|",
@@ -339,7 +340,7 @@ def cdnsim_section(c):
         out.append("| %.4g s%s | %.3f s | %.3f s | %.3f s | %.5f | %.3f | %.3f |" % (
             x["boot_time_s"], " (wisp)" if x.get("wisp") else "", x["startup_delay_s"]["mean"], x["startup_delay_s"]["p90"],
             x["startup_delay_s"]["p99"], x["buffering_ratio"]["mean"], x["buffering_events"]["mean"], x["playback_ratio"]["mean"]))
-    return out + [""]
+    return out + ["", "![start-up delay's CDF per boot time, drawn by cdnsim sweep](../bench/results/cdnsim-sweep-cdf.png)", ""]
 
 
 def app_section(a):

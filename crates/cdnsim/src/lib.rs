@@ -14,11 +14,13 @@
 //!   touches;
 //! - [`player`]: a viewer's playback buffer and its QoE;
 //! - [`workload`]: the viewers: arrivals, channels, bitrates, sessions;
-//! - [`sim`]: the run: caches booting on demand, flows, QoE.
+//! - [`sim`]: the run: caches booting on demand, flows, QoE;
+//! - [`report`], [`plot`]: its summary (JSON) and plots (PNG).
 
 pub mod gen;
 pub mod maxmin;
 pub mod player;
+pub mod plot;
 pub mod report;
 pub mod routing;
 pub mod sim;

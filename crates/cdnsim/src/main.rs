@@ -32,6 +32,13 @@ struct Scenario {
     /// channel (else from the origin).
     #[arg(long)]
     cooperative: bool,
+    /// A TrueType font for the plots' text (by default DejaVu Sans from
+    /// fonts-dejavu-core).
+    #[arg(long)]
+    font: Option<PathBuf>,
+    /// Write no PNG plots.
+    #[arg(long)]
+    no_plots: bool,
 }
 
 #[derive(Subcommand)]
@@ -59,7 +66,9 @@ enum Cmd {
         /// stream, every rate filled from scratch after every event.
         #[arg(long)]
         naive: bool,
-        /// Where to write summary.json, viewers.csv, caches.csv and ases.csv.
+        /// Where to write summary.json, viewers.csv, caches.csv, ases.csv,
+        /// caches_over_time.csv and the plots (startup_delay_cdf.png,
+        /// buffering_ratio_cdf.png, caches_over_time.png).
         #[arg(long)]
         out: PathBuf,
     },
@@ -75,7 +84,8 @@ enum Cmd {
         /// byte after `wisp run` (its JSON, if the file exists).
         #[arg(long, default_value = "bench/results/cache.json")]
         wisp_result: PathBuf,
-        /// Where to write sweep.json and sweep.csv.
+        /// Where to write sweep.json, sweep.csv and sweep.png (start-up
+        /// delay's CDF per boot time).
         #[arg(long)]
         out: PathBuf,
     },
@@ -120,8 +130,11 @@ fn run(cli: Cli) -> Result<(), String> {
             std::fs::write(&out, t.write()).map_err(|e| format!("{}: {e}", out.display()))?;
             eprintln!("{}: {} ASes, {} links", out.display(), t.ases.len(), t.links.len());
         }
-        Cmd::Sweep { scenario: Scenario { topology, viewers, seed, origin, cooperative }, mut boot_times, wisp_result, out } => {
+        Cmd::Sweep { scenario: Scenario { topology, viewers, seed, origin, cooperative, font, no_plots }, mut boot_times, wisp_result, out } => {
             let t = read(&topology)?;
+            if !no_plots {
+                cdnsim::plot::load_font(font.as_deref())?;
+            }
             let o = origin_of(&t, origin)?;
             // The cache VM's first byte after `wisp run`, as measured.
             let wisp = std::fs::read_to_string(&wisp_result).ok().and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok()).and_then(|v| v["first_byte_after_run_ms"]["median"].as_f64()).map(|ms| ms / 1000.0);
@@ -129,6 +142,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 boot_times.push(w);
             }
             let mut rows = Vec::new();
+            let mut startups: Vec<(String, Vec<f64>)> = Vec::new();
             let mut csv = String::from("boot_time_s,wisp,startup_delay_s_mean,startup_delay_s_p90,buffering_ratio_mean,buffering_events_mean,playback_ratio_mean\n");
             for &b in &boot_times {
                 check_boot(b)?;
@@ -150,6 +164,8 @@ fn run(cli: Cli) -> Result<(), String> {
                 );
                 eprintln!("boot {b} s: start-up {:.3} s on average", s["startup_delay_s"]["mean"].as_f64().unwrap_or(0.0));
                 rows.push(s);
+                let name = if Some(b) == wisp { format!("{:.1} ms (wisp)", b * 1000.0) } else { format!("{b} s") };
+                startups.push((name, r.qoe.iter().map(|q| q.startup_delay_s).collect()));
             }
             std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
             let doc = serde_json::json!({"topology": topology.display().to_string(), "viewers": viewers, "seed": seed, "wisp_boot_time_s": wisp, "runs": rows});
@@ -157,9 +173,16 @@ fn run(cli: Cli) -> Result<(), String> {
                 let p = out.join(name);
                 std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))?;
             }
+            if !no_plots {
+                let series: Vec<(String, &[f64])> = startups.iter().map(|(n, v)| (format!("boot {n}"), &v[..])).collect();
+                cdnsim::plot::cdf_plot(&out.join("sweep.png"), &format!("Start-up delay by cache boot time ({viewers} viewers)"), "start-up delay (s)", &series)?;
+            }
         }
-        Cmd::Run { scenario: Scenario { topology, viewers, seed, origin, cooperative }, boot_time, naive, out } => {
+        Cmd::Run { scenario: Scenario { topology, viewers, seed, origin, cooperative, font, no_plots }, boot_time, naive, out } => {
             let t = read(&topology)?;
+            if !no_plots {
+                cdnsim::plot::load_font(font.as_deref())?;
+            }
             let o = origin_of(&t, origin)?;
             check_boot(boot_time)?;
             let params = cdnsim::workload::Params { viewers, ..Default::default() };
@@ -184,13 +207,25 @@ fn run(cli: Cli) -> Result<(), String> {
             for (i, a) in r.per_as.iter().enumerate() {
                 ases += &format!("{i},{},{:.6},{}\n", a.0, a.1 / 1e9, a.2);
             }
-            for (name, text) in [("viewers.csv", csv), ("caches.csv", caches), ("ases.csv", ases)] {
+            let mut over_time = String::from("time_s,caches_running\n");
+            for (t, n) in &r.caches {
+                over_time += &format!("{t:.6},{n}\n");
+            }
+            for (name, text) in [("viewers.csv", csv), ("caches.csv", caches), ("ases.csv", ases), ("caches_over_time.csv", over_time)] {
                 let p = out.join(name);
                 std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))?;
             }
             let s = serde_json::to_string_pretty(&cdnsim::report::summary(&r, wall, boot_time, seed)).expect("a JSON value");
             let json_path = out.join("summary.json");
             std::fs::write(&json_path, &s).map_err(|e| format!("{}: {e}", json_path.display()))?;
+            if !no_plots {
+                let startup: Vec<f64> = r.qoe.iter().map(|q| q.startup_delay_s).collect();
+                let buffering: Vec<f64> = r.qoe.iter().map(|q| q.buffering_ratio).collect();
+                let label = format!("boot {boot_time} s");
+                cdnsim::plot::cdf_plot(&out.join("startup_delay_cdf.png"), &format!("Start-up delay ({viewers} viewers)"), "start-up delay (s)", &[(label.clone(), &startup)])?;
+                cdnsim::plot::cdf_plot(&out.join("buffering_ratio_cdf.png"), &format!("Buffering ratio ({viewers} viewers)"), "time stalled / time since start", &[(label, &buffering)])?;
+                cdnsim::plot::caches_plot(&out.join("caches_over_time.png"), &r.caches)?;
+            }
             println!("{s}");
         }
         Cmd::Info { topology, country } => {

@@ -1,5 +1,6 @@
 //! The command line, end to end: a generated topology, a run, its files;
-//! a malformed topology refused with its line.
+//! its plots; a malformed topology refused with its line, a missing font
+//! before the run.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -13,6 +14,17 @@ fn dir(tag: &str) -> PathBuf {
 
 fn cdnsim(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_cdnsim")).args(args).output().unwrap()
+}
+
+/// `path` is a PNG of 900 x 560 pixels with more than one colour's worth
+/// of data (a plot, not an empty canvas).
+fn assert_plot(path: &std::path::Path) {
+    let png = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{} is no PNG", path.display());
+    assert_eq!(&png[12..16], b"IHDR");
+    let (w, h) = (u32::from_be_bytes(png[16..20].try_into().unwrap()), u32::from_be_bytes(png[20..24].try_into().unwrap()));
+    assert_eq!((w, h), (900, 560), "{}", path.display());
+    assert!(png.len() > 20_000, "{}: {} bytes, too few for axes, text and a line", path.display(), png.len());
 }
 
 #[test]
@@ -38,6 +50,11 @@ fn a_generated_topology_runs_and_writes_its_summary() {
     assert!(caches.starts_with("cache,peak_connections,peak_mbps\n") && caches.lines().count() > 1, "{caches}");
     assert!(ases.starts_with("as,peak_connections,peak_gbps,peak_caches\n") && ases.lines().count() > 1, "{ases}");
     assert!(summary.contains("\"per_as_peak_caches\""), "{summary}");
+    let over_time = std::fs::read_to_string(out.join("caches_over_time.csv")).unwrap();
+    assert!(over_time.starts_with("time_s,caches_running\n") && over_time.lines().count() > 2, "{over_time}");
+    for png in ["startup_delay_cdf.png", "buffering_ratio_cdf.png", "caches_over_time.png"] {
+        assert_plot(&out.join(png));
+    }
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -57,6 +74,7 @@ fn a_sweep_runs_each_boot_time_and_the_one_wisp_measured() {
     assert!(rows[0].starts_with("0,false,") && rows[1].starts_with("10,false,") && rows[2].starts_with("0.0046,true,"), "{csv}");
     let json = std::fs::read_to_string(out.join("sweep.json")).unwrap();
     assert!(json.contains("\"wisp_boot_time_s\": 0.0046"), "{json}");
+    assert_plot(&out.join("sweep.png"));
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -71,5 +89,34 @@ fn a_malformed_topology_is_refused_with_its_line() {
     assert!(err.contains("bad.txt: line 3: relationship '2'"), "{err}");
     let o = cdnsim(&["run", "--topology", d.join("none.txt").to_str().unwrap(), "--out", d.join("x").to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("none.txt: No such file"), "{}", String::from_utf8_lossy(&o.stderr));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn plots_need_a_font_found_before_the_run_or_none_at_all() {
+    let d = dir("font");
+    let topo = d.join("as.txt");
+    assert!(cdnsim(&["gen-topology", "--ases", "100", "--out", topo.to_str().unwrap()]).status.success());
+    let run = |out: &str, extra: &[&str]| {
+        let mut args = vec!["run", "--topology", topo.to_str().unwrap(), "--viewers", "100", "--out"];
+        let out = d.join(out);
+        let out = out.to_str().unwrap().to_string();
+        args.push(&out);
+        args.extend_from_slice(extra);
+        cdnsim(&args)
+    };
+    // A font that is not there, or not a font: refused before simulating
+    // (nothing written).
+    let o = run("a", &["--font", d.join("none.ttf").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("none.ttf: No such file"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!d.join("a").exists());
+    let o = run("b", &["--font", topo.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("as.txt: not a TrueType or OpenType font"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!d.join("b").exists());
+    // No plots: the summaries, no PNG.
+    let o = run("c", &["--no-plots", "--font", d.join("none.ttf").to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(d.join("c/summary.json").exists() && !d.join("c/startup_delay_cdf.png").exists());
     let _ = std::fs::remove_dir_all(&d);
 }
