@@ -21,6 +21,10 @@ struct Scenario {
     /// A file in CAIDA's AS-relationship format.
     #[arg(long)]
     topology: PathBuf,
+    /// Only the ASes of this country and the links among them (`# country
+    /// ASN CODE` lines).
+    #[arg(long)]
+    country: Option<String>,
     #[arg(long, default_value_t = 100_000)]
     viewers: usize,
     #[arg(long, default_value_t = 1)]
@@ -51,6 +55,10 @@ enum Cmd {
         ases: usize,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Mark every AS as of this country (`# country ASN CODE`), so
+        /// that generated countries can be put in one file.
+        #[arg(long)]
+        country: Option<String>,
         /// Where to write it.
         #[arg(long)]
         out: PathBuf,
@@ -104,6 +112,17 @@ fn read(path: &PathBuf) -> Result<Topology, String> {
     Topology::parse(&text, Speeds::default()).map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// The topology of a run: the file's, or one country's part of it.
+fn read_for_run(path: &PathBuf, country: Option<&str>) -> Result<Topology, String> {
+    let t = read(path)?;
+    let Some(cc) = country else { return Ok(t) };
+    let part = t.country(cc);
+    if part.ases.is_empty() {
+        return Err(format!("{}: no AS of country {cc} ('# country ASN {cc}' lines)", path.display()));
+    }
+    Ok(part)
+}
+
 /// The origin: AS `asn`, or the first content AS.
 fn origin_of(t: &Topology, asn: Option<u32>) -> Result<usize, String> {
     match asn {
@@ -122,16 +141,24 @@ fn check_boot(b: f64) -> Result<(), String> {
 
 fn run(cli: Cli) -> Result<(), String> {
     match cli.cmd {
-        Cmd::GenTopology { ases, seed, out } => {
+        Cmd::GenTopology { ases, seed, country, out } => {
             if !(5..=1_000_000).contains(&ases) {
                 return Err(format!("--ases {ases}: 5 to 1,000,000"));
             }
-            let t = cdnsim::gen::generate(ases, seed);
+            let mut t = cdnsim::gen::generate(ases, seed);
+            if let Some(cc) = country {
+                if cc.is_empty() || cc.contains(char::is_whitespace) {
+                    return Err(format!("--country '{cc}': a code without spaces, like DE"));
+                }
+                for a in &mut t.ases {
+                    a.country = Some(cc.clone());
+                }
+            }
             std::fs::write(&out, t.write()).map_err(|e| format!("{}: {e}", out.display()))?;
             eprintln!("{}: {} ASes, {} links", out.display(), t.ases.len(), t.links.len());
         }
-        Cmd::Sweep { scenario: Scenario { topology, viewers, seed, origin, cooperative, font, no_plots }, mut boot_times, wisp_result, out } => {
-            let t = read(&topology)?;
+        Cmd::Sweep { scenario: Scenario { topology, country, viewers, seed, origin, cooperative, font, no_plots }, mut boot_times, wisp_result, out } => {
+            let t = read_for_run(&topology, country.as_deref())?;
             if !no_plots {
                 cdnsim::plot::load_font(font.as_deref())?;
             }
@@ -178,8 +205,8 @@ fn run(cli: Cli) -> Result<(), String> {
                 cdnsim::plot::cdf_plot(&out.join("sweep.png"), &format!("Start-up delay by cache boot time ({viewers} viewers)"), "start-up delay (s)", &series)?;
             }
         }
-        Cmd::Run { scenario: Scenario { topology, viewers, seed, origin, cooperative, font, no_plots }, boot_time, naive, out } => {
-            let t = read(&topology)?;
+        Cmd::Run { scenario: Scenario { topology, country, viewers, seed, origin, cooperative, font, no_plots }, boot_time, naive, out } => {
+            let t = read_for_run(&topology, country.as_deref())?;
             if !no_plots {
                 cdnsim::plot::load_font(font.as_deref())?;
             }

@@ -120,3 +120,29 @@ fn plots_need_a_font_found_before_the_run_or_none_at_all() {
     assert!(d.join("c/summary.json").exists() && !d.join("c/startup_delay_cdf.png").exists());
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn a_run_on_one_countrys_ases() {
+    // Two countries: DE (an origin, a transit AS, two access ASes) and FR
+    // (one access AS, linked to DE's transit AS).
+    let d = dir("country");
+    let topo = d.join("two.txt");
+    std::fs::write(&topo, "# role 10 content\n# country 10 DE\n# country 1 DE\n# country 2 DE\n# country 3 DE\n# country 4 FR\n1|10|-1\n1|2|-1\n1|3|-1\n1|4|-1\n").unwrap();
+    let info = cdnsim(&["info", topo.to_str().unwrap(), "--country", "DE"]);
+    assert_eq!(String::from_utf8_lossy(&info.stdout).trim(), "4 ASes (1 content, 1 transit, 2 access), 3 links");
+    let out = d.join("de");
+    let o = cdnsim(&["run", "--topology", topo.to_str().unwrap(), "--country", "DE", "--viewers", "200", "--no-plots", "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Viewers in DE's two access ASes only.
+    let ases = std::fs::read_to_string(out.join("ases.csv")).unwrap();
+    assert_eq!(ases.lines().count(), 3, "{ases}");
+    // A generated country says so.
+    let gen = d.join("gen.txt");
+    assert!(cdnsim(&["gen-topology", "--ases", "100", "--country", "NL", "--out", gen.to_str().unwrap()]).status.success());
+    let info = cdnsim(&["info", gen.to_str().unwrap(), "--country", "NL"]);
+    assert!(String::from_utf8_lossy(&info.stdout).starts_with("100 ASes"), "{}", String::from_utf8_lossy(&info.stdout));
+    let o = cdnsim(&["run", "--topology", topo.to_str().unwrap(), "--country", "IT", "--out", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("two.txt: no AS of country IT"), "{}", String::from_utf8_lossy(&o.stderr));
+    let _ = std::fs::remove_dir_all(&d);
+}
