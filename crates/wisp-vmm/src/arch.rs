@@ -159,6 +159,63 @@ pub fn map_image(ram: &GuestRam, image: &Image) -> Result<UserMap> {
     Ok(user_map(&pt0, &pd))
 }
 
+/// The leaf page tables in `ram`: the first 2 MiB's 512 entries and the
+/// 2 MiB entries of RAM (what a snapshot carries).
+pub fn leaf_tables(ram: &GuestRam) -> Result<(Vec<u64>, Vec<u64>)> {
+    let read = |at: u64, n: u64| -> Result<Vec<u64>> {
+        let mut b = vec![0u8; (n * 8) as usize];
+        ram.read(at, &mut b)?;
+        Ok(b.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
+    };
+    Ok((read(PT0, 512)?, read(PD, ram.size() / LARGE_PAGE_SIZE)?))
+}
+
+/// Write saved leaf page tables (a snapshot's) into `ram`, if they are
+/// tables [`map_image`] could have written: the monitor's own pages as it
+/// maps them, the stack region user read-write, and every other page
+/// mapped to itself, user-accessible, with no bits but present, writable
+/// and no-execute (2 MiB pages above), and the accessed and dirty bits the
+/// CPU sets. Returns the guest's view of RAM.
+pub fn restore_tables(ram: &GuestRam, pt0: &[u64], pd: &[u64]) -> std::result::Result<UserMap, String> {
+    const ADDR: u64 = 0x000f_ffff_ffff_f000;
+    // The CPU sets accessed and dirty bits as the guest runs.
+    const AD: u64 = 1 << 5 | 1 << 6;
+    if pt0.len() != 512 || pd.len() as u64 != ram.size() / LARGE_PAGE_SIZE {
+        return Err(format!("page tables of {} and {} entries for {} MiB of RAM", pt0.len(), pd.len(), ram.size() >> 20));
+    }
+    for (i, &e) in pt0.iter().enumerate() {
+        let a = i as u64 * PAGE_SIZE;
+        let e = e & !AD;
+        let fixed = match a {
+            BOOT_INFO => Some(a | P | US | NX),
+            PREFAULT_PAGE => Some(a | P | US),
+            EXCEPTION_STUBS => Some(a | P),
+            GDT..=PT0 => Some(a | P | RW | NX),
+            _ if a < STACK_BOTTOM => Some(0),
+            _ if a < IMAGE_BASE => Some(a | P | RW | US | NX),
+            _ => None,
+        };
+        let ok = match fixed {
+            Some(v) => e == v,
+            None => e & ADDR == a && e & !(ADDR | P | RW | US | NX) == 0 && e & (P | US) == P | US,
+        };
+        if !ok {
+            return Err(format!("page table entry for {a:#x} is {e:#x}, not one the monitor writes"));
+        }
+    }
+    for (j, &e) in pd.iter().enumerate() {
+        let a = j as u64 * LARGE_PAGE_SIZE;
+        let e = e & !AD;
+        let ok = if j == 0 { e == PT0 | P | RW | US } else { e & !NX == a | P | RW | US | PS };
+        if !ok {
+            return Err(format!("page directory entry for {a:#x} is {e:#x}, not one the monitor writes"));
+        }
+    }
+    ram.write(PT0, &u64s(pt0)).map_err(|e| e.to_string())?;
+    ram.write(PD, &u64s(pd)).map_err(|e| e.to_string())?;
+    Ok(user_map(pt0, pd))
+}
+
 /// The user pages of the first 2 MiB (`pt0`) and of the 2 MiB pages above
 /// (`pd`, entry 0 being `pt0` itself).
 fn user_map(pt0: &[u64], pd: &[u64]) -> UserMap {

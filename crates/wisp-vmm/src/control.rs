@@ -1,5 +1,5 @@
-//! Controlling a running VM from other threads: pause, resume, kill, and
-//! events for the guest (graceful stop). The vCPU thread checks the control
+//! Controlling a running VM from other threads: pause, resume, kill,
+//! snapshots, and events for the guest (graceful stop). The vCPU thread checks the control
 //! block between guest entries; a kick (signal) or the bell brings it
 //! out of `KVM_RUN` or out of the idle hypercall (a futex wait on the VM's
 //! family bell).
@@ -41,6 +41,29 @@ pub struct Control {
     /// Bumped when a descriptor forked children inherit was replaced
     /// ([`Control::inherited_changed`]).
     inherited: std::sync::atomic::AtomicU64,
+    /// A snapshot asked for ([`Control::save`]), and its answer.
+    save: Mutex<SaveSlot>,
+}
+
+/// Where a snapshot goes: the stream's writer (a pipe to the toolstack, a
+/// file, a peer).
+pub type SaveSink = Box<dyn std::io::Write + Send>;
+
+/// What a saved snapshot holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Saved {
+    /// Bytes of the stream.
+    pub bytes: u64,
+    /// Bytes of guest RAM in it.
+    pub ram_bytes: u64,
+    /// Microseconds the vCPU was held for it.
+    pub held_us: u64,
+}
+
+#[derive(Default)]
+struct SaveSlot {
+    job: Option<SaveSink>,
+    done: Option<Result<Saved, String>>,
 }
 
 #[derive(Default)]
@@ -62,7 +85,65 @@ impl Control {
             parked: AtomicBool::new(false),
             idle_fd: rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK).ok(),
             inherited: std::sync::atomic::AtomicU64::new(0),
+            save: Mutex::new(SaveSlot::default()),
         }
+    }
+
+    /// Have the vCPU thread write a snapshot of the VM to `sink` at its next
+    /// exit (a paused VM's at once; an idle one is woken for it), and wait
+    /// for it, at most `timeout`. The VM goes on (or stays paused).
+    pub fn save(&self, sink: SaveSink, timeout: Duration) -> Result<Saved, String> {
+        {
+            let mut slot = self.save.lock().unwrap();
+            if slot.job.is_some() {
+                return Err("a snapshot of this VM is already being taken".into());
+            }
+            slot.job = Some(sink);
+            slot.done = None;
+        }
+        // A paused vCPU waits on the condition variable; a running one is
+        // kicked out of the guest, an idle one woken.
+        self.cv.notify_all();
+        self.interrupt();
+        let deadline = Instant::now() + timeout;
+        let mut slot = self.save.lock().unwrap();
+        loop {
+            if let Some(done) = slot.done.take() {
+                return done;
+            }
+            let now = Instant::now();
+            if now >= deadline || self.vcpu.lock().unwrap().is_none() || self.halted() != Halt::None {
+                slot.job = None;
+                return Err(if now >= deadline { "the VM did not stop for its snapshot in time" } else { "the VM is not running" }.into());
+            }
+            drop(slot);
+            // Kicked again in case the first kick landed just before KVM_RUN.
+            {
+                let p = self.paused.lock().unwrap();
+                let _ = self.cv.wait_timeout(p, (deadline - now).min(Duration::from_millis(1))).unwrap();
+            }
+            if self.save.lock().unwrap().job.is_some() {
+                self.interrupt();
+            }
+            slot = self.save.lock().unwrap();
+        }
+    }
+
+    /// A snapshot is asked for (the vCPU thread takes it with
+    /// [`Control::take_save`]).
+    pub(crate) fn save_pending(&self) -> bool {
+        self.save.lock().unwrap().job.is_some()
+    }
+
+    pub(crate) fn take_save(&self) -> Option<SaveSink> {
+        self.save.lock().unwrap().job.take()
+    }
+
+    /// The vCPU thread's answer to a snapshot it took.
+    pub(crate) fn saved(&self, r: Result<Saved, String>) {
+        self.save.lock().unwrap().done = Some(r);
+        let _p = self.paused.lock().unwrap();
+        self.cv.notify_all();
     }
 
     /// The embedder replaced a descriptor that forked children inherit (a
@@ -170,7 +251,7 @@ impl Control {
     /// park. Returns false if it must not park (a pause or halt is pending).
     pub(crate) fn set_parked(&self, v: bool) -> bool {
         self.parked.store(v, Ordering::SeqCst);
-        if v && (self.is_paused() || self.halted() != Halt::None) {
+        if v && (self.is_paused() || self.halted() != Halt::None || self.save_pending()) {
             self.parked.store(false, Ordering::SeqCst);
             return false;
         }
@@ -196,7 +277,7 @@ impl Control {
         }
         st.acked = true;
         self.cv.notify_all();
-        while st.want && self.halted() == Halt::None {
+        while st.want && self.halted() == Halt::None && !self.save_pending() {
             // With a timeout: a kill from the VM's family (another process)
             // cannot notify this condition variable.
             st = self.cv.wait_timeout(st, std::time::Duration::from_millis(100)).unwrap().0;

@@ -56,6 +56,9 @@ pub enum Error {
     /// A forked child's VM could not be made.
     #[error("fork: {0}")]
     Fork(&'static str),
+    /// A snapshot was refused.
+    #[error("{0}")]
+    Snapshot(#[from] crate::snapshot::Error),
     /// A guest-physical range lies outside guest RAM.
     #[error("guest range {addr:#x}+{len:#x} is outside guest RAM")]
     OutOfRange {

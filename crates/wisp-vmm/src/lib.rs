@@ -27,13 +27,14 @@ mod preload;
 pub mod rate_limiter;
 pub mod shell;
 mod signal;
+pub mod snapshot;
 pub mod state;
 pub mod stats;
 mod sys;
 pub mod tap;
 pub mod vm;
 
-pub use control::Control;
+pub use control::{Control, Saved};
 
 /// Get this process ready for VMs before a sandbox closes: install the
 /// process-wide kick handler (a sandbox may forbid `rt_sigaction`) and find

@@ -222,7 +222,9 @@ impl Devices {
             .collect()
     }
 
-    /// Give each device its saved state (same kinds, same order).
+    /// Give each device, placed ([`Devices::place`]), its saved state: same
+    /// kinds, same order, its region where it was (saved states are
+    /// untrusted: a region elsewhere is refused).
     pub fn restore_state(&mut self, states: &[DeviceState]) -> Result<()> {
         if states.len() != self.list.len() {
             return Err(Error::Devices(format!("{} devices saved, {} attached", states.len(), self.list.len())));
@@ -231,8 +233,10 @@ impl Devices {
             if st.kind != d.kind() as u32 || st.size != d.region_size() {
                 return Err(Error::Devices(format!("saved device of kind {} does not match a {} device", st.kind, d.kind().name())));
             }
+            if st.base != *base {
+                return Err(Error::Devices(format!("saved {} device region at {:#x}, placed at {:#x}", d.kind().name(), st.base, base)));
+            }
             d.restore_state(st)?;
-            *base = st.base;
         }
         Ok(())
     }

@@ -4,11 +4,13 @@
 //! Rooms: this file (loading, the run loop, exits), `hypercall.rs` (the
 //! hypercall table and the basic calls), `ipc.rs` (the family hypercall),
 //! `fork.rs` (fork), `spare.rs` (forks prepared ahead of time),
+//! `snapshot.rs` (snapshots taken and restored),
 //! `stdio.rs` (stderr and stdin), `watchdog.rs` (the run's time limit).
 
 mod fork;
 mod hypercall;
 mod ipc;
+mod snapshot;
 mod spare;
 mod stdio;
 mod watchdog;
@@ -192,8 +194,16 @@ impl Shell {
             crate::shell::load_sregs(&self.vcpu)?;
         }
         self.stats.phase("boot_info", t);
-        // A family made ahead with a preloaded image, else now.
-        let (family, control) = match self.family.take() {
+        Vm::assemble(self, devices, features, user, boot)
+    }
+}
+
+impl Vm {
+    /// A VM of `shell` with its image (or snapshot) in RAM: its family (a
+    /// new root; made ahead with a preloaded image) and control block, its
+    /// devices started.
+    fn assemble(mut shell: Shell, mut devices: Devices, features: u64, user: UserMap, boot: Instant) -> Result<Vm> {
+        let (family, control) = match shell.family.take() {
             Some(fc) => fc,
             None => {
                 let f = Family::new_root(FamilyOptions::default()).map_err(|e| Error::Host("family region", e))?;
@@ -201,8 +211,8 @@ impl Shell {
                 (f, control)
             }
         };
-        devices.activate(&self.ram, &control, &self.vm, &user)?;
-        Ok(Vm { devices, shell: self, features, user, boot, control, family, forked: false,
+        devices.activate(&shell.ram, &control, &shell.vm, &user)?;
+        Ok(Vm { devices, shell, features, user, boot, control, family, forked: false,
             on_end: None,
             buf: Vec::new(),
             spare: None,
@@ -218,9 +228,7 @@ impl Shell {
             stdin: None,
         })
     }
-}
 
-impl Vm {
     /// Run until the guest exits or is stopped. Console output goes to
     /// `console` (stdout and stderr). `timeout` bounds the whole run.
     /// A guest that forks goes on running in both processes: the parent's
@@ -256,6 +264,11 @@ impl Vm {
         }
         let outcome = loop {
             self.control.checkpoint();
+            if let Some(sink) = self.control.take_save() {
+                // A snapshot, then on (or back to the pause).
+                self.serve_save(sink);
+                continue;
+            }
             match self.control.halted() {
                 Halt::Kill => break Outcome::Stopped(StopReason::Killed),
                 Halt::Timeout => break Outcome::Stopped(StopReason::Timeout),

@@ -1,0 +1,143 @@
+//! Snapshots taken and restored (the format: `crate::snapshot`).
+//!
+//! Taken on the vCPU thread at an exit ([`Control::save`] asks for one; a
+//! paused VM is saved as it is, an idle one woken for it): the vCPU state
+//! through `state.rs`, the devices' parameters, the guest's leaf page
+//! tables, and the pages of guest RAM that hold anything but the monitor's
+//! own, streamed to the sink. Restored into a shell of the same RAM size:
+//! fresh RAM, the pages mapped copy-on-write from the snapshot file, the
+//! monitor's own pages and special registers written anew, the page tables
+//! checked, the devices given their parameters, and the guest's registers,
+//! FPU, TSC and clock put back. A restored VM is the root of a family of
+//! its own.
+
+use std::io::Write;
+use std::os::fd::BorrowedFd;
+use std::time::{Duration, Instant};
+
+use super::Vm;
+use crate::arch;
+use crate::control::{SaveSink, Saved};
+use crate::devices::{Device, Devices};
+use crate::error::{Error, Result};
+use crate::shell::Shell;
+use crate::snapshot::{self, Snapshot, SYSTEM_PAGES};
+use crate::state::{self, VcpuState};
+
+/// Bytes of guest RAM copied out per write.
+const CHUNK: usize = 256 << 10;
+
+/// RFLAGS bits a restored guest keeps (the arithmetic flags and the
+/// direction flag; everything else is the monitor's: bit 1 set, no IOPL,
+/// no traps, no interrupts).
+const USER_FLAGS: u64 = 0x0cd5;
+
+impl Vm {
+    /// Serve a snapshot asked for through the control block.
+    pub(super) fn serve_save(&mut self, mut sink: SaveSink) {
+        let t = Instant::now();
+        let r = self.write_snapshot(&mut sink).map_err(|e| e.to_string());
+        let r = r.and_then(|(bytes, ram_bytes)| sink.flush().map(|_| (bytes, ram_bytes)).map_err(|e| format!("snapshot stream: {e}")));
+        drop(sink);
+        self.control.saved(r.map(|(bytes, ram_bytes)| Saved { bytes, ram_bytes, held_us: t.elapsed().as_micros() as u64 }));
+    }
+
+    /// Write a snapshot of this VM to `out` (its digest field zero: the
+    /// receiver seals it). Returns the bytes written and the bytes of RAM.
+    pub(crate) fn write_snapshot(&mut self, out: &mut dyn Write) -> Result<(u64, u64)> {
+        let st = self.save_state()?;
+        let clock_ns = self.boot.elapsed().as_nanos() as u64;
+        let (pt0, pd) = arch::leaf_tables(&self.shell.ram)?;
+        let mut scratch = Vec::new();
+        let resident = self.shell.ram.resident(u64::MAX, &mut scratch)?.unwrap_or_default();
+        let runs = without(&resident, SYSTEM_PAGES.start, SYSTEM_PAGES.end);
+        let vcpu = snapshot::Vcpu { regs: st.vcpu.regs, fpu: st.vcpu.fpu, tsc: st.vcpu.tsc, clock_ns };
+        let snap = Snapshot::lay_out(self.shell.ram.size(), self.features, vcpu, st.devices, pt0, pd, &runs);
+        let io = |e: std::io::Error| Error::Host("write the snapshot", e);
+        out.write_all(&snap.encode_head()).map_err(io)?;
+        let mut buf = vec![0u8; CHUNK];
+        let mut ram_bytes = 0;
+        for r in &snap.runs {
+            let mut at = r.gpa;
+            while at < r.gpa + r.len {
+                let n = CHUNK.min((r.gpa + r.len - at) as usize);
+                self.shell.ram.read(at, &mut buf[..n])?;
+                out.write_all(&buf[..n]).map_err(io)?;
+                at += n as u64;
+            }
+            ram_bytes += r.len;
+        }
+        Ok((snap.header.file_len, ram_bytes))
+    }
+}
+
+/// `runs` (sorted, disjoint) less `[start, end)`.
+fn without(runs: &[(u64, u64)], start: u64, end: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::with_capacity(runs.len() + 1);
+    for &(a, len) in runs {
+        let b = a + len;
+        if b <= start || a >= end {
+            out.push((a, len));
+            continue;
+        }
+        if a < start {
+            out.push((a, start - a));
+        }
+        if b > end {
+            out.push((end, b - end));
+        }
+    }
+    out
+}
+
+impl Shell {
+    /// A VM restored from `snap` (read and checked from `file`, which holds
+    /// its pages): this shell's RAM must be the snapshot's size, and
+    /// `devices` the snapshot's (same kinds, same order; a NIC takes over
+    /// the saved identity). The VM runs on from where it was saved.
+    pub fn restore(mut self, snap: &Snapshot, file: BorrowedFd<'_>, devices: Vec<Box<dyn Device>>) -> Result<Vm> {
+        let t = Instant::now();
+        let h = &snap.header;
+        if h.mem_size != self.ram.size() {
+            return Err(snapshot::Error::Memory { want: h.mem_size >> 20, have: self.ram.size() >> 20 }.into());
+        }
+        if h.features & !super::FEATURES != 0 {
+            return Err(Error::Unsupported(format!("the snapshot's guest uses features {:#x} this monitor lacks", h.features & !super::FEATURES)));
+        }
+        let mut devices = Devices::new(devices)?;
+        devices.place(self.ram.size());
+        devices.restore_state(&snap.devices)?;
+        // RAM as a new shell has it (a pooled shell ran its warm-up code or
+        // holds a preloaded image), then the snapshot's pages over it.
+        if self.warmed || self.preloaded.is_some() {
+            self.preloaded = None;
+            self.ram.map_zero()?;
+            arch::write_system_pages(&self.ram)?;
+        }
+        let runs: Vec<(u64, u64, u64)> = snap.runs.iter().map(|r| (r.gpa, r.len, r.offset)).collect();
+        self.ram.map_runs(file, &runs)?;
+        let user = arch::restore_tables(&self.ram, &snap.pt0, &snap.pd).map_err(snapshot::Error::Malformed)?;
+        crate::shell::load_sregs(&self.vcpu)?;
+        let sregs = self.vcpu.get_sregs().map_err(|e| Error::Kvm("get sregs", e.into()))?;
+        let mut regs = snap.vcpu.regs;
+        regs.rflags = (regs.rflags & USER_FLAGS) | 0x2;
+        state::restore_vcpu(&self.vcpu, &VcpuState { regs, sregs, fpu: snap.vcpu.fpu, tsc: snap.vcpu.tsc })?;
+        self.stats.phase("restore", t);
+        let now = Instant::now();
+        let boot = now.checked_sub(Duration::from_nanos(snap.vcpu.clock_ns)).unwrap_or(now);
+        Vm::assemble(self, devices, h.features, user, boot)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without;
+
+    #[test]
+    fn the_monitors_pages_are_cut_out_of_the_runs() {
+        let runs = [(0x1000, 0x1000), (0x2000, 0xd000), (0x10_0000, 0x2000)];
+        assert_eq!(without(&runs, 0x2000, 0xe000), [(0x1000, 0x1000), (0xe000, 0x1000), (0x10_0000, 0x2000)]);
+        assert_eq!(without(&[(0, 0x20000)], 0x2000, 0xe000), [(0, 0x2000), (0xe000, 0x12000)]);
+        assert_eq!(without(&[(0x3000, 0x1000)], 0x2000, 0xe000), []);
+    }
+}
