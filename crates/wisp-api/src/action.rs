@@ -13,7 +13,7 @@
 use std::fmt;
 
 use crate::http::{percent_encode, HttpError, Request};
-use crate::{CreateVm, PoolInfo, RemoveVms, StopVm, API_PREFIX, MAX_FAMILY, MAX_REMOVE, MIN_CPUS};
+use crate::{CreateVm, PoolInfo, RemoveVms, SnapshotVm, StopVm, API_PREFIX, MAX_FAMILY, MAX_REMOVE, MIN_CPUS};
 
 /// Most CPUs a quota may name (the daemon also refuses more than its host has).
 pub const MAX_CPUS: f64 = 1024.0;
@@ -154,6 +154,14 @@ pub enum Action {
     /// running ones are killed first, in waves); the answer says which went
     /// and why the others did not.
     RemoveVms(RemoveVms),
+    /// `POST /v1/vms/{vm}/snapshot`: save the VM into a file (it goes on
+    /// unless `stop`).
+    SnapshotVm {
+        /// Which VM.
+        vm: String,
+        /// Where, and whether to stop it then.
+        body: SnapshotVm,
+    },
     /// `GET /v1/pool`.
     GetPool,
     /// `PUT /v1/pool`: set pool sizes (the `ready` field is ignored).
@@ -172,6 +180,10 @@ pub enum InvalidCreate {
     AttachAndWaitLine,
     /// A tenant that is no tenant name.
     Tenant,
+    /// A restore with what a snapshot carries itself (memory, devices).
+    RestoreWith(&'static str),
+    /// A snapshot path that is not absolute.
+    RestorePath,
 }
 
 impl std::fmt::Display for InvalidCreate {
@@ -181,6 +193,8 @@ impl std::fmt::Display for InvalidCreate {
             InvalidCreate::PeersWithoutNic => "net_peers needs a NIC: ask for net or ports too",
             InvalidCreate::AttachAndWaitLine => "attach and wait_line do not go together: the console stream starts at once",
             InvalidCreate::Tenant => "invalid tenant: use 1-64 of [A-Za-z0-9_.-], not starting with '-' or '.'",
+            InvalidCreate::RestoreWith(what) => return write!(f, "restore takes no {what}: a restored VM has its snapshot's memory and devices"),
+            InvalidCreate::RestorePath => "restore: the snapshot's path must be absolute",
         })
     }
 }
@@ -203,6 +217,22 @@ impl CreateVm {
         }
         if self.tenant.as_deref().is_some_and(|t| !crate::valid_tenant(t)) {
             return Err(InvalidCreate::Tenant);
+        }
+        if let Some(path) = &self.restore {
+            if !path.starts_with('/') || path.contains('\0') {
+                return Err(InvalidCreate::RestorePath);
+            }
+            let given = [
+                (self.mem.is_some(), "mem"),
+                (self.wants_nic(), "NIC (net, ports)"),
+                (!self.env.is_empty() || !self.files.is_empty(), "environment or files"),
+                (!self.volumes.is_empty(), "volumes"),
+                (!self.args.is_empty(), "arguments"),
+                (self.stdin, "stdin"),
+            ];
+            if let Some((_, what)) = given.iter().find(|(g, _)| *g) {
+                return Err(InvalidCreate::RestoreWith(what));
+            }
         }
         Ok(())
     }
@@ -285,6 +315,7 @@ impl Action {
                 call("DELETE", vm_target(vm, q), None)
             }
             Action::RemoveVms(r) => call("POST", format!("{API_PREFIX}/vms/remove"), json(r)),
+            Action::SnapshotVm { vm, body } => call("POST", vm_target(vm, "/snapshot"), json(body)),
             Action::GetPool => call("GET", format!("{API_PREFIX}/pool"), None),
             Action::SetPool(p) => call("PUT", format!("{API_PREFIX}/pool"), json(p)),
         }
@@ -328,6 +359,13 @@ impl Action {
                 Action::StopVm { vm: vm(id), grace_ms: body.grace_ms }
             }
             ("GET", ["vms", id, "wait"]) => Action::WaitVm(vm(id)),
+            ("POST", ["vms", id, "snapshot"]) => {
+                let body: SnapshotVm = req.json()?;
+                if !body.path.starts_with('/') || body.path.contains('\0') {
+                    return Err(HttpError::new(400, format!("snapshot path '{}' is not absolute", body.path)));
+                }
+                Action::SnapshotVm { vm: vm(id), body }
+            }
             ("POST", ["vms", id, "stdin"]) => Action::Stdin(vm(id)),
             ("GET", ["vms", id, "logs"]) => {
                 let stderr = match req.query_param("stream") {
@@ -366,6 +404,27 @@ mod tests {
     }
 
     #[test]
+    fn a_restore_takes_nothing_its_snapshot_carries() {
+        let r = CreateVm { image: "snap".into(), restore: Some("/s/a.snap".into()), ..Default::default() };
+        assert_eq!(r.check(), Ok(()));
+        let bad = |f: &dyn Fn(&mut CreateVm)| {
+            let mut c = r.clone();
+            f(&mut c);
+            c.check().unwrap_err().to_string()
+        };
+        assert_eq!(bad(&|c| c.restore = Some("a.snap".into())), "restore: the snapshot's path must be absolute");
+        assert_eq!(bad(&|c| c.mem = Some(32 << 20)), "restore takes no mem: a restored VM has its snapshot's memory and devices");
+        assert!(bad(&|c| c.net = true).contains("no NIC"));
+        assert!(bad(&|c| c.env = vec!["A=1".into()]).contains("no environment"));
+        assert!(bad(&|c| c.args = vec!["x".into()]).contains("no arguments"));
+        // Through the router: a 400.
+        let e = parse("POST", "/v1/vms", r#"{"image":"s","restore":"/s","mem":33554432}"#).unwrap_err();
+        assert_eq!(e.status, 400);
+        let e = parse("POST", "/v1/vms/x/snapshot", r#"{"path":"rel.snap"}"#).unwrap_err();
+        assert_eq!((e.status, e.message.as_str()), (400, "snapshot path 'rel.snap' is not absolute"));
+    }
+
+    #[test]
     fn every_action_survives_the_round_trip() {
         let create = CreateVm {
             image: "hello".into(),
@@ -388,6 +447,7 @@ mod tests {
             files: vec![crate::GuestFile::new("/etc/x", b"\x00\xffbytes")],
             stdin: true,
             volumes: vec![crate::Volume { path: "/v.img".into(), read_only: true }],
+            restore: None,
         };
         assert_eq!(check_limits(&create), Ok(()));
         assert_eq!(create.files[0].bytes().unwrap(), b"\x00\xffbytes");
@@ -419,6 +479,8 @@ mod tests {
             Action::RemoveVm { vm: "abc".into(), force: true, family: true },
             Action::RemoveVms(RemoveVms { vms: vec!["abc".into(), "web".into()], force: true }),
             Action::RemoveVms(RemoveVms::default()),
+            Action::SnapshotVm { vm: "abc".into(), body: SnapshotVm { path: "/tmp/a.snap".into(), stop: false } },
+            Action::SnapshotVm { vm: "abc".into(), body: SnapshotVm { path: "/tmp/a.snap".into(), stop: true } },
             Action::GetPool,
             Action::SetPool(pool),
         ];

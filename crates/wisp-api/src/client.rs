@@ -145,6 +145,12 @@ impl Client {
         self.call(&Action::PauseVm(id.into()))
     }
 
+    /// `POST /v1/vms/{id}/snapshot`: save the VM into `path` (it goes on
+    /// unless `stop`).
+    pub fn snapshot(&mut self, id: &str, path: &str, stop: bool) -> Result<crate::SnapshotInfo> {
+        self.call(&Action::SnapshotVm { vm: id.into(), body: crate::SnapshotVm { path: path.into(), stop } })
+    }
+
     /// `POST /v1/vms/{id}/resume`.
     pub fn resume(&mut self, id: &str) -> Result<VmInfo> {
         self.call(&Action::ResumeVm(id.into()))

@@ -77,6 +77,11 @@ pub struct CreateVm {
     /// or block devices the daemon opens with the client's own rights.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<Volume>,
+    /// Restore the snapshot at this absolute path (opened with the client's
+    /// rights) instead of booting an image: the VM goes on from where it
+    /// was saved, with its memory size (`image` is only its label then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<String>,
 }
 
 /// Most volumes of a VM through the API.
@@ -378,6 +383,36 @@ pub struct StopVm {
     /// Grace period before the VM is killed, in ms (default 2000).
     #[serde(default)]
     pub grace_ms: Option<u64>,
+}
+
+/// `POST /v1/vms/{id}/snapshot`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotVm {
+    /// Where to write it: an absolute path the daemon creates (or
+    /// replaces) with the client's rights.
+    pub path: String,
+    /// Stop the VM once it is saved (else it goes on).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub stop: bool,
+}
+
+/// A snapshot taken.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// The VM's id.
+    pub vm: String,
+    /// The file written.
+    pub path: String,
+    /// Its bytes, and the bytes of guest RAM in them.
+    pub bytes: u64,
+    pub ram_bytes: u64,
+    /// Microseconds the VM was held for it (it ran on meanwhile otherwise).
+    pub held_us: u64,
+    /// Microseconds from the request's arrival to the file's last byte.
+    pub took_us: u64,
+    /// SHA-256 of the file (hex), as its header holds it.
+    pub digest: String,
 }
 
 /// Most VMs one `POST /v1/vms/remove` may name.

@@ -203,6 +203,26 @@ enum Cmd {
         #[arg(required_unless_present = "all")]
         vms: Vec<String>,
     },
+    /// Save a running (or paused) VM into FILE: its vCPU, devices and the
+    /// memory it touched. The VM goes on unless --stop.
+    Snapshot {
+        /// Stop the VM once it is saved.
+        #[arg(long)]
+        stop: bool,
+        /// VM id or name.
+        vm: String,
+        /// The snapshot file to write (created with your rights, mode 0600).
+        file: PathBuf,
+    },
+    /// Start a new VM from a snapshot: it goes on from where it was saved
+    /// (a new VM each time; prints its id).
+    Restore {
+        /// Name the new VM.
+        #[arg(long)]
+        name: Option<String>,
+        /// The snapshot file.
+        file: PathBuf,
+    },
     /// Make an app: a crate from the library OS's template that builds
     /// anywhere (`wisp run PATH` builds and boots it).
     New {

@@ -71,6 +71,7 @@ pub fn run(mut c: Client, a: &RunArgs, socket: &Path) -> Result<u8, String> {
                 Ok(wisp_api::Volume { path: abs.display().to_string(), read_only: *ro })
             })
             .collect::<Result<_, String>>()?,
+        restore: None,
     };
     wisp_api::action::check_limits(&req).map_err(|e| e.to_string())?;
     if let Some(n) = a.count {
@@ -338,6 +339,19 @@ pub fn manage(socket: &Path, cmd: Cmd) -> Result<u8, String> {
                 let ready = p.ready.iter().find(|r| r.mem == t.mem).map_or(0, |r| r.count);
                 println!("{:>5} MiB: {ready} of {} ready", t.mem >> 20, t.count);
             }
+            Ok(0)
+        }
+        Cmd::Snapshot { stop, vm, file } => {
+            let path = std::path::absolute(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+            let s = c.snapshot(&vm, &path.display().to_string(), stop).map_err(err)?;
+            println!("{}: {} bytes ({} KiB of memory), the VM held {} µs", s.path, s.bytes, s.ram_bytes >> 10, s.held_us);
+            Ok(0)
+        }
+        Cmd::Restore { name, file } => {
+            let path = std::path::absolute(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+            let req = CreateVm { image: path.display().to_string(), name, restore: Some(path.display().to_string()), ..Default::default() };
+            let vm = c.create(&req).map_err(err)?;
+            println!("{}", vm.id);
             Ok(0)
         }
         Cmd::Run(_) | Cmd::Inspect { .. } | Cmd::New { .. } | Cmd::Build { .. } | Cmd::Shfs { .. } => unreachable!("handled in main"),

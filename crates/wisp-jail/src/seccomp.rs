@@ -291,6 +291,8 @@ fn role_rules(role: Role, kick_signal: i32) -> Rules {
             // A timer that kicks this thread out of the guest by a deadline
             // (wisp-vmm `signal::KickTimer`: the first exit's flush).
             any(&mut r, &[libc::SYS_timer_create, libc::SYS_timer_settime, libc::SYS_timer_delete]);
+            // A snapshot: which pages of guest RAM hold anything.
+            any(&mut r, &[libc::SYS_mincore]);
             let fork = role == Role::VcpuFork;
             ioctls(&mut r, true, fork);
             if fork {

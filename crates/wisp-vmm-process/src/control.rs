@@ -42,6 +42,8 @@ pub(crate) struct StartCmd {
     pub stdin: bool,
     /// Its disks.
     pub disks: Vec<wisp_vmm::BlockConfig>,
+    /// A snapshot to restore instead of an image (a sealed memfd).
+    pub snapshot: Option<OwnedFd>,
 }
 
 /// What a pooled shell is asked to do with itself.
@@ -63,13 +65,14 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
             Some(Err(e)) => Reply::err(e.to_string()),
             None => Reply::err("preload needs the image descriptor"),
         },
-        Request::Start { image_name, preloaded, args, timeout_ms, attach, net, uplink, family_limit, client_head, data, stdin, volumes } => {
+        Request::Start { image_name, preloaded, restore, args, timeout_ms, attach, net, uplink, family_limit, client_head, data, stdin, volumes } => {
             let mut fds = fds.into_iter();
-            let image_fd = if preloaded { None } else { fds.next() };
-            if !preloaded && image_fd.is_none() {
-                let _ = send_line(&conn, &Reply::err("start needs the image descriptor"), None);
+            let first = if preloaded { None } else { fds.next() };
+            if !preloaded && first.is_none() {
+                let _ = send_line(&conn, &Reply::err(if restore { "a restore needs the snapshot's descriptor" } else { "start needs the image descriptor" }), None);
                 return None;
             }
+            let (image_fd, snapshot) = if restore { (None, first) } else { (first, None) };
             let net = match (net.is_some().then(|| fds.next()).flatten(), net) {
                 (_, None) => None,
                 (Some(tap), Some(n)) => Some(n.into_config(tap)),
@@ -122,8 +125,22 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
             match image_fd.map(|fd| Image::from_fd(&image_name, fd)).transpose() {
                 Ok(image) => {
                     let timeout = timeout_ms.map(Duration::from_millis);
-                    let cmd =
-                        StartCmd { image, image_name, args, timeout, attach, net, uplink, family_limit, client, received_ns, data, stdin, disks };
+                    let cmd = StartCmd {
+                        image,
+                        image_name,
+                        args,
+                        timeout,
+                        attach,
+                        net,
+                        uplink,
+                        family_limit,
+                        client,
+                        received_ns,
+                        data,
+                        stdin,
+                        disks,
+                        snapshot,
+                    };
                     return Some((Pooled::Start(cmd), conn));
                 }
                 Err(e) => Reply::err(e.to_string()),
@@ -136,7 +153,7 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
             let _ = send_line(&conn, &Reply::ok(WorkerState::Pooled), None);
             std::process::exit(0)
         }
-        Request::Pause | Request::Resume | Request::Stop { .. } | Request::Kill | Request::Wait | Request::Uplink => {
+        Request::Pause | Request::Resume | Request::Stop { .. } | Request::Kill | Request::Wait | Request::Uplink | Request::Snapshot => {
             Reply::err("the VM has not been started")
         }
         Request::Host { .. } => Reply::err(NOT_A_GROUP),
@@ -294,10 +311,37 @@ fn serve_request(shared: &Arc<Shared>, conn: UnixStream, park_waits: bool) -> Op
     let r = match req {
         Request::Uplink => send_line(&reply_conn, &uplink(shared, fds), None),
         Request::Stdin => send_line(&reply_conn, &stdin(shared, fds), None),
+        Request::Snapshot => send_line(&reply_conn, &snapshot(shared, fds), None),
         req => serve(shared, reply_conn, req),
     };
     shared.release_conn();
     r.ok().map(|_| conn)
+}
+
+/// Most time a snapshot may hold the control thread (the vCPU is saved at
+/// its next exit; writing goes as fast as the daemon reads).
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A snapshot of the VM into the descriptor passed (a pipe's write end,
+/// closed when it is written: the reader sees its end).
+fn snapshot(shared: &Arc<Shared>, fds: Vec<OwnedFd>) -> Reply {
+    let Some(fd) = fds.into_iter().next() else {
+        return Reply::err("a snapshot needs its stream's descriptor");
+    };
+    let Some(control) = shared.state.lock().unwrap().control.clone() else {
+        return Reply::err("the VM is not running");
+    };
+    if shared.exited() {
+        return Reply::err("the VM has exited");
+    }
+    match control.save(Box::new(File::from(fd)), SNAPSHOT_TIMEOUT) {
+        Ok(s) => {
+            let mut r = shared.state.lock().unwrap().status();
+            r.saved = Some([s.bytes, s.ram_bytes, s.held_us]);
+            r
+        }
+        Err(e) => Reply::err(format!("snapshot: {e}")),
+    }
 }
 
 /// A new family uplink from a daemon that re-adopted the VM (the first
@@ -436,6 +480,7 @@ fn serve(shared: &Arc<Shared>, conn: UnixStream, req: Request) -> io::Result<()>
         }
         Request::ProbeOpen { path } => probe_open(&path),
         Request::Uplink => Reply::err("uplink needs its descriptor"),
+        Request::Snapshot => Reply::err("a snapshot needs its stream's descriptor"),
     };
     send_line(&conn, &reply, None)
 }

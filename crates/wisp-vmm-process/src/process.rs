@@ -112,18 +112,26 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
         };
         let t = Instant::now();
         let family = boot::daemon_family(cmd.uplink.is_some(), cmd.family_limit);
-        let held = cmd.image.is_none();
+        let held = cmd.image.is_none() && cmd.snapshot.is_none();
+        let restored = cmd.snapshot.take();
         let image = match cmd.image.take() {
+            // A restore: no image (the snapshot's pages are its memory).
+            _ if restored.is_some() && sealed => {
+                let e = "this shell runs only the image it holds loaded ahead";
+                let _ = send_line(&conn, &Reply::err(e), None);
+                finish(&shared, ExitInfo { code: ERROR.into(), reason: e.into() });
+            }
+            _ if restored.is_some() => None,
             // A sealed shell cannot make the new KVM VM another image needs.
             Some(_) if sealed => {
                 let e = "this shell runs only the image it holds loaded ahead";
                 let _ = send_line(&conn, &Reply::err(e), None);
                 finish(&shared, ExitInfo { code: ERROR.into(), reason: e.into() });
             }
-            Some(image) => image,
+            Some(image) => Some(image),
             // The daemon said the shell holds it: it must, under that name.
             None => match shell.preloaded().filter(|i| i.name == cmd.image_name) {
-                Some(image) => image.clone(),
+                Some(image) => Some(image.clone()),
                 None => {
                     let e = format!("no preloaded image '{}' in this shell", cmd.image_name);
                     let _ = send_line(&conn, &Reply::err(&e), None);
@@ -131,8 +139,16 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
                 }
             },
         };
-        let boot = Boot { image: &image, args: &cmd.args, net: cmd.net.take(), data: cmd.data.take(), disks: std::mem::take(&mut cmd.disks), family };
-        let mut vm = match boot::load(shell, boot) {
+        let loaded = match (&image, &restored) {
+            (Some(image), _) => {
+                let boot = Boot { image, args: &cmd.args, net: cmd.net.take(), data: cmd.data.take(), disks: std::mem::take(&mut cmd.disks), family };
+                boot::load(shell, boot)
+            }
+            (None, Some(fd)) => boot::restore(shell, fd, Vec::new(), family),
+            (None, None) => unreachable!("an image or a snapshot"),
+        };
+        drop(restored);
+        let mut vm = match loaded {
             Ok(vm) => vm,
             Err(e) => {
                 let _ = send_line(&conn, &Reply::err(e.to_string()), None);

@@ -39,6 +39,10 @@ pub enum Request {
         /// no image descriptor comes.
         #[serde(default)]
         preloaded: bool,
+        /// The first descriptor is a snapshot (a sealed memfd) to restore
+        /// instead of an image: the VM goes on from it (`args` unused).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        restore: bool,
         args: Vec<String>,
         timeout_ms: Option<u64>,
         #[serde(default)]
@@ -124,6 +128,9 @@ pub enum Request {
     /// standard input from now on: its bytes until its end. Once per VM,
     /// and only for a VM started with `stdin`.
     Stdin,
+    /// Write a snapshot of the VM to the descriptor (a pipe's write end)
+    /// and close it: the VM goes on (or stays paused).
+    Snapshot,
     /// Try to open a file (proves the sandbox in tests).
     ProbeOpen { path: String },
     /// End the VMM process (its VM is killed first).
@@ -202,6 +209,10 @@ pub struct Reply {
     /// A start: the shell held the image loaded ahead.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub preloaded: bool,
+    /// A snapshot: bytes written, bytes of guest RAM in them, and
+    /// microseconds the vCPU was held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saved: Option<[u64; 3]>,
 }
 
 impl Reply {

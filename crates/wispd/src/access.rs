@@ -182,6 +182,23 @@ fn peer_groups(fd: BorrowedFd<'_>) -> io::Result<Vec<u32>> {
 /// A link is followed as the client's own `open` would follow it, its
 /// target checked as the client too.
 pub fn open_as(peer: &Peer, path: &Path, write: bool) -> io::Result<std::fs::File> {
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true).write(write);
+    open_as_with(peer, path, o)
+}
+
+/// Create (or truncate) `path` for reading and writing as `peer` would,
+/// owned by the peer, readable by it alone (a snapshot holds a VM's
+/// memory): as [`open_as`].
+pub fn create_as(peer: &Peer, path: &Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true).write(true).create(true).truncate(true).mode(0o600);
+    open_as_with(peer, path, o)
+}
+
+/// [`open_as`] with the open's options.
+fn open_as_with(peer: &Peer, path: &Path, options: std::fs::OpenOptions) -> io::Result<std::fs::File> {
     let (uid, gid, groups, path) = (peer.uid, peer.gid, peer.groups.clone(), path.to_path_buf());
     std::thread::scope(|s| {
         s.spawn(move || {
@@ -203,7 +220,7 @@ pub fn open_as(peer: &Peer, path: &Path, write: bool) -> io::Result<std::fs::Fil
                     return Err(io::Error::new(io::ErrorKind::PermissionDenied, "cannot take the client's file-system identity"));
                 }
             }
-            std::fs::OpenOptions::new().read(true).write(write).open(&path)
+            options.open(&path)
         })
         .join()
         .unwrap_or_else(|_| Err(io::Error::other("the open thread panicked")))

@@ -203,7 +203,7 @@ fn status(e: &ActionError) -> u16 {
     match e {
         Pool(PoolError::TooLarge { .. } | PoolError::TooManySizes) | TooManyVms(_) => 429,
         GuestMemory { .. } => 507,
-        BadMemory(_) | InvalidName(_) | GuestData(_) | Invalid(_) | BadImage(_) | StartRefused(_) | Pool(_) => 400,
+        BadMemory(_) | InvalidName(_) | GuestData(_) | Invalid(_) | BadImage(_) | StartRefused(_) | Pool(_) | Snapshot { .. } => 400,
         Limits(_) | TooManyCpus { .. } | MemoryBelowVm { .. } | NoCgroups => 400,
         NotFound(_) | Gone(_) => 404,
         // A host address that is not this host's cannot be listened on: the request was wrong.
@@ -251,6 +251,7 @@ fn route(d: &Daemon, req: &Request, w: &mut UnixStream, keep: bool, arrived: Ins
         Outcome::Vm(v) => json(w, 200, &v, keep),
         Outcome::Exit(x) => json(w, 200, &x, keep),
         Outcome::Pool(p) => json(w, 200, &p, keep),
+        Outcome::Snapshot(s) => json(w, 201, &s, keep),
         Outcome::RemovedVms(r) => json(w, 200, &r, keep),
         Outcome::Removed => {
             http::write_response(w, 204, "application/json", b"", keep)?;

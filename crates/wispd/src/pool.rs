@@ -193,6 +193,16 @@ impl Pool {
         q.remove(i?)
     }
 
+    /// Take a ready shell of `mem` bytes for a VM of no image of the cache
+    /// (a restore): one that holds none, else any that is not sealed to
+    /// its image. The likely image stays what it was.
+    pub fn take_any(&self, mem: u64) -> Option<Worker> {
+        let mut p = self.inner.lock().unwrap();
+        let q = p.ready.get_mut(&mem)?;
+        let i = pick(q, |w| w.preloaded.is_none());
+        q.remove(i?)
+    }
+
     /// Poke the shell [`Pool::take`] will most likely give a create of
     /// `mem` bytes for the image named `image` (`proto::POKE`; before the
     /// image is looked up, so the name stands for it): it stays awake a

@@ -17,6 +17,7 @@ use wisp_vmm::{check_mem_size, DEFAULT_MEM};
 use wisp_vmm_process::proto::{self, Reply, Request};
 
 use super::error::ActionError;
+use super::snapshot::Restorable;
 use super::process::Worker;
 use super::record::Proc;
 use super::quota;
@@ -101,8 +102,8 @@ impl Drop for Rollback<'_> {
 
 impl Daemon {
     /// Create and start a VM.
-    pub(super) fn create(&self, req: CreateVm, arrived: Instant, vols: Vols) -> Result<VmInfo, ActionError> {
-        self.create_inner(req, Attach::No, arrived, vols).map(|(info, _)| info)
+    pub(super) fn create(&self, req: CreateVm, arrived: Instant, vols: Vols, restore: Option<Restorable>) -> Result<VmInfo, ActionError> {
+        self.create_inner(req, Attach::No, arrived, vols, restore).map(|(info, _)| info)
     }
 
     /// Create and start a VM whose console streams to the API client on
@@ -111,8 +112,8 @@ impl Daemon {
     /// id, then the console as HTTP chunks until the VM ends) with no hop
     /// through the daemon. On an error nothing has been written to
     /// `client`: the caller answers it.
-    pub(super) fn create_handed_over(&self, req: CreateVm, arrived: Instant, client: &UnixStream, vols: Vols) -> Result<VmInfo, ActionError> {
-        self.create_inner(req, Attach::Client(client), arrived, vols).map(|(info, _)| info)
+    pub(super) fn create_handed_over(&self, req: CreateVm, arrived: Instant, client: &UnixStream, vols: Vols, restore: Option<Restorable>) -> Result<VmInfo, ActionError> {
+        self.create_inner(req, Attach::Client(client), arrived, vols, restore).map(|(info, _)| info)
     }
 
     /// Create and start a VM and answer once its console has printed its
@@ -123,10 +124,10 @@ impl Daemon {
     /// until it comes, the VM ends (its end of the stream closes) or
     /// [`FIRST_LINE_DEADLINE`] after `arrived` passes; the stream is then
     /// closed, which the VMM process takes as a reader gone.
-    pub(super) fn create_wait_line(&self, req: CreateVm, arrived: Instant, vols: Vols) -> Result<VmInfo, ActionError> {
+    pub(super) fn create_wait_line(&self, req: CreateVm, arrived: Instant, vols: Vols, restore: Option<Restorable>) -> Result<VmInfo, ActionError> {
         // The pool's refill waits for the first line too.
         let _busy = self.pool.busy();
-        let (info, stream) = self.create_inner(req, Attach::Daemon, arrived, vols)?;
+        let (info, stream) = self.create_inner(req, Attach::Daemon, arrived, vols, restore)?;
         let mut stream = stream.expect("attached start returns its stream");
         let line_at = match first_line(&mut stream, arrived + FIRST_LINE_DEADLINE) {
             Ok(at) => at,
@@ -153,8 +154,14 @@ impl Daemon {
         }
     }
 
-    fn create_inner(&self, req: CreateVm, attach: Attach<'_>, arrived: Instant, vols: Vols) -> Result<(VmInfo, Option<BufReader<UnixStream>>), ActionError> {
-        let mem = check_mem_size(req.mem.unwrap_or(DEFAULT_MEM)).map_err(ActionError::BadMemory)?;
+    /// A create: of `req.image`, or of the snapshot `restore` (read and
+    /// checked from `req.restore`).
+    fn create_inner(&self, req: CreateVm, attach: Attach<'_>, arrived: Instant, vols: Vols, restore: Option<Restorable>) -> Result<(VmInfo, Option<BufReader<UnixStream>>), ActionError> {
+        let mem = match &restore {
+            Some(r) => r.snap.header.mem_size,
+            None => req.mem.unwrap_or(DEFAULT_MEM),
+        };
+        let mem = check_mem_size(mem).map_err(ActionError::BadMemory)?;
         if let Some(n) = &req.name {
             if !valid_name(n) {
                 return Err(ActionError::InvalidName(n.clone()));
@@ -163,7 +170,7 @@ impl Daemon {
         // The router checked it already; the daemon does not rely on that.
         req.check()?;
         // The shell this create will likely take wakes while the daemon works.
-        if self.cfg.vms_per_process <= 1 {
+        if self.cfg.vms_per_process <= 1 && restore.is_none() {
             self.pool.poke(mem, &req.image);
         }
         let limits = quota::request_limits(&req, mem, self.host_cpus)?;
@@ -174,7 +181,10 @@ impl Daemon {
         // Until the VM runs (a client's, until its first output) the pool's
         // refill waits.
         let _busy = self.pool.busy();
-        let image = self.images.lookup(&self.cfg.image_dirs, &req.image)?;
+        let image = match restore {
+            None => Some(self.images.lookup(&self.cfg.image_dirs, &req.image)?),
+            Some(_) => None,
+        };
         let mut undo = Rollback::new(self);
         self.vms.lock().admit(mem, &self.cfg.quotas)?;
         undo.admitted = Some(mem);
@@ -184,15 +194,22 @@ impl Daemon {
             undo.name = Some(n.clone());
         }
         // A VM a group can hold goes to one (`wispd --vms-per-process`).
-        let (worker, hosted) = if self.cfg.vms_per_process > 1 && super::group::groupable(&req, &image) {
-            let (w, h) = self.host_in_group(req.tenant.as_deref().unwrap_or(""), mem, &mut undo)?;
-            (w, Some(h))
-        } else {
-            let w = match self.pool.take(mem, &image) {
-                Some(w) => w,
-                None => self.spawn_worker(mem).map_err(ActionError::Prepare)?,
-            };
-            (w, None)
+        let (worker, hosted) = match &image {
+            Some(image) if self.cfg.vms_per_process > 1 && super::group::groupable(&req, image) => {
+                let (w, h) = self.host_in_group(req.tenant.as_deref().unwrap_or(""), mem, &mut undo)?;
+                (w, Some(h))
+            }
+            _ => {
+                let taken = match &image {
+                    Some(image) => self.pool.take(mem, image),
+                    None => self.pool.take_any(mem),
+                };
+                let w = match taken {
+                    Some(w) => w,
+                    None => self.spawn_worker(mem).map_err(ActionError::Prepare)?,
+                };
+                (w, None)
+            }
         };
         let worker = undo.worker.insert(worker);
         // The shell's group has a family's default limits: set those asked for.
@@ -221,7 +238,7 @@ impl Daemon {
         let session = worker.session.take();
         let uplink = worker.uplink.take();
         // The shell holds this very image loaded ahead: no descriptor, no load.
-        let preloaded = worker.preloaded.as_ref().is_some_and(|p| Arc::ptr_eq(p, &image));
+        let preloaded = image.as_ref().is_some_and(|image| worker.preloaded.as_ref().is_some_and(|p| Arc::ptr_eq(p, image)));
         let info = VmInfo {
             ports: req.ports.clone(),
             net_peers: req.net_peers,
@@ -259,7 +276,8 @@ impl Daemon {
         // (The pooled shell's uplink is unwatched once the start is sent.)
         let mut unused_uplink = None;
         let (uplink, watched) = match uplink {
-            _ if !image.image.forks() => {
+            // (A restored VM does not fork: its family is its own, with no uplink.)
+            _ if !image.as_ref().is_some_and(|i| i.image.forks()) => {
                 unused_uplink = uplink;
                 (None, false)
             }
@@ -276,7 +294,7 @@ impl Daemon {
         let start = match &hosted {
             Some(_) => Request::Host {
                 vm: info.id.clone(),
-                image_name: image.image.name.clone(),
+                image_name: image.as_ref().map_or_else(String::new, |i| i.image.name.clone()),
                 args: req.args,
                 timeout_ms: req.timeout_ms,
                 attach: matches!(attach, Attach::Daemon),
@@ -285,8 +303,9 @@ impl Daemon {
                 stdin: req.stdin,
             },
             None => Request::Start {
-                image_name: image.image.name.clone(),
+                image_name: image.as_ref().map_or_else(|| "snapshot".into(), |i| i.image.name.clone()),
                 preloaded,
+                restore: restore.is_some(),
                 args: req.args,
                 timeout_ms: req.timeout_ms,
                 attach: matches!(attach, Attach::Daemon),
@@ -301,7 +320,7 @@ impl Daemon {
         };
         // A group's VM: its files and control socket's listener first.
         let mut fds: Vec<_> = hosted.iter().flat_map(|h| [h.files.exit.as_fd(), h.files.console.as_fd(), h.files.errors.as_fd(), h.listener.as_fd()]).collect();
-        fds.extend((!preloaded).then(|| image.memfd.as_fd()));
+        fds.extend((!preloaded).then(|| image.as_ref().map_or_else(|| restore.as_ref().expect("a restore without an image").memfd.as_fd(), |i| i.memfd.as_fd())));
         fds.extend(tap.as_ref().map(|t| t.as_fd()));
         if let Some((mine, theirs)) = &uplink {
             fds.push(theirs.as_fd());

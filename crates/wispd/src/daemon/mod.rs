@@ -52,6 +52,7 @@ pub mod process;
 mod quota;
 mod record;
 mod remove;
+mod snapshot;
 mod table;
 mod uids;
 mod watch;
@@ -113,6 +114,8 @@ pub enum Outcome {
     RemovedVms(wisp_api::RemovedVms),
     /// The pool.
     Pool(PoolInfo),
+    /// A snapshot taken.
+    Snapshot(wisp_api::SnapshotInfo),
 }
 
 /// Why the daemon could not start.
@@ -213,18 +216,17 @@ impl Daemon {
                 Outcome::Version(Version { version: env!("CARGO_PKG_VERSION").into(), abi: wisp_abi::ABI_VERSION })
             }
             Action::ListVms => Outcome::Vms(self.vms.lock().list()),
-            Action::CreateVm { vm, attach: false, wait_line: false } => {
+            Action::CreateVm { vm, attach, wait_line } => {
                 let vols = guestdata::volumes(&vm, client)?;
-                Outcome::Created(self.create(vm, arrived, vols)?)
-            }
-            Action::CreateVm { vm, attach: false, wait_line: true } => {
-                let vols = guestdata::volumes(&vm, client)?;
-                Outcome::Created(self.create_wait_line(vm, arrived, vols)?)
-            }
-            Action::CreateVm { vm, attach: true, .. } => {
-                let vols = guestdata::volumes(&vm, client)?;
-                self.create_handed_over(vm, arrived, client, vols)?;
-                Outcome::HandedOver
+                let restore = vm.restore.as_deref().map(|p| self.restorable(p, client)).transpose()?;
+                match (attach, wait_line) {
+                    (false, false) => Outcome::Created(self.create(vm, arrived, vols, restore)?),
+                    (false, true) => Outcome::Created(self.create_wait_line(vm, arrived, vols, restore)?),
+                    (true, _) => {
+                        self.create_handed_over(vm, arrived, client, vols, restore)?;
+                        Outcome::HandedOver
+                    }
+                }
             }
             Action::GetVm(vm) => Outcome::Vm(self.get(&vm)?),
             Action::PauseVm(vm) => Outcome::Vm(self.pause(&vm, true)?),
@@ -249,6 +251,7 @@ impl Daemon {
                 Outcome::Removed
             }
             Action::RemoveVms(r) => Outcome::RemovedVms(self.remove_many(&r.vms, r.force)),
+            Action::SnapshotVm { vm, body } => Outcome::Snapshot(self.snapshot(&vm, body, client, arrived)?),
             Action::GetPool => Outcome::Pool(wisp_api::PoolInfo { group_spares: self.groups.spares(), ..self.pool.info() }),
             Action::SetPool(p) => {
                 self.pool.set_targets(&p.target)?;

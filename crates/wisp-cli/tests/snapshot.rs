@@ -1,0 +1,123 @@
+//! Snapshots through wispd on real KVM (`wisp snapshot`, `wisp restore`):
+//! a counting VM saved part way is restored as new VMs that go on from its
+//! count with their memory whole, the VM saved goes on (or stops with
+//! --stop), a snapshot file is written with the client's rights, and a
+//! damaged, foreign or missing snapshot is refused with one clear line.
+
+mod common;
+
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::time::Duration;
+
+use common::daemon::Daemon;
+use common::{console, eventually, wait_console};
+
+/// The sum the counter prints after `ticks` ticks.
+fn sum_after(ticks: u64) -> u64 {
+    (0..ticks * 512).fold(0u64, |a, i| a.wrapping_add(i.wrapping_mul(i)))
+}
+
+fn out(o: &std::process::Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// The first count a restored VM printed.
+fn first_count(text: &str) -> u64 {
+    text.lines().find_map(|l| l.strip_prefix("count ")).and_then(|l| l.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("no count in {text:?}"))
+}
+
+#[test]
+fn a_vm_saved_through_the_daemon_goes_on_in_new_vms() {
+    let d = Daemon::start("snapshot", &[]);
+    let mut c = d.client();
+    let o = d.wisp(&["run", "-d", "--name", "counter", "counter", "--", "60", "20ms"]);
+    assert!(o.status.success(), "{}", out(&o));
+    wait_console(&mut c, "counter", "count 5 ");
+    let snap = d.dir.join("counter.snap");
+    let o = d.wisp(&["snapshot", "counter", snap.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", out(&o));
+    assert!(out(&o).contains("counter.snap: "), "{}", out(&o));
+    // Written for its owner alone.
+    assert_eq!(std::fs::metadata(&snap).unwrap().permissions().mode() & 0o777, 0o600);
+    // The VM saved goes on to its end.
+    let x = c.wait("counter").unwrap();
+    assert_eq!(x.code, 0, "{}", x.reason);
+    assert!(console(&mut c, "counter").contains(&format!("counter: done, sum {}", sum_after(60))));
+    // Two VMs from it, one named: each goes on from the count it was
+    // saved at, with its memory whole (the sums), to the same end.
+    let a = d.wisp(&["restore", "--name", "again", snap.to_str().unwrap()]);
+    assert!(a.status.success(), "{}", out(&a));
+    let b = d.wisp(&["restore", snap.to_str().unwrap()]);
+    assert!(b.status.success(), "{}", out(&b));
+    for id in ["again".to_string(), String::from_utf8_lossy(&b.stdout).trim().to_string()] {
+        let x = c.wait(&id).unwrap();
+        assert_eq!(x.code, 0, "{id}: {}", x.reason);
+        let text = console(&mut c, &id);
+        let k = first_count(&text);
+        assert!((5..60).contains(&k), "{id} restored at count {k}: {text}");
+        assert!(text.contains(&format!("count {k} sum {}", sum_after(k))), "{text}");
+        assert!(text.contains(&format!("counter: done, sum {}", sum_after(60))), "{text}");
+    }
+    assert_eq!(c.get("again").unwrap().image, snap.to_str().unwrap());
+}
+
+#[test]
+fn stop_ends_the_vm_once_it_is_saved() {
+    let d = Daemon::start("snapshot-stop", &[]);
+    let mut c = d.client();
+    let o = d.wisp(&["run", "-d", "--name", "c", "counter", "--", "100000", "50ms"]);
+    assert!(o.status.success(), "{}", out(&o));
+    wait_console(&mut c, "c", "count 2 ");
+    let snap = d.dir.join("c.snap");
+    let o = d.wisp(&["snapshot", "--stop", "c", snap.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", out(&o));
+    let x = c.wait("c").unwrap();
+    assert_ne!(x.code, 0, "stopped, not ended: {}", x.reason);
+    // Its snapshot runs on.
+    let o = d.wisp(&["restore", "--name", "c2", snap.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", out(&o));
+    let n = first_count(&eventually(Duration::from_secs(10), || "no count from c2".into(), || Some(console(&mut c, "c2")).filter(|t| t.contains("count "))));
+    assert!(n >= 2, "{n}");
+    assert!(d.wisp(&["kill", "c2"]).status.success());
+}
+
+#[test]
+fn bad_snapshots_and_paths_are_refused_with_one_line() {
+    let d = Daemon::start("snapshot-bad", &[]);
+    let mut c = d.client();
+    let o = d.wisp(&["run", "-d", "--name", "c", "counter", "--", "100000", "50ms"]);
+    assert!(o.status.success(), "{}", out(&o));
+    wait_console(&mut c, "c", "count 1 ");
+    let snap = d.dir.join("c.snap");
+    assert!(d.wisp(&["snapshot", "c", snap.to_str().unwrap()]).status.success());
+    let refused = |path: &std::path::Path| {
+        let o = d.wisp(&["restore", path.to_str().unwrap()]);
+        assert!(!o.status.success(), "restored {}", path.display());
+        let text = out(&o);
+        assert_eq!(text.trim().lines().count(), 1, "one line: {text}");
+        text
+    };
+    // Missing, not a snapshot, cut short, altered.
+    assert!(refused(&d.dir.join("none.snap")).contains("No such file"));
+    let foreign = d.dir.join("foreign.snap");
+    std::fs::write(&foreign, b"\x7fELF and more bytes than a header has ..........................................................................").unwrap();
+    assert!(refused(&foreign).contains("not a wisp snapshot"));
+    let bytes = std::fs::read(&snap).unwrap();
+    let short = d.dir.join("short.snap");
+    std::fs::write(&short, &bytes[..bytes.len() - 4096]).unwrap();
+    assert!(refused(&short).contains("truncated"));
+    let altered = d.dir.join("altered.snap");
+    std::fs::write(&altered, &bytes).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&altered).unwrap();
+    f.write_all_at(&[bytes[bytes.len() - 1] ^ 1], bytes.len() as u64 - 1).unwrap();
+    assert!(refused(&altered).contains("digest mismatch"));
+    // A snapshot into a directory that does not exist, or of a VM that is
+    // not there.
+    let o = d.wisp(&["snapshot", "c", "/nonexistent/dir/c.snap"]);
+    assert!(!o.status.success() && out(&o).contains("No such file"), "{}", out(&o));
+    let o = d.wisp(&["snapshot", "nosuchvm", d.dir.join("x.snap").to_str().unwrap()]);
+    assert!(!o.status.success() && out(&o).contains("no such VM"), "{}", out(&o));
+    // The VM saved is unharmed.
+    assert!(c.get("c").unwrap().state == wisp_api::VmState::Running);
+    assert!(d.wisp(&["kill", "c"]).status.success());
+}

@@ -1,0 +1,108 @@
+//! Snapshots through the daemon. A VM is saved into a file the client
+//! names, created with the client's rights (the daemon runs as root: it
+//! writes no file a client could not): its VMM process writes the snapshot
+//! into a pipe, and the daemon reads it as the untrusted stream it is
+//! (`wisp_vmm::snapshot::receive`: the head checked before anything is
+//! written, the length as it comes) and seals it with the digest it
+//! computed itself. For a restore the daemon opens the file with the
+//! client's rights, checks it whole (digest included) and copies it into a
+//! sealed memfd, which the VMM process maps copy-on-write: the client
+//! cannot change the pages under a running VM, and many restores of one
+//! snapshot share them.
+
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rustix::fs::{fcntl_add_seals, memfd_create, MemfdFlags, SealFlags};
+use wisp_api::{SnapshotInfo, SnapshotVm, VmState};
+use wisp_vmm::snapshot::{self, Snapshot};
+use wisp_vmm_process::proto::{self, Request};
+
+use super::error::ActionError;
+use super::Daemon;
+
+/// Longest the daemon waits for a VMM process to write its snapshot.
+const SAVE_TIMEOUT: Duration = Duration::from_secs(35);
+
+/// A snapshot read for a restore: checked, in a sealed memfd.
+pub(super) struct Restorable {
+    pub memfd: OwnedFd,
+    pub snap: Snapshot,
+}
+
+impl Daemon {
+    /// Save VM `key` into `body.path` (then stop it, with `body.stop`).
+    pub(super) fn snapshot(&self, key: &str, body: SnapshotVm, client: &UnixStream, arrived: Instant) -> Result<SnapshotInfo, ActionError> {
+        let (id, dir, info) = self.dir_of(key)?;
+        if info.state == VmState::Exited {
+            return Err(ActionError::Exited(id));
+        }
+        let fail = |why: String| ActionError::Snapshot { path: body.path.clone(), why };
+        let peer = crate::access::peer(client.as_fd()).map_err(|e| fail(format!("the client's credentials: {e}")))?;
+        let file = crate::access::create_as(&peer, Path::new(&body.path)).map_err(|e| fail(format!("{e} (created with the client's rights, uid {})", peer.uid)))?;
+        let (mut rd, wr) = std::io::pipe().map_err(|e| fail(format!("pipe: {e}")))?;
+        let mem = info.mem;
+        let reader = std::thread::spawn(move || snapshot::receive(&mut rd, &file, mem));
+        // Sent, then the daemon's write end closed: the reader sees the
+        // stream's end when the VMM process closes its own.
+        let sent = proto::send(&dir.join("ctl.sock"), &Request::Snapshot, &[wr.as_fd()], Some(SAVE_TIMEOUT));
+        drop(wr);
+        let reply = sent.and_then(proto::read_reply).map(|(r, _)| r);
+        let received = reader.join().unwrap_or_else(|_| Err(snapshot::Error::Io("the reader panicked".into())));
+        let reply = reply.map_err(|source| ActionError::Unreachable { id: id.clone(), source })?;
+        if !reply.ok {
+            let _ = std::fs::remove_file(&body.path);
+            return Err(ActionError::Refused(reply.error.unwrap_or_default()));
+        }
+        let snap = match received {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = std::fs::remove_file(&body.path);
+                return Err(fail(e.to_string()));
+            }
+        };
+        let [_, ram_bytes, held_us] = reply.saved.unwrap_or_default();
+        let took_us = arrived.elapsed().as_micros() as u64;
+        if body.stop {
+            self.kill(&id)?;
+        }
+        Ok(SnapshotInfo {
+            vm: id,
+            path: body.path,
+            bytes: snap.header.file_len,
+            ram_bytes,
+            held_us,
+            took_us,
+            digest: snap.header.digest.iter().map(|b| format!("{b:02x}")).collect(),
+        })
+    }
+
+    /// The snapshot at `path` for a restore, read with the rights of the
+    /// client on `client`, checked whole and copied into a sealed memfd.
+    pub(super) fn restorable(&self, path: &str, client: &UnixStream) -> Result<Restorable, ActionError> {
+        let fail = |why: String| ActionError::Snapshot { path: path.to_string(), why };
+        let peer = crate::access::peer(client.as_fd()).map_err(|e| fail(format!("the client's credentials: {e}")))?;
+        let file = crate::access::open_as(&peer, Path::new(path), false).map_err(|e| fail(format!("{e} (opened with the client's rights, uid {})", peer.uid)))?;
+        let snap = Snapshot::read(&file, true).map_err(|e| fail(e.to_string()))?;
+        // A copy the client cannot change under the VM (read again: the
+        // file may have changed since it was checked, so the copy is
+        // checked once more).
+        let memfd = memfd_create("wisp-snapshot", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).map_err(|e| fail(format!("memfd: {e}")))?;
+        let copy = File::from(memfd);
+        copy.set_len(snap.header.file_len).map_err(|e| fail(format!("memfd: {e}")))?;
+        let n = std::io::copy(&mut std::io::Read::take(&file, snap.header.file_len), &mut &copy).map_err(|e| fail(e.to_string()))?;
+        if n != snap.header.file_len {
+            return Err(fail("it changed while it was read".into()));
+        }
+        let snap = Snapshot::read(&copy, true).map_err(|e| fail(format!("{e} (it changed while it was read)")))?;
+        let memfd = OwnedFd::from(copy);
+        fcntl_add_seals(memfd.as_fd(), SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL).map_err(|e| fail(format!("seal: {e}")))?;
+        if !snap.devices.is_empty() {
+            return Err(fail(format!("its VM had {} device(s) (a NIC, a disk, environment or files): restoring those is not supported yet", snap.devices.len())));
+        }
+        Ok(Restorable { memfd, snap })
+    }
+}
