@@ -121,3 +121,27 @@ fn bad_snapshots_and_paths_are_refused_with_one_line() {
     assert!(c.get("c").unwrap().state == wisp_api::VmState::Running);
     assert!(d.wisp(&["kill", "c"]).status.success());
 }
+
+#[test]
+fn a_snapshot_file_written_again_restores_its_new_contents() {
+    // The daemon keeps checked snapshots by the file's identity: one
+    // rewritten in place (new size or time) is read again.
+    let d = Daemon::start("snapshot-again", &[]);
+    let mut c = d.client();
+    let o = d.wisp(&["run", "-d", "--name", "c", "counter", "--", "100000", "20ms"]);
+    assert!(o.status.success(), "{}", out(&o));
+    wait_console(&mut c, "c", "count 2 ");
+    let snap = d.dir.join("c.snap");
+    assert!(d.wisp(&["snapshot", "c", snap.to_str().unwrap()]).status.success());
+    assert!(d.wisp(&["restore", "--name", "early", snap.to_str().unwrap()]).status.success());
+    wait_console(&mut c, "c", "count 40 ");
+    assert!(d.wisp(&["snapshot", "c", snap.to_str().unwrap()]).status.success());
+    assert!(d.wisp(&["restore", "--name", "late", snap.to_str().unwrap()]).status.success());
+    let mut first = |id: &str| first_count(&eventually(Duration::from_secs(10), || format!("no count from {id}"), || Some(console(&mut c, id)).filter(|t| t.contains("count "))));
+    let early = first("early");
+    let late = first("late");
+    assert!(early < 40 && late >= 40, "restored at {early} and {late}");
+    for vm in ["c", "early", "late"] {
+        assert!(d.wisp(&["kill", vm]).status.success());
+    }
+}

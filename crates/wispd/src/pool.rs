@@ -193,14 +193,15 @@ impl Pool {
         q.remove(i?)
     }
 
-    /// Take a ready shell of `mem` bytes for a VM of no image of the cache
-    /// (a restore): one that holds none, else any that is not sealed to
-    /// its image. The likely image stays what it was.
+    /// Take a ready shell of `mem` bytes for a restore: one that holds no
+    /// image, else any (a restore clears RAM and makes no new KVM VM, so a
+    /// shell sealed to its image serves too). The likely image stays what
+    /// it was.
     pub fn take_any(&self, mem: u64) -> Option<Worker> {
         let mut p = self.inner.lock().unwrap();
         let q = p.ready.get_mut(&mem)?;
-        let i = pick(q, |w| w.preloaded.is_none());
-        q.remove(i?)
+        let i = q.iter().position(|w| w.preloaded.is_none()).unwrap_or(0);
+        q.remove(i)
     }
 
     /// Poke the shell [`Pool::take`] will most likely give a create of

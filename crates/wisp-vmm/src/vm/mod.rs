@@ -284,6 +284,17 @@ impl Vm {
                 first_exit = false;
             }
             self.finish_fork();
+            // A first exit that waits (the idle hypercall: a restored guest
+            // that was asleep, a server waiting for its first client) is
+            // flushed before the wait, not after it.
+            if let (Exit::Out { port, .. }, true) = (&exit, first_flush.is_some()) {
+                if wisp_abi::Hypercall::from_port(*port) == Some(wisp_abi::Hypercall::Idle) {
+                    if let Some((timer, _)) = first_flush.take() {
+                        timer.disarm();
+                        let _ = console.flush();
+                    }
+                }
+            }
             let r = if self.spare_wanted(&exit) && matches!(self.make_spare(), spare::Made::Child) {
                 Ok(None) // the spare, now a fork's child: that exit was the parent's
             } else {

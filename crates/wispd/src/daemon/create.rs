@@ -102,7 +102,7 @@ impl Drop for Rollback<'_> {
 
 impl Daemon {
     /// Create and start a VM.
-    pub(super) fn create(&self, req: CreateVm, arrived: Instant, vols: Vols, restore: Option<Restorable>) -> Result<VmInfo, ActionError> {
+    pub(super) fn create(&self, req: CreateVm, arrived: Instant, vols: Vols, restore: Option<Arc<Restorable>>) -> Result<VmInfo, ActionError> {
         self.create_inner(req, Attach::No, arrived, vols, restore).map(|(info, _)| info)
     }
 
@@ -112,7 +112,7 @@ impl Daemon {
     /// id, then the console as HTTP chunks until the VM ends) with no hop
     /// through the daemon. On an error nothing has been written to
     /// `client`: the caller answers it.
-    pub(super) fn create_handed_over(&self, req: CreateVm, arrived: Instant, client: &UnixStream, vols: Vols, restore: Option<Restorable>) -> Result<VmInfo, ActionError> {
+    pub(super) fn create_handed_over(&self, req: CreateVm, arrived: Instant, client: &UnixStream, vols: Vols, restore: Option<Arc<Restorable>>) -> Result<VmInfo, ActionError> {
         self.create_inner(req, Attach::Client(client), arrived, vols, restore).map(|(info, _)| info)
     }
 
@@ -124,7 +124,7 @@ impl Daemon {
     /// until it comes, the VM ends (its end of the stream closes) or
     /// [`FIRST_LINE_DEADLINE`] after `arrived` passes; the stream is then
     /// closed, which the VMM process takes as a reader gone.
-    pub(super) fn create_wait_line(&self, req: CreateVm, arrived: Instant, vols: Vols, restore: Option<Restorable>) -> Result<VmInfo, ActionError> {
+    pub(super) fn create_wait_line(&self, req: CreateVm, arrived: Instant, vols: Vols, restore: Option<Arc<Restorable>>) -> Result<VmInfo, ActionError> {
         // The pool's refill waits for the first line too.
         let _busy = self.pool.busy();
         let (info, stream) = self.create_inner(req, Attach::Daemon, arrived, vols, restore)?;
@@ -156,7 +156,7 @@ impl Daemon {
 
     /// A create: of `req.image`, or of the snapshot `restore` (read and
     /// checked from `req.restore`).
-    fn create_inner(&self, req: CreateVm, attach: Attach<'_>, arrived: Instant, vols: Vols, restore: Option<Restorable>) -> Result<(VmInfo, Option<BufReader<UnixStream>>), ActionError> {
+    fn create_inner(&self, req: CreateVm, attach: Attach<'_>, arrived: Instant, vols: Vols, restore: Option<Arc<Restorable>>) -> Result<(VmInfo, Option<BufReader<UnixStream>>), ActionError> {
         let mem = match &restore {
             Some(r) => r.snap.header.mem_size,
             None => req.mem.unwrap_or(DEFAULT_MEM),

@@ -150,6 +150,8 @@ pub struct Daemon {
     /// Ready shells.
     pub pool: Arc<Pool>,
     images: ImageCache,
+    /// Snapshots checked for restores, by file identity.
+    snapshots: snapshot::SnapshotCache,
     epoll: OwnedFd,
     uids: Uids,
     net: VmNet,
@@ -194,6 +196,7 @@ impl Daemon {
         let d = Arc::new(Daemon {
             pool: Arc::new(Pool::new(cfg.max_pool_shells)),
             images: ImageCache::new(cfg.image_cache_bytes),
+            snapshots: snapshot::SnapshotCache::default(),
             cfg,
             vms: VmTable::default(),
             epoll,

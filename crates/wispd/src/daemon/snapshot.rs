@@ -8,12 +8,17 @@
 //! client's rights, checks it whole (digest included) and copies it into a
 //! sealed memfd, which the VMM process maps copy-on-write: the client
 //! cannot change the pages under a running VM, and many restores of one
-//! snapshot share them.
+//! snapshot share them. Checked snapshots are kept by the file's identity
+//! (device, inode, size, modification time), as images are: a restore of
+//! one still opens the file with the client's rights, but checks and
+//! copies it only once.
 
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustix::fs::{fcntl_add_seals, memfd_create, MemfdFlags, SealFlags};
@@ -31,6 +36,43 @@ const SAVE_TIMEOUT: Duration = Duration::from_secs(35);
 pub(super) struct Restorable {
     pub memfd: OwnedFd,
     pub snap: Snapshot,
+}
+
+/// A file's identity: device, inode, size, modification time (s, ns).
+type FileKey = (u64, u64, u64, i64, i64);
+
+/// Most snapshots kept, and most bytes of them.
+const CACHE_ENTRIES: usize = 64;
+const CACHE_BYTES: u64 = 1 << 30;
+
+/// Checked snapshots by file identity, the least recently used going first.
+#[derive(Default)]
+pub(super) struct SnapshotCache {
+    inner: std::sync::Mutex<(u64, std::collections::HashMap<FileKey, (Arc<Restorable>, u64)>)>,
+}
+
+impl SnapshotCache {
+    fn get(&self, key: &FileKey) -> Option<Arc<Restorable>> {
+        let mut c = self.inner.lock().unwrap();
+        c.0 += 1;
+        let tick = c.0;
+        c.1.get_mut(key).map(|(r, used)| {
+            *used = tick;
+            r.clone()
+        })
+    }
+
+    fn put(&self, key: FileKey, r: Arc<Restorable>) {
+        let mut c = self.inner.lock().unwrap();
+        c.0 += 1;
+        let tick = c.0;
+        c.1.insert(key, (r, tick));
+        let bytes = |m: &std::collections::HashMap<FileKey, (Arc<Restorable>, u64)>| m.values().map(|(r, _)| r.snap.header.file_len).sum::<u64>();
+        while c.1.len() > CACHE_ENTRIES || (c.1.len() > 1 && bytes(&c.1) > CACHE_BYTES) {
+            let Some(oldest) = c.1.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| *k) else { break };
+            c.1.remove(&oldest);
+        }
+    }
 }
 
 impl Daemon {
@@ -82,10 +124,15 @@ impl Daemon {
 
     /// The snapshot at `path` for a restore, read with the rights of the
     /// client on `client`, checked whole and copied into a sealed memfd.
-    pub(super) fn restorable(&self, path: &str, client: &UnixStream) -> Result<Restorable, ActionError> {
+    pub(super) fn restorable(&self, path: &str, client: &UnixStream) -> Result<Arc<Restorable>, ActionError> {
         let fail = |why: String| ActionError::Snapshot { path: path.to_string(), why };
         let peer = crate::access::peer(client.as_fd()).map_err(|e| fail(format!("the client's credentials: {e}")))?;
         let file = crate::access::open_as(&peer, Path::new(path), false).map_err(|e| fail(format!("{e} (opened with the client's rights, uid {})", peer.uid)))?;
+        let m = file.metadata().map_err(|e| fail(e.to_string()))?;
+        let key = (m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec());
+        if let Some(hit) = self.snapshots.get(&key) {
+            return Ok(hit);
+        }
         let snap = Snapshot::read(&file, true).map_err(|e| fail(e.to_string()))?;
         // A copy the client cannot change under the VM (read again: the
         // file may have changed since it was checked, so the copy is
@@ -103,6 +150,8 @@ impl Daemon {
         if !snap.devices.is_empty() {
             return Err(fail(format!("its VM had {} device(s) (a NIC, a disk, environment or files): restoring those is not supported yet", snap.devices.len())));
         }
-        Ok(Restorable { memfd, snap })
+        let r = Arc::new(Restorable { memfd, snap });
+        self.snapshots.put(key, r.clone());
+        Ok(r)
     }
 }

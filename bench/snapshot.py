@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Snapshots (issue 16, item 4; LightVM Figures 12-13): save and restore
+latency of a small VM as the number of running VMs grows, and a restore
+against a warm boot. A private wispd (pool of 16 MiB shells) runs N idle
+`sleeper` VMs in the background (N = 10, 100, 1000); the VM measured is a
+`counter` (16 MiB, ~300 KiB touched). At each N, each measured REPS times,
+client clock, median:
+
+- save: `POST /v1/vms/{id}/snapshot` (the file in a tmpfs) until its
+  answer, which comes once the file's last byte is written and sealed;
+  also the time the VM was held (`held_us`);
+- restore: `POST /v1/vms` with `restore` until the answer (201), which the
+  VMM process sends at the restored guest's first exit;
+- warm boot: `POST /v1/vms` of `counter` from the pool (the image loaded
+  ahead) until the answer (201), which the VMM process sends at the
+  guest's first exit: the same start and stop points.
+
+Between measurements the pool refills (its prepare phase is not what is
+measured) and the VMs started are removed (N stays N). Migration is not
+built yet: `migrate_ms` and `migrate_downtime_ms` are absent.
+
+    python3 bench/snapshot.py --wisp target/release/wisp --out bench/results/snapshot.json
+"""
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+sys.path.insert(0, BENCH)
+import common  # noqa: E402
+import wispapi  # noqa: E402
+
+log = common.log
+COUNTER = {"image": "counter", "args": ["1000000000", "50ms"]}
+
+
+def ms(ns):
+    return ns / 1e6
+
+
+def timed(api, method, path, body, want):
+    t0 = wispapi.now_ns()
+    status, r = api.call(method, path, body)
+    t1 = wispapi.now_ns()
+    if status != want:
+        raise RuntimeError("%s %s: %d %s" % (method, path, status, r))
+    return ms(t1 - t0), r
+
+
+def remove(api, vm_id):
+    api.call("DELETE", "/v1/vms/%s?force=true" % vm_id)
+
+
+def measure(d, api, snap_dir, reps):
+    """Save, restore and warm boot, REPS times each: lists of ms."""
+    _, target = timed(api, "POST", "/v1/vms?wait_line=true", COUNTER, 201)
+    save, held, restore, warm = [], [], [], []
+    path = os.path.join(snap_dir, "counter.snap")
+    for _ in range(reps):
+        t, r = timed(api, "POST", "/v1/vms/%s/snapshot" % target["id"], {"path": path}, 201)
+        save.append(t)
+        held.append(r["held_us"] / 1e3)
+    for _ in range(reps):
+        d.wait_pool(api, 1)
+        t, vm = timed(api, "POST", "/v1/vms", {"image": "counter.snap", "restore": path}, 201)
+        restore.append(t)
+        remove(api, vm["id"])
+    for _ in range(reps):
+        d.wait_pool(api, 1)
+        t, vm = timed(api, "POST", "/v1/vms", COUNTER, 201)
+        warm.append(t)
+        remove(api, vm["id"])
+    remove(api, target["id"])
+    return {"save_ms": save, "held_ms": held, "restore_ms": restore, "warm_boot_ms": warm, "snapshot_bytes": os.path.getsize(path)}
+
+
+def plot(doc, png):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = doc["by_vms"]
+    xs = [r["vms"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, label in (("save_ms", "save (API, file written)"), ("held_ms", "save: VM held"),
+                       ("restore_ms", "restore (API, until the guest runs)"), ("warm_boot_ms", "warm boot (API, same stop point)")):
+        ax.plot(xs, [r[key]["median"] for r in rows], "o-", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("VMs running")
+    ax.set_ylabel("ms (median)")
+    ax.set_title("wisp snapshots: 16 MiB counter VM")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    return True
+
+
+def main():
+    def extra(ap):
+        ap.add_argument("--wisp", default=os.path.join(ROOT, "target/release/wisp"))
+        ap.add_argument("--vms", default="10,100,1000")
+        ap.add_argument("--reps", type=int, default=15)
+    args = common.bench_args(__doc__, os.path.join(ROOT, "bench/results/snapshot.json"), plot, extra)
+    if args is None:
+        return
+    wispd = os.path.join(os.path.dirname(os.path.abspath(args.wisp)), "wispd")
+    counts = [int(x) for x in args.vms.split(",")]
+    top = max(counts)
+    d = wispapi.Daemon(wispd, os.path.join(ROOT, "build", "images"), pool="16M=4",
+                       extra=["--max-vms", str(top + 10), "--max-guest-memory", "%dM" % (16 * (top + 10))])
+    api = d.api()
+    snap_dir = tempfile.mkdtemp(prefix="wisp-bench-snap-", dir="/run" if os.access("/run", os.W_OK) else None)
+    rows = []
+    running = 0
+    try:
+        for n in counts:
+            while running < n:
+                status, vm = api.call("POST", "/v1/vms", {"image": "sleeper", "args": ["24h", "60s"]})
+                if status != 201:
+                    raise RuntimeError("sleeper %d: %d %s" % (running, status, vm))
+                running += 1
+            d.wait_pool(api, 4)
+            time.sleep(1)
+            m = measure(d, api, snap_dir, args.reps)
+            row = {"vms": n, "snapshot_bytes": m.pop("snapshot_bytes")}
+            row.update({k: common.summary(v) for k, v in m.items()})
+            rows.append(row)
+            log("[snapshot] %4d VMs: save %.2f ms (held %.2f), restore %.2f ms, warm boot %.2f ms" % (
+                n, row["save_ms"]["median"], row["held_ms"]["median"], row["restore_ms"]["median"], row["warm_boot_ms"]["median"]))
+    finally:
+        d.stop()
+    worst = lambda k: max(r[k]["median"] for r in rows)  # noqa: E731
+    doc = {
+        "what": "save and restore latency of a 16 MiB VM as the VMs running grow; restore against a warm boot",
+        "method": __doc__.strip(),
+        "by_vms": rows,
+        "ratios": {
+            "save_ms": worst("save_ms"),
+            "restore_ms": worst("restore_ms"),
+            "restore_vs_warm_boot": max(r["restore_ms"]["median"] / r["warm_boot_ms"]["median"] for r in rows),
+        },
+        "ratios_note": "the worst median over the VM counts; migrate_ms and migrate_downtime_ms: migration is not built yet",
+        "targets": {"save_ms": 3, "restore_ms": 1, "lightvm_save_ms": 30, "lightvm_restore_ms": 20},
+        "machine": common.machine_info(),
+    }
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    common.draw(plot, doc, args.png, __file__, args.out)
+    log(json.dumps(doc["ratios"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
