@@ -9,7 +9,7 @@ TEST_IMAGES := hostile hostile-lone
 IMAGES := build/images
 WISP := target/release/wisp
 
-.PHONY: all deps host guest run test fuzz bench-boot bench-net bench-density bench-fork bench-app bench-cache bench-cdnsim demo-cache clean
+.PHONY: all deps host guest run test fuzz bench-boot bench-net bench-density bench-fork bench-app bench-cache bench-cdnsim bench-snapshot demo-cache clean
 N ?= 10000
 
 all: host guest
@@ -71,6 +71,12 @@ bench-cache: all
 bench-cdnsim: host
 	scripts/install-bench-deps.sh
 	python3 bench/cdnsim.py --cdnsim target/release/cdnsim --out bench/results/cdnsim.json
+
+# Snapshots: save and restore latency as running VMs grow (10, 100, 1000),
+# restore against a warm boot (docs/snapshots.md, docs/benchmarks.md).
+bench-snapshot: all
+	scripts/install-bench-deps.sh
+	python3 bench/snapshot.py --wisp $(WISP) --out bench/results/snapshot.json
 
 # The content cache in one command: a volume from docs/, a cache VM, curl.
 demo-cache: all

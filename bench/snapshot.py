@@ -15,8 +15,9 @@ client clock, median:
   ahead) until the answer (201), which the VMM process sends at the
   guest's first exit: the same start and stop points.
 
-Between measurements the pool refills (its prepare phase is not what is
-measured) and the VMs started are removed (N stays N). Migration is not
+Before each measurement the pool is full again (its prepare phase is not
+what is measured, and no refill runs beside it) and the VMs started are
+removed (N stays N). Migration is not
 built yet: `migrate_ms` and `migrate_downtime_ms` are absent.
 
     python3 bench/snapshot.py --wisp target/release/wisp --out bench/results/snapshot.json
@@ -37,6 +38,9 @@ import wispapi  # noqa: E402
 
 log = common.log
 COUNTER = {"image": "counter", "args": ["1000000000", "50ms"]}
+# Shells kept ready; each measurement waits until all are (no refill runs
+# beside it).
+POOL = 4
 
 
 def ms(ns):
@@ -66,12 +70,12 @@ def measure(d, api, snap_dir, reps):
         save.append(t)
         held.append(r["held_us"] / 1e3)
     for _ in range(reps):
-        d.wait_pool(api, 1)
+        d.wait_pool(api, POOL)
         t, vm = timed(api, "POST", "/v1/vms", {"image": "counter.snap", "restore": path}, 201)
         restore.append(t)
         remove(api, vm["id"])
     for _ in range(reps):
-        d.wait_pool(api, 1)
+        d.wait_pool(api, POOL)
         t, vm = timed(api, "POST", "/v1/vms", COUNTER, 201)
         warm.append(t)
         remove(api, vm["id"])
@@ -114,7 +118,7 @@ def main():
     wispd = os.path.join(os.path.dirname(os.path.abspath(args.wisp)), "wispd")
     counts = [int(x) for x in args.vms.split(",")]
     top = max(counts)
-    d = wispapi.Daemon(wispd, os.path.join(ROOT, "build", "images"), pool="16M=4",
+    d = wispapi.Daemon(wispd, os.path.join(ROOT, "build", "images"), pool="16M=%d" % POOL,
                        extra=["--max-vms", str(top + 10), "--max-guest-memory", "%dM" % (16 * (top + 10))])
     api = d.api()
     snap_dir = tempfile.mkdtemp(prefix="wisp-bench-snap-", dir="/run" if os.access("/run", os.W_OK) else None)
@@ -127,7 +131,7 @@ def main():
                 if status != 201:
                     raise RuntimeError("sleeper %d: %d %s" % (running, status, vm))
                 running += 1
-            d.wait_pool(api, 4)
+            d.wait_pool(api, POOL)
             time.sleep(1)
             m = measure(d, api, snap_dir, args.reps)
             row = {"vms": n, "snapshot_bytes": m.pop("snapshot_bytes")}
@@ -141,6 +145,7 @@ def main():
     doc = {
         "what": "save and restore latency of a 16 MiB VM as the VMs running grow; restore against a warm boot",
         "method": __doc__.strip(),
+        "reps": args.reps,
         "by_vms": rows,
         "ratios": {
             "save_ms": worst("save_ms"),

@@ -90,7 +90,10 @@ fn save(control: &wisp_vmm::Control, tag: &str) -> (PathBuf, File, wisp_vmm::Sav
 fn restore_and_run(f: &File) -> (Outcome, String) {
     let snap = Snapshot::read(f, true).expect("a good snapshot");
     let kvm = open_kvm().unwrap();
-    let mut vm = Shell::create(&kvm, 16 << 20).unwrap().restore(&snap, f.as_fd(), Vec::new()).expect("restored");
+    let mut sh = Shell::create(&kvm, 16 << 20).unwrap();
+    sh.warm_up().unwrap();
+    let mut vm = sh.restore(&snap, f.as_fd(), Vec::new()).expect("restored");
+    for p in ["restore_clear", "restore_map", "restore_tables", "restore_vcpu", "restore"] { eprintln!("PHASE {p} {:?} runs {}", vm.stats().get(p), snap.runs.len()); }
     let mut console = Vec::new();
     let outcome = vm.run(&mut console, Some(Duration::from_secs(60)));
     (outcome, String::from_utf8_lossy(&console).into_owned())

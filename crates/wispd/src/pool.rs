@@ -63,6 +63,11 @@ fn pick(q: &VecDeque<Worker>, holds: impl Fn(&Worker) -> bool) -> Option<usize> 
         .or_else(|| q.iter().position(|w| !sealed(w)))
 }
 
+/// The shell a restore takes: one that holds no image, else the first.
+fn any_shell(q: &VecDeque<Worker>) -> usize {
+    q.iter().position(|w| w.preloaded.is_none()).unwrap_or(0)
+}
+
 /// Whether `w` can run only the image it holds: one that cannot fork (its
 /// VMM process narrowed itself for that image when it loaded it ahead).
 fn sealed(w: &Worker) -> bool {
@@ -200,8 +205,17 @@ impl Pool {
     pub fn take_any(&self, mem: u64) -> Option<Worker> {
         let mut p = self.inner.lock().unwrap();
         let q = p.ready.get_mut(&mem)?;
-        let i = q.iter().position(|w| w.preloaded.is_none()).unwrap_or(0);
+        let i = any_shell(q);
         q.remove(i)
+    }
+
+    /// Poke the shell [`Pool::take_any`] will give (as [`Pool::poke`]).
+    pub fn poke_any(&self, mem: u64) {
+        let p = self.inner.lock().unwrap();
+        let Some(q) = p.ready.get(&mem) else { return };
+        if let Some(s) = q.get(any_shell(q)).and_then(|w| w.session.as_ref()) {
+            wisp_vmm_process::proto::poke(s);
+        }
     }
 
     /// Poke the shell [`Pool::take`] will most likely give a create of

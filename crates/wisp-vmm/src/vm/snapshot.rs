@@ -50,7 +50,7 @@ impl Vm {
         let (pt0, pd) = arch::leaf_tables(&self.shell.ram)?;
         let mut scratch = Vec::new();
         let resident = self.shell.ram.resident(u64::MAX, &mut scratch)?.unwrap_or_default();
-        let runs = without(&resident, SYSTEM_PAGES.start, SYSTEM_PAGES.end);
+        let runs = without(&merge(&resident, RUN_GAP), SYSTEM_PAGES.start, SYSTEM_PAGES.end);
         let vcpu = snapshot::Vcpu { regs: st.vcpu.regs, fpu: st.vcpu.fpu, tsc: st.vcpu.tsc, clock_ns };
         let snap = Snapshot::lay_out(self.shell.ram.size(), self.features, vcpu, st.devices, pt0, pd, &runs);
         let io = |e: std::io::Error| Error::Host("write the snapshot", e);
@@ -69,6 +69,22 @@ impl Vm {
         }
         Ok((snap.header.file_len, ram_bytes))
     }
+}
+
+/// Runs of saved pages closer than this merge (the zeros between them are
+/// saved too): a restore maps each run with a call of its own.
+const RUN_GAP: u64 = 64 << 10;
+
+/// `runs` (sorted, disjoint), those less than `gap` apart merged.
+fn merge(runs: &[(u64, u64)], gap: u64) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(runs.len());
+    for &(a, len) in runs {
+        match out.last_mut() {
+            Some((s, l)) if a >= *s + *l && a - (*s + *l) <= gap => *l = a + len - *s,
+            _ => out.push((a, len)),
+        }
+    }
+    out
 }
 
 /// `runs` (sorted, disjoint) less `[start, end)`.
@@ -114,14 +130,23 @@ impl Shell {
             self.ram.map_zero()?;
             arch::write_system_pages(&self.ram)?;
         }
+        self.stats.phase("restore_clear", t);
+        let t2 = Instant::now();
         let runs: Vec<(u64, u64, u64)> = snap.runs.iter().map(|r| (r.gpa, r.len, r.offset)).collect();
         self.ram.map_runs(file, &runs)?;
+        self.stats.phase("restore_map", t2);
+        let t2 = Instant::now();
         let user = arch::restore_tables(&self.ram, &snap.pt0, &snap.pd).map_err(snapshot::Error::Malformed)?;
-        crate::shell::load_sregs(&self.vcpu)?;
-        let sregs = self.vcpu.get_sregs().map_err(|e| Error::Kvm("get sregs", e.into()))?;
+        self.stats.phase("restore_tables", t2);
+        let t2 = Instant::now();
+        // The monitor's own special registers (set with the rest below:
+        // loading CR3 again drops KVM's translations of the old tables).
+        let mut sregs = self.vcpu.get_sregs().map_err(|e| Error::Kvm("get sregs", e.into()))?;
+        arch::set_sregs(&mut sregs);
         let mut regs = snap.vcpu.regs;
         regs.rflags = (regs.rflags & USER_FLAGS) | 0x2;
         state::restore_vcpu(&self.vcpu, &VcpuState { regs, sregs, fpu: snap.vcpu.fpu, tsc: snap.vcpu.tsc })?;
+        self.stats.phase("restore_vcpu", t2);
         self.stats.phase("restore", t);
         let now = Instant::now();
         let boot = now.checked_sub(Duration::from_nanos(snap.vcpu.clock_ns)).unwrap_or(now);
@@ -131,7 +156,14 @@ impl Shell {
 
 #[cfg(test)]
 mod tests {
-    use super::without;
+    use super::{merge, without};
+
+    #[test]
+    fn runs_close_together_merge() {
+        let runs = [(0x1000, 0x1000), (0x3000, 0x1000), (0x10_0000, 0x1000)];
+        assert_eq!(merge(&runs, 0x1000), [(0x1000, 0x3000), (0x10_0000, 0x1000)]);
+        assert_eq!(merge(&runs, 0), runs);
+    }
 
     #[test]
     fn the_monitors_pages_are_cut_out_of_the_runs() {

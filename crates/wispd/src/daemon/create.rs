@@ -170,8 +170,11 @@ impl Daemon {
         // The router checked it already; the daemon does not rely on that.
         req.check()?;
         // The shell this create will likely take wakes while the daemon works.
-        if self.cfg.vms_per_process <= 1 && restore.is_none() {
-            self.pool.poke(mem, &req.image);
+        if self.cfg.vms_per_process <= 1 {
+            match restore {
+                None => self.pool.poke(mem, &req.image),
+                Some(_) => self.pool.poke_any(mem),
+            }
         }
         let limits = quota::request_limits(&req, mem, self.host_cpus)?;
         if self.cgroups.is_none() && (req.memory.is_some() || req.cpus.is_some()) {
