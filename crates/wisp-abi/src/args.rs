@@ -82,6 +82,15 @@ pub mod stdio_op {
     pub const READ_IN: u32 = 1;
 }
 
+/// [`crate::Hypercall::Ready`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct Ready {
+    /// Out: 0, or a negative errno (`ENOSYS`: the image did not declare
+    /// `features::READY`).
+    pub ret: i64,
+}
+
 /// [`crate::Hypercall::Stdio`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]

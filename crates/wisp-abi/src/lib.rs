@@ -101,6 +101,11 @@ pub enum Hypercall {
     /// Standard error and standard input: the operation is in the block.
     /// Feature [`features::STDIO`]. Args: [`args::Stdio`].
     Stdio = 7,
+    /// The guest is ready: what comes after is what every start needs
+    /// again. A VM being made into a template is saved here (its
+    /// instances go on from the return of this call); otherwise nothing
+    /// happens. Feature [`features::READY`]. Args: [`args::Ready`].
+    Ready = 8,
 }
 
 impl Hypercall {
@@ -115,6 +120,7 @@ impl Hypercall {
             5 => Some(Hypercall::Fork),
             6 => Some(Hypercall::Family),
             7 => Some(Hypercall::Stdio),
+            8 => Some(Hypercall::Ready),
             _ => None,
         }
     }
@@ -131,6 +137,7 @@ impl Hypercall {
             Hypercall::Fork => features::FORK,
             Hypercall::Family => features::FAMILY,
             Hypercall::Stdio => features::STDIO,
+            Hypercall::Ready => features::READY,
             _ => 0,
         }
     }
@@ -146,6 +153,7 @@ impl Hypercall {
             Hypercall::Fork => "fork",
             Hypercall::Family => "family",
             Hypercall::Stdio => "stdio",
+            Hypercall::Ready => "ready",
         }
     }
 }
@@ -236,12 +244,14 @@ mod tests {
             Hypercall::Fork,
             Hypercall::Family,
             Hypercall::Stdio,
+            Hypercall::Ready,
         ] {
             assert_eq!(Hypercall::from_port(hc.port()), Some(hc));
             assert!(hc.port() < HYPERCALL_PORT_BASE + HYPERCALL_PORT_COUNT);
         }
         assert_eq!(Hypercall::from_port(HYPERCALL_PORT_BASE + 9), None);
         assert_eq!(Hypercall::Stdio.feature(), features::STDIO);
+        assert_eq!(Hypercall::Ready.feature(), features::READY);
         assert_eq!(Hypercall::from_port(0x10), None);
         assert!(FAULT_PORT >= HYPERCALL_PORT_BASE + HYPERCALL_PORT_COUNT);
     }

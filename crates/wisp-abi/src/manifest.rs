@@ -37,8 +37,11 @@ pub mod features {
     /// Standard error and standard input ([`crate::Hypercall::Stdio`]).
     /// Declared by every image of the library OS (`wisp::main!`).
     pub const STDIO: u64 = 1 << 2;
+    /// The ready call ([`crate::Hypercall::Ready`]): where a template is
+    /// saved.
+    pub const READY: u64 = 1 << 3;
     /// Every feature this version of the ABI defines.
-    pub const ALL: u64 = FORK | FAMILY | STDIO;
+    pub const ALL: u64 = FORK | FAMILY | STDIO | READY;
 
     /// The name of feature bit `bit` (0..64), or `None` if this ABI does
     /// not define it.
@@ -47,6 +50,7 @@ pub mod features {
             0 => Some("fork"),
             1 => Some("family"),
             2 => Some("stdio"),
+            3 => Some("ready"),
             _ => None,
         }
     }

@@ -13,7 +13,7 @@
 use std::fmt;
 
 use crate::http::{percent_encode, HttpError, Request};
-use crate::{CreateVm, PoolInfo, RemoveVms, SnapshotVm, StopVm, API_PREFIX, MAX_FAMILY, MAX_REMOVE, MIN_CPUS};
+use crate::{CreateTemplate, CreateVm, PoolInfo, RemoveVms, SnapshotVm, StopVm, API_PREFIX, MAX_FAMILY, MAX_REMOVE, MIN_CPUS};
 
 /// Most CPUs a quota may name (the daemon also refuses more than its host has).
 pub const MAX_CPUS: f64 = 1024.0;
@@ -162,6 +162,12 @@ pub enum Action {
         /// Where, and whether to stop it then.
         body: SnapshotVm,
     },
+    /// `POST /v1/templates`: make a template (boot, save at ready).
+    MakeTemplate(CreateTemplate),
+    /// `GET /v1/templates`.
+    ListTemplates,
+    /// `DELETE /v1/templates/{name}`.
+    RemoveTemplate(String),
     /// `GET /v1/pool`.
     GetPool,
     /// `PUT /v1/pool`: set pool sizes (the `ready` field is ignored).
@@ -218,8 +224,11 @@ impl CreateVm {
         if self.tenant.as_deref().is_some_and(|t| !crate::valid_tenant(t)) {
             return Err(InvalidCreate::Tenant);
         }
-        if let Some(path) = &self.restore {
-            if !path.starts_with('/') || path.contains('\0') {
+        if self.restore.is_some() && self.from.is_some() {
+            return Err(InvalidCreate::RestoreWith("template (from)"));
+        }
+        if let Some(path) = self.restore.as_ref().or(self.from.as_ref()) {
+            if self.restore.is_some() && (!path.starts_with('/') || path.contains('\0')) {
                 return Err(InvalidCreate::RestorePath);
             }
             let given = [
@@ -316,6 +325,9 @@ impl Action {
             }
             Action::RemoveVms(r) => call("POST", format!("{API_PREFIX}/vms/remove"), json(r)),
             Action::SnapshotVm { vm, body } => call("POST", vm_target(vm, "/snapshot"), json(body)),
+            Action::MakeTemplate(t) => call("POST", format!("{API_PREFIX}/templates"), json(t)),
+            Action::ListTemplates => call("GET", format!("{API_PREFIX}/templates"), None),
+            Action::RemoveTemplate(name) => call("DELETE", format!("{API_PREFIX}/templates/{}", percent_encode(name)), None),
             Action::GetPool => call("GET", format!("{API_PREFIX}/pool"), None),
             Action::SetPool(p) => call("PUT", format!("{API_PREFIX}/pool"), json(p)),
         }
@@ -375,6 +387,9 @@ impl Action {
                 };
                 Action::Logs { vm: vm(id), follow: flag(req, "follow")?, stderr }
             }
+            ("POST", ["templates"]) => Action::MakeTemplate(req.json()?),
+            ("GET", ["templates"]) => Action::ListTemplates,
+            ("DELETE", ["templates", name]) => Action::RemoveTemplate(name.to_string()),
             ("GET", ["pool"]) => Action::GetPool,
             ("PUT", ["pool"]) => Action::SetPool(req.json()?),
             (m, ["version"] | ["vms"] | ["vms", _] | ["vms", _, _] | ["pool"]) => {
@@ -448,6 +463,7 @@ mod tests {
             stdin: true,
             volumes: vec![crate::Volume { path: "/v.img".into(), read_only: true }],
             restore: None,
+            from: None,
         };
         assert_eq!(check_limits(&create), Ok(()));
         assert_eq!(create.files[0].bytes().unwrap(), b"\x00\xffbytes");
@@ -481,6 +497,9 @@ mod tests {
             Action::RemoveVms(RemoveVms::default()),
             Action::SnapshotVm { vm: "abc".into(), body: SnapshotVm { path: "/tmp/a.snap".into(), stop: false } },
             Action::SnapshotVm { vm: "abc".into(), body: SnapshotVm { path: "/tmp/a.snap".into(), stop: true } },
+            Action::MakeTemplate(CreateTemplate { name: "t".into(), image: "counter".into(), args: vec!["1".into()], mem: Some(32 << 20), timeout_ms: Some(5) }),
+            Action::ListTemplates,
+            Action::RemoveTemplate("t".into()),
             Action::GetPool,
             Action::SetPool(pool),
         ];

@@ -151,6 +151,21 @@ impl Client {
         self.call(&Action::SnapshotVm { vm: id.into(), body: crate::SnapshotVm { path: path.into(), stop } })
     }
 
+    /// `POST /v1/templates`: make a template.
+    pub fn make_template(&mut self, t: &crate::CreateTemplate) -> Result<crate::TemplateInfo> {
+        self.call(&Action::MakeTemplate(t.clone()))
+    }
+
+    /// `GET /v1/templates`.
+    pub fn templates(&mut self) -> Result<Vec<crate::TemplateInfo>> {
+        self.call(&Action::ListTemplates)
+    }
+
+    /// `DELETE /v1/templates/{name}`.
+    pub fn remove_template(&mut self, name: &str) -> Result<()> {
+        self.call(&Action::RemoveTemplate(name.into()))
+    }
+
     /// `POST /v1/vms/{id}/resume`.
     pub fn resume(&mut self, id: &str) -> Result<VmInfo> {
         self.call(&Action::ResumeVm(id.into()))

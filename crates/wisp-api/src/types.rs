@@ -82,6 +82,10 @@ pub struct CreateVm {
     /// was saved, with its memory size (`image` is only its label then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<String>,
+    /// Start from the template of this name (`POST /v1/templates`) instead
+    /// of booting `image`: as `restore`, from the daemon's own snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
 }
 
 /// Most volumes of a VM through the API.
@@ -413,6 +417,46 @@ pub struct SnapshotInfo {
     pub took_us: u64,
     /// SHA-256 of the file (hex), as its header holds it.
     pub digest: String,
+}
+
+/// `POST /v1/templates`: boot `image` and save it when its guest says it is
+/// ready (`wisp::ready`); VMs start from it with `CreateVm::from`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTemplate {
+    /// The template's name (as a VM name: 1-64 of [A-Za-z0-9_.-]); one of
+    /// the same name is replaced.
+    pub name: String,
+    /// Image path (absolute) or a bundled app name.
+    pub image: String,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Guest RAM in bytes (default 16 MiB).
+    #[serde(default)]
+    pub mem: Option<u64>,
+    /// Longest the guest may take to say it is ready (default 30 s).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// A template.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TemplateInfo {
+    pub name: String,
+    /// The image it was booted from.
+    pub image: String,
+    pub args: Vec<String>,
+    pub mem: u64,
+    /// Bytes of its snapshot, and of guest RAM in it.
+    pub bytes: u64,
+    pub ram_bytes: u64,
+    /// The VM that was booted and saved (it has exited).
+    pub vm: String,
+    /// Microseconds from the request's arrival to the snapshot saved.
+    pub made_us: u64,
+    /// When it was made (ms since the epoch).
+    pub created_ms: u64,
 }
 
 /// Most VMs one `POST /v1/vms/remove` may name.

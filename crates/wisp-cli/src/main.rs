@@ -115,8 +115,18 @@ pub struct RunArgs {
     /// (`wisp::stdin`); without it the guest's input is empty.
     #[arg(short = 'i', long)]
     pub interactive: bool,
+    /// Make a template of this name instead of a VM (with wispd): boot
+    /// IMAGE, save it when its guest says it is ready (`wisp::ready`),
+    /// and print what was saved. `wisp run --from NAME` starts VMs from it.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["from", "detach", "count"])]
+    pub template: Option<String>,
+    /// Start the VM from template NAME (with wispd; no IMAGE): it goes on
+    /// from where the template's guest said it was ready.
+    #[arg(long, value_name = "NAME")]
+    pub from: Option<String>,
     /// Path of an image, the name of a bundled app, or an app's crate
-    /// directory (built first, as by `wisp build`).
+    /// directory (built first, as by `wisp build`). Not with --from.
+    #[arg(default_value = "", hide_default_value = true)]
     pub image: String,
     /// Arguments passed to the guest.
     #[arg(last = true)]
@@ -298,6 +308,11 @@ fn parse() -> Cli {
 /// `wisp run`: through wispd if it is there, else in this process.
 fn run(a: RunArgs, socket: &std::path::Path, t_main: u64) -> Result<(u8, Option<wisp_vmm::Vm>), String> {
     match a {
+        a if a.image.is_empty() && a.from.is_none() => Err("an IMAGE to run is needed (or --from TEMPLATE)".into()),
+        a if !a.image.is_empty() && a.from.is_some() => Err("--from starts a template's VM: give no IMAGE".into()),
+        a if (a.template.is_some() || a.from.is_some()) && wisp_api::client::Client::connect(socket).is_err() => {
+            Err(format!("templates are wispd's: --template and --from need it (cannot reach {})", socket.display()))
+        }
         a if a.net_rate.is_some() && a.tap.is_none() && !a.net && a.ports.is_empty() => {
             Err("--net-rate limits a NIC: give the VM one with --net, -p or --tap".into())
         }

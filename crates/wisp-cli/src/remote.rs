@@ -43,10 +43,26 @@ fn image_ref(image: &str) -> Result<String, String> {
 
 /// `wisp run` through the daemon.
 pub fn run(mut c: Client, a: &RunArgs, socket: &Path) -> Result<u8, String> {
+    if let Some(name) = &a.template {
+        let t = wisp_api::CreateTemplate {
+            name: name.clone(),
+            image: image_ref(&a.image)?,
+            args: a.args.clone(),
+            mem: a.mem,
+            timeout_ms: a.timeout.map(|t| t.as_millis() as u64),
+        };
+        let t = c.make_template(&t).map_err(err)?;
+        println!("template {}: {} KiB ({} KiB of memory), made in {:.1} ms", t.name, t.bytes >> 10, t.ram_bytes >> 10, t.made_us as f64 / 1e3);
+        return Ok(0);
+    }
     let over = |n| wisp_api::action::LimitError::Files(n as usize).to_string();
     let files = crate::guestio::files(a, wisp_api::MAX_FILE_BYTES as u64, &over)?.iter().map(|(p, d)| wisp_api::GuestFile::new(p, d)).collect();
     let req = CreateVm {
-        image: image_ref(&a.image)?,
+        image: match &a.from {
+            Some(t) => t.clone(),
+            None => image_ref(&a.image)?,
+        },
+        from: a.from.clone(),
         args: a.args.clone(),
         mem: a.mem,
         name: a.name.clone(),

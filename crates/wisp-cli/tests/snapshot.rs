@@ -145,3 +145,84 @@ fn a_snapshot_file_written_again_restores_its_new_contents() {
         assert!(d.wisp(&["kill", vm]).status.success());
     }
 }
+
+#[test]
+fn vms_start_from_a_template_where_its_guest_said_it_was_ready() {
+    let d = Daemon::start("template", &[]);
+    let mut c = d.client();
+    let o = d.wisp(&["run", "--template", "ctr", "counter", "--", "5", "10ms"]);
+    assert!(o.status.success(), "{}", out(&o));
+    assert!(out(&o).starts_with("template ctr: "), "{}", out(&o));
+    let listed = c.templates().unwrap();
+    assert_eq!((listed.len(), listed[0].name.as_str(), listed[0].image.as_str()), (1, "ctr", "counter"));
+    // Each VM from it counts from the start (the template was saved before
+    // the first tick), with the template's arguments, to the same end.
+    let want: String = (1..=5).map(|k| format!("count {k} sum {}\n", sum_after(k))).collect::<String>() + &format!("counter: done, sum {}\n", sum_after(5));
+    for _ in 0..2 {
+        let o = d.wisp(&["run", "--from", "ctr"]);
+        assert!(o.status.success(), "{}", out(&o));
+        assert_eq!(String::from_utf8_lossy(&o.stdout), want);
+    }
+    // The template's own VM exited once it was saved.
+    assert_eq!(c.wait(&listed[0].vm).unwrap().code, 0);
+    // An image that never says it is ready makes no template; nor does a
+    // bad name; a template that is not there starts nothing.
+    let o = d.wisp(&["run", "--template", "h", "hello"]);
+    assert!(!o.status.success() && out(&o).contains("without saying it is ready"), "{}", out(&o));
+    let o = d.wisp(&["run", "--template", "a/b", "counter"]);
+    assert!(!o.status.success() && out(&o).contains("invalid name 'a/b'"), "{}", out(&o));
+    let o = d.wisp(&["run", "--from", "nope"]);
+    assert!(!o.status.success() && out(&o).contains("no such template: nope"), "{}", out(&o));
+    let o = d.wisp(&["run", "--from", "ctr", "counter"]);
+    assert!(!o.status.success() && out(&o).contains("give no IMAGE"), "{}", out(&o));
+    c.remove_template("ctr").unwrap();
+    assert!(c.templates().unwrap().is_empty());
+    let o = d.wisp(&["run", "--from", "ctr"]);
+    assert!(!o.status.success() && out(&o).contains("no such template: ctr"), "{}", out(&o));
+}
+
+#[test]
+fn a_hundred_vms_from_one_template_share_its_pages() {
+    let d = Daemon::start("template-many", &["--pool", "16M=4"]);
+    let mut c = d.client();
+    // Asleep between ticks a minute apart: the instances stay.
+    assert!(d.wisp(&["run", "--template", "sleepy", "counter", "--", "1000", "60s"]).status.success());
+    let o = d.wisp(&["run", "-d", "--count", "100", "--from", "sleepy"]);
+    assert!(o.status.success(), "{}", out(&o));
+    let vms: Vec<_> = c.list().unwrap().into_iter().filter(|v| v.image == "sleepy" && v.state == wisp_api::VmState::Running).collect();
+    assert_eq!(vms.len(), 100);
+    for v in &vms {
+        wait_console(&mut c, &v.id, "count 1 ");
+    }
+    // The template's pages, mapped from one sealed memfd by every VMM
+    // process: resident in each, but each one's proportional share is a
+    // fraction of it.
+    let (mut rss, mut pss, mut private) = (0u64, 0u64, 0u64);
+    for v in &vms {
+        let smaps = std::fs::read_to_string(format!("/proc/{}/smaps", v.pid)).unwrap_or_default();
+        let mut in_snapshot = false;
+        for line in smaps.lines() {
+            // A mapping's header: "start-end perms offset dev inode [path]".
+            let header = line.split_whitespace().next().is_some_and(|t| t.contains('-') && t.chars().all(|c| c.is_ascii_hexdigit() || c == '-'));
+            if header {
+                in_snapshot = line.contains("/memfd:wisp-snapshot");
+            } else if in_snapshot {
+                let kb = |l: &str| l.split_whitespace().nth(1).and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+                if line.starts_with("Rss:") {
+                    rss += kb(line);
+                } else if line.starts_with("Pss:") {
+                    pss += kb(line);
+                } else if line.starts_with("Private_") {
+                    private += kb(line);
+                }
+            }
+        }
+    }
+    // What each guest wrote is its own (copy-on-write); the rest, most of
+    // the snapshot, is one copy: its proportional share is a sliver.
+    let shared = rss - private;
+    assert!(shared > rss / 2, "most snapshot pages copied: {private} KiB private of {rss} KiB");
+    assert!((pss - private) * 20 < shared, "snapshot pages not shared: Pss {pss} KiB, private {private} KiB, Rss {rss} KiB");
+    let o = d.wisp(&["rm", "-f", "--all"]);
+    assert!(o.status.success(), "{}", out(&o));
+}

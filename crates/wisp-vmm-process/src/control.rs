@@ -44,6 +44,8 @@ pub(crate) struct StartCmd {
     pub disks: Vec<wisp_vmm::BlockConfig>,
     /// A snapshot to restore instead of an image (a sealed memfd).
     pub snapshot: Option<OwnedFd>,
+    /// Make the VM a template: its snapshot goes here when it is ready.
+    pub template: Option<OwnedFd>,
 }
 
 /// What a pooled shell is asked to do with itself.
@@ -65,7 +67,7 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
             Some(Err(e)) => Reply::err(e.to_string()),
             None => Reply::err("preload needs the image descriptor"),
         },
-        Request::Start { image_name, preloaded, restore, args, timeout_ms, attach, net, uplink, family_limit, client_head, data, stdin, volumes } => {
+        Request::Start { image_name, preloaded, restore, args, timeout_ms, attach, net, uplink, family_limit, client_head, data, stdin, volumes, template } => {
             let mut fds = fds.into_iter();
             let first = if preloaded { None } else { fds.next() };
             if !preloaded && first.is_none() {
@@ -120,6 +122,14 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
                     }
                 }
             }
+            let template = match template.then(|| fds.next()) {
+                None => None,
+                Some(Some(fd)) => Some(fd),
+                Some(None) => {
+                    let _ = send_line(&conn, &Reply::err("a template needs its stream's descriptor"), None);
+                    return None;
+                }
+            };
             // Parsed again here (the daemon is not trusted blindly); its
             // pages are mapped copy-on-write from the shared memfd.
             match image_fd.map(|fd| Image::from_fd(&image_name, fd)).transpose() {
@@ -140,6 +150,7 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
                         stdin,
                         disks,
                         snapshot,
+                        template,
                     };
                     return Some((Pooled::Start(cmd), conn));
                 }

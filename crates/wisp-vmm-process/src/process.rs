@@ -154,6 +154,9 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
         if cmd.stdin {
             *shared.stdin.lock().unwrap() = Some(vm.attach_stdin());
         }
+        if let Some(fd) = cmd.template.take() {
+            vm.save_when_ready(Box::new(std::fs::File::from(fd)));
+        }
         let boot_us = t.elapsed().as_micros() as u64;
         // From here this is the vCPU thread: narrowed to a forking VM's
         // role before "ready"; a VM that cannot fork loses those calls too.

@@ -77,6 +77,11 @@ pub enum Request {
         /// read-only or not.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         volumes: Vec<bool>,
+        /// Make the VM a template: the very last descriptor is where its
+        /// snapshot goes (a pipe's write end) when its guest says it is
+        /// ready; the VM ends then.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        template: bool,
     },
     /// To a group VMM process (`wispd __worker --group N`): run one more VM
     /// of its own, `vm`, in its own KVM VM on a thread of its own. The

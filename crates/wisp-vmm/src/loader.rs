@@ -11,7 +11,7 @@ use crate::image::{Image, Segment};
 use crate::memory::GuestRam;
 
 /// The features of the ABI this monitor implements (`wisp_abi::features`).
-pub const FEATURES: u64 = wisp_abi::features::FORK | wisp_abi::features::FAMILY | wisp_abi::features::STDIO;
+pub const FEATURES: u64 = wisp_abi::features::FORK | wisp_abi::features::FAMILY | wisp_abi::features::STDIO | wisp_abi::features::READY;
 
 /// The image's declared features, if this monitor has them all.
 pub(crate) fn check_features(image: &Image) -> Result<u64> {

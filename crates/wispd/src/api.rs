@@ -205,7 +205,7 @@ fn status(e: &ActionError) -> u16 {
         GuestMemory { .. } => 507,
         BadMemory(_) | InvalidName(_) | GuestData(_) | Invalid(_) | BadImage(_) | StartRefused(_) | Pool(_) | Snapshot { .. } => 400,
         Limits(_) | TooManyCpus { .. } | MemoryBelowVm { .. } | NoCgroups => 400,
-        NotFound(_) | Gone(_) => 404,
+        NotFound(_) | Gone(_) | NoTemplate(_) => 404,
         // A host address that is not this host's cannot be listened on: the request was wrong.
         PortInUse { source, .. } if source.kind() == io::ErrorKind::AddrNotAvailable => 400,
         NameInUse(_) | Ambiguous(_) | Exited(_) | Running(_) | Refused(_) | Unreachable { .. } | PortInUse { .. } => 409,
@@ -252,6 +252,8 @@ fn route(d: &Daemon, req: &Request, w: &mut UnixStream, keep: bool, arrived: Ins
         Outcome::Exit(x) => json(w, 200, &x, keep),
         Outcome::Pool(p) => json(w, 200, &p, keep),
         Outcome::Snapshot(s) => json(w, 201, &s, keep),
+        Outcome::Template(t) => json(w, 201, &t, keep),
+        Outcome::Templates(t) => json(w, 200, &t, keep),
         Outcome::RemovedVms(r) => json(w, 200, &r, keep),
         Outcome::Removed => {
             http::write_response(w, 204, "application/json", b"", keep)?;

@@ -54,6 +54,14 @@ pub fn clock() -> (u64, u64) {
     (a.monotonic_ns, a.wall_ns)
 }
 
+/// Say the guest is ready (the `ready` hypercall): 0, or `-ENOSYS` if the
+/// image did not declare `features::READY`.
+pub fn ready() -> i64 {
+    let mut a = args::Ready::default();
+    call(Hypercall::Ready, &mut a);
+    a.ret
+}
+
 /// Park the vCPU for at most `timeout_ns` or until an event; returns the
 /// pending event bits.
 pub fn idle(timeout_ns: u64) -> u64 {

@@ -52,6 +52,21 @@ pub mod stdin;
 pub mod time;
 
 pub use process::{exit, ExitCode};
+
+/// Say the app is ready: what it did so far (loading, warming caches) is
+/// what every start needs again. A VM being made into a template (`wisp
+/// run --template`) is saved here, and each VM started from the template
+/// goes on from this call's return, in a fresh copy of the memory it had.
+/// Elsewhere the call does nothing. The image must declare it:
+/// `wisp::main!(main, wisp::Manifest::new().features(wisp::features::READY))`
+/// (else it returns `Err(ENOSYS)`). State every instance must have of its
+/// own (random seeds, identifiers) is made after it.
+pub fn ready() -> Result<(), i64> {
+    match hypercall::ready() {
+        0 => Ok(()),
+        e => Err(-e),
+    }
+}
 pub use wisp_abi as abi;
 pub use wisp_abi::features;
 /// The image manifest [`main!`] takes (`wisp_abi::manifest`).

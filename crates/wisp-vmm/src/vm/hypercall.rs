@@ -60,6 +60,7 @@ impl Vm {
             Hypercall::Fork => self.fork_call(gpa, declared),
             Hypercall::Family => self.family_call(gpa, declared, deadline),
             Hypercall::Stdio => self.stdio(gpa, declared, console),
+            Hypercall::Ready => self.ready(gpa, declared),
         }
     }
 

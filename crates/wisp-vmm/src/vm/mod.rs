@@ -86,6 +86,9 @@ pub struct Vm {
     first_flush: Option<(KickTimer, std::time::Duration)>,
     /// Standard input, if the embedder gave one ([`Vm::attach_stdin`]).
     stdin: Option<stdio::Stdin>,
+    /// Where a snapshot goes when the guest says it is ready: the VM is
+    /// being made into a template ([`Vm::save_when_ready`]).
+    on_ready: Option<crate::control::SaveSink>,
 }
 
 /// What the run loop saw at one exit, copied out of the `kvm_run` page.
@@ -226,6 +229,7 @@ impl Vm {
             keep: Vec::new(),
             first_flush: None,
             stdin: None,
+            on_ready: None,
         })
     }
 

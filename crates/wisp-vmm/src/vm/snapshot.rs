@@ -33,6 +33,39 @@ const CHUNK: usize = 256 << 10;
 const USER_FLAGS: u64 = 0x0cd5;
 
 impl Vm {
+    /// Make this VM a template: when its guest says it is ready (the
+    /// `ready` hypercall), write a snapshot of it to `sink` and end it
+    /// (exit status 0 once written, 1 if the snapshot failed). A guest
+    /// that never says so runs as any other.
+    pub fn save_when_ready(&mut self, sink: SaveSink) {
+        self.on_ready = Some(sink);
+    }
+
+    /// The `ready` hypercall.
+    pub(super) fn ready(&mut self, gpa: u64, declared: bool) -> super::hypercall::Served {
+        use wisp_abi::{args, Hypercall};
+        let hc = Hypercall::Ready;
+        let mut a: args::Ready = super::hypercall::read_block(&self.shell.ram, &self.user, hc, gpa, true)?;
+        if !declared {
+            a.ret = wisp_abi::errno::ENOSYS;
+            return super::hypercall::write_block(&self.shell.ram, hc, gpa, &a);
+        }
+        // The answer goes into guest RAM before the snapshot: instances
+        // see the call succeed.
+        a.ret = 0;
+        super::hypercall::write_block(&self.shell.ram, hc, gpa, &a)?;
+        let Some(mut sink) = self.on_ready.take() else { return Ok(None) };
+        let saved = self.write_snapshot(&mut sink).map_err(|e| e.to_string()).and_then(|_| sink.flush().map_err(|e| e.to_string()));
+        drop(sink);
+        match saved {
+            Ok(()) => Ok(Some(0)),
+            Err(e) => {
+                crate::sys::stderr_line(&format!("wisp-vmm: template snapshot: {e}"));
+                Ok(Some(1))
+            }
+        }
+    }
+
     /// Serve a snapshot asked for through the control block.
     pub(super) fn serve_save(&mut self, mut sink: SaveSink) {
         let t = Instant::now();

@@ -27,7 +27,17 @@ use crate::forward::Forward;
 /// A create's volumes, opened: (file, read-only) each.
 pub(super) type Vols = Vec<(std::os::fd::OwnedFd, bool)>;
 
-fn valid_name(n: &str) -> bool {
+/// What a create takes besides its request: volumes opened with the
+/// client's rights, a snapshot to restore, and where a template's
+/// snapshot goes (the write end of the daemon's pipe).
+#[derive(Default)]
+pub(super) struct Extras {
+    pub vols: Vols,
+    pub restore: Option<Arc<Restorable>>,
+    pub template: Option<std::os::fd::OwnedFd>,
+}
+
+pub(super) fn valid_name(n: &str) -> bool {
     !n.is_empty()
         && n.len() <= 64
         && n.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
@@ -102,8 +112,8 @@ impl Drop for Rollback<'_> {
 
 impl Daemon {
     /// Create and start a VM.
-    pub(super) fn create(&self, req: CreateVm, arrived: Instant, vols: Vols, restore: Option<Arc<Restorable>>) -> Result<VmInfo, ActionError> {
-        self.create_inner(req, Attach::No, arrived, vols, restore).map(|(info, _)| info)
+    pub(super) fn create(&self, req: CreateVm, arrived: Instant, extras: Extras) -> Result<VmInfo, ActionError> {
+        self.create_inner(req, Attach::No, arrived, extras).map(|(info, _)| info)
     }
 
     /// Create and start a VM whose console streams to the API client on
@@ -112,8 +122,8 @@ impl Daemon {
     /// id, then the console as HTTP chunks until the VM ends) with no hop
     /// through the daemon. On an error nothing has been written to
     /// `client`: the caller answers it.
-    pub(super) fn create_handed_over(&self, req: CreateVm, arrived: Instant, client: &UnixStream, vols: Vols, restore: Option<Arc<Restorable>>) -> Result<VmInfo, ActionError> {
-        self.create_inner(req, Attach::Client(client), arrived, vols, restore).map(|(info, _)| info)
+    pub(super) fn create_handed_over(&self, req: CreateVm, arrived: Instant, client: &UnixStream, extras: Extras) -> Result<VmInfo, ActionError> {
+        self.create_inner(req, Attach::Client(client), arrived, extras).map(|(info, _)| info)
     }
 
     /// Create and start a VM and answer once its console has printed its
@@ -124,10 +134,10 @@ impl Daemon {
     /// until it comes, the VM ends (its end of the stream closes) or
     /// [`FIRST_LINE_DEADLINE`] after `arrived` passes; the stream is then
     /// closed, which the VMM process takes as a reader gone.
-    pub(super) fn create_wait_line(&self, req: CreateVm, arrived: Instant, vols: Vols, restore: Option<Arc<Restorable>>) -> Result<VmInfo, ActionError> {
+    pub(super) fn create_wait_line(&self, req: CreateVm, arrived: Instant, extras: Extras) -> Result<VmInfo, ActionError> {
         // The pool's refill waits for the first line too.
         let _busy = self.pool.busy();
-        let (info, stream) = self.create_inner(req, Attach::Daemon, arrived, vols, restore)?;
+        let (info, stream) = self.create_inner(req, Attach::Daemon, arrived, extras)?;
         let mut stream = stream.expect("attached start returns its stream");
         let line_at = match first_line(&mut stream, arrived + FIRST_LINE_DEADLINE) {
             Ok(at) => at,
@@ -156,7 +166,8 @@ impl Daemon {
 
     /// A create: of `req.image`, or of the snapshot `restore` (read and
     /// checked from `req.restore`).
-    fn create_inner(&self, req: CreateVm, attach: Attach<'_>, arrived: Instant, vols: Vols, restore: Option<Arc<Restorable>>) -> Result<(VmInfo, Option<BufReader<UnixStream>>), ActionError> {
+    fn create_inner(&self, req: CreateVm, attach: Attach<'_>, arrived: Instant, extras: Extras) -> Result<(VmInfo, Option<BufReader<UnixStream>>), ActionError> {
+        let Extras { vols, restore, template } = extras;
         let mem = match &restore {
             Some(r) => r.snap.header.mem_size,
             None => req.mem.unwrap_or(DEFAULT_MEM),
@@ -309,6 +320,7 @@ impl Daemon {
                 image_name: image.as_ref().map_or_else(|| "snapshot".into(), |i| i.image.name.clone()),
                 preloaded,
                 restore: restore.is_some(),
+                template: template.is_some(),
                 args: req.args,
                 timeout_ms: req.timeout_ms,
                 attach: matches!(attach, Attach::Daemon),
@@ -336,6 +348,7 @@ impl Daemon {
         }
         fds.extend(data.as_ref().map(|d| d.as_fd()));
         fds.extend(vols.iter().map(|(f, _)| f.as_fd()));
+        fds.extend(template.as_ref().map(|t| t.as_fd()));
         let sent_ns = wisp_vmm_process::monotonic_ns();
         let arrived_ns = sent_ns.saturating_sub(arrived.elapsed().as_nanos() as u64);
         let sent = super::process::send_to_shell(session, &dir, &start, &fds);

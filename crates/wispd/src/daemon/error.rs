@@ -120,6 +120,9 @@ pub enum ActionError {
     /// The guest memory the daemon admits is taken.
     #[error("not enough guest memory: {} asked, {} of {} in use (wispd --max-guest-memory)", Size(*asked), Size(*used), Size(*max))]
     GuestMemory { asked: u64, used: u64, max: u64 },
+    /// No template has this name.
+    #[error("no such template: {0}")]
+    NoTemplate(String),
     /// A snapshot file cannot be written, read or used (its path and why).
     #[error("snapshot {path}: {why}")]
     Snapshot { path: String, why: String },

@@ -54,6 +54,7 @@ mod record;
 mod remove;
 mod snapshot;
 mod table;
+mod template;
 mod uids;
 mod watch;
 
@@ -116,6 +117,10 @@ pub enum Outcome {
     Pool(PoolInfo),
     /// A snapshot taken.
     Snapshot(wisp_api::SnapshotInfo),
+    /// A template made.
+    Template(wisp_api::TemplateInfo),
+    /// Every template.
+    Templates(Vec<wisp_api::TemplateInfo>),
 }
 
 /// Why the daemon could not start.
@@ -221,15 +226,26 @@ impl Daemon {
             Action::ListVms => Outcome::Vms(self.vms.lock().list()),
             Action::CreateVm { vm, attach, wait_line } => {
                 let vols = guestdata::volumes(&vm, client)?;
-                let restore = vm.restore.as_deref().map(|p| self.restorable(p, client)).transpose()?;
+                let restore = match (&vm.restore, &vm.from) {
+                    (Some(p), _) => Some(self.restorable(p, client)?),
+                    (None, Some(t)) => Some(self.template_snapshot(t)?),
+                    (None, None) => None,
+                };
+                let extras = create::Extras { vols, restore, template: None };
                 match (attach, wait_line) {
-                    (false, false) => Outcome::Created(self.create(vm, arrived, vols, restore)?),
-                    (false, true) => Outcome::Created(self.create_wait_line(vm, arrived, vols, restore)?),
+                    (false, false) => Outcome::Created(self.create(vm, arrived, extras)?),
+                    (false, true) => Outcome::Created(self.create_wait_line(vm, arrived, extras)?),
                     (true, _) => {
-                        self.create_handed_over(vm, arrived, client, vols, restore)?;
+                        self.create_handed_over(vm, arrived, client, extras)?;
                         Outcome::HandedOver
                     }
                 }
+            }
+            Action::MakeTemplate(t) => Outcome::Template(self.make_template(t, arrived)?),
+            Action::ListTemplates => Outcome::Templates(self.templates()?),
+            Action::RemoveTemplate(name) => {
+                self.remove_template(&name)?;
+                Outcome::Removed
             }
             Action::GetVm(vm) => Outcome::Vm(self.get(&vm)?),
             Action::PauseVm(vm) => Outcome::Vm(self.pause(&vm, true)?),

@@ -128,6 +128,20 @@ impl Daemon {
         let fail = |why: String| ActionError::Snapshot { path: path.to_string(), why };
         let peer = crate::access::peer(client.as_fd()).map_err(|e| fail(format!("the client's credentials: {e}")))?;
         let file = crate::access::open_as(&peer, Path::new(path), false).map_err(|e| fail(format!("{e} (opened with the client's rights, uid {})", peer.uid)))?;
+        self.checked(file, path)
+    }
+
+    /// A snapshot file of the daemon's own (a template's) for a start.
+    pub(super) fn restorable_own(&self, path: &Path) -> Result<Arc<Restorable>, ActionError> {
+        let shown = path.display().to_string();
+        let file = File::open(path).map_err(|e| ActionError::Snapshot { path: shown.clone(), why: e.to_string() })?;
+        self.checked(file, &shown)
+    }
+
+    /// `file` (named `path` in errors) checked whole and copied into a
+    /// sealed memfd, or as it was checked before (same identity).
+    fn checked(&self, file: File, path: &str) -> Result<Arc<Restorable>, ActionError> {
+        let fail = |why: String| ActionError::Snapshot { path: path.to_string(), why };
         let m = file.metadata().map_err(|e| fail(e.to_string()))?;
         let key = (m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec());
         if let Some(hit) = self.snapshots.get(&key) {

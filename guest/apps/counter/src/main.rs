@@ -3,7 +3,9 @@
 //! the heap (4 KiB more RAM) and prints `count K sum S`, S being the sum of
 //! the whole vector read back: a VM that is snapshotted and restored part
 //! way goes on from its count, and its sums say its memory came back
-//! whole. Ends with `counter: done, sum S` and exit status 0.
+//! whole. Ends with `counter: done, sum S` and exit status 0. It says it
+//! is ready (`wisp::ready`) before the first tick: a template of it is
+//! saved there.
 #![no_std]
 #![no_main]
 
@@ -14,7 +16,7 @@ use core::time::Duration;
 
 use wisp::time::parse_duration;
 
-wisp::main!(main);
+wisp::main!(main, wisp::Manifest::new().features(wisp::features::READY));
 
 /// Entries added per tick (4 KiB).
 const PER_TICK: u64 = 512;
@@ -30,6 +32,9 @@ fn main() -> i32 {
         Some(Some(d)) => d,
         Some(None) => return usage(),
     };
+    // Made into a template (`wisp run --template`), the VM is saved here:
+    // its instances count from here on.
+    let _ = wisp::ready();
     let mut squares: Vec<u64> = Vec::new();
     let sum = wisp::exec::block_on(async move {
         for k in 1..=ticks {
