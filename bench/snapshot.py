@@ -11,6 +11,8 @@ client clock, median:
   also the time the VM was held (`held_us`);
 - restore: `POST /v1/vms` with `restore` until the answer (201), which the
   VMM process sends at the restored guest's first exit;
+- template: `POST /v1/vms` with `from` (a template of the same counter,
+  saved where it says it is ready) until the answer, likewise;
 - warm boot: `POST /v1/vms` of `counter` from the pool (the image loaded
   ahead) until the answer (201), which the VMM process sends at the
   guest's first exit: the same start and stop points.
@@ -61,9 +63,10 @@ def remove(api, vm_id):
 
 
 def measure(d, api, snap_dir, reps):
-    """Save, restore and warm boot, REPS times each: lists of ms."""
+    """Save, restore, a start from a template and a warm boot, REPS times
+    each: lists of ms."""
     _, target = timed(api, "POST", "/v1/vms?wait_line=true", COUNTER, 201)
-    save, held, restore, warm = [], [], [], []
+    save, held, restore, template, warm = [], [], [], [], []
     path = os.path.join(snap_dir, "counter.snap")
     for _ in range(reps):
         t, r = timed(api, "POST", "/v1/vms/%s/snapshot" % target["id"], {"path": path}, 201)
@@ -74,13 +77,21 @@ def measure(d, api, snap_dir, reps):
         t, vm = timed(api, "POST", "/v1/vms", {"image": "counter.snap", "restore": path}, 201)
         restore.append(t)
         remove(api, vm["id"])
+    d.wait_pool(api, POOL)
+    timed(api, "POST", "/v1/templates", dict(COUNTER, name="bench"), 201)
+    for _ in range(reps):
+        d.wait_pool(api, POOL)
+        t, vm = timed(api, "POST", "/v1/vms", {"image": "bench", "from": "bench"}, 201)
+        template.append(t)
+        remove(api, vm["id"])
     for _ in range(reps):
         d.wait_pool(api, POOL)
         t, vm = timed(api, "POST", "/v1/vms", COUNTER, 201)
         warm.append(t)
         remove(api, vm["id"])
     remove(api, target["id"])
-    return {"save_ms": save, "held_ms": held, "restore_ms": restore, "warm_boot_ms": warm, "snapshot_bytes": os.path.getsize(path)}
+    return {"save_ms": save, "held_ms": held, "restore_ms": restore, "template_ms": template, "warm_boot_ms": warm,
+            "snapshot_bytes": os.path.getsize(path)}
 
 
 def plot(doc, png):
@@ -94,7 +105,8 @@ def plot(doc, png):
     xs = [r["vms"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4))
     for key, label in (("save_ms", "save (API, file written)"), ("held_ms", "save: VM held"),
-                       ("restore_ms", "restore (API, until the guest runs)"), ("warm_boot_ms", "warm boot (API, same stop point)")):
+                       ("restore_ms", "restore (API, until the guest runs)"), ("template_ms", "start from a template (same)"),
+                       ("warm_boot_ms", "warm boot (API, same stop point)")):
         ax.plot(xs, [r[key]["median"] for r in rows], "o-", label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -137,8 +149,9 @@ def main():
             row = {"vms": n, "snapshot_bytes": m.pop("snapshot_bytes")}
             row.update({k: common.summary(v) for k, v in m.items()})
             rows.append(row)
-            log("[snapshot] %4d VMs: save %.2f ms (held %.2f), restore %.2f ms, warm boot %.2f ms" % (
-                n, row["save_ms"]["median"], row["held_ms"]["median"], row["restore_ms"]["median"], row["warm_boot_ms"]["median"]))
+            log("[snapshot] %4d VMs: save %.2f ms (held %.2f), restore %.2f ms, template %.2f ms, warm boot %.2f ms" % (
+                n, row["save_ms"]["median"], row["held_ms"]["median"], row["restore_ms"]["median"], row["template_ms"]["median"],
+                row["warm_boot_ms"]["median"]))
     finally:
         d.stop()
     worst = lambda k: max(r[k]["median"] for r in rows)  # noqa: E731
@@ -151,6 +164,7 @@ def main():
             "save_ms": worst("save_ms"),
             "restore_ms": worst("restore_ms"),
             "restore_vs_warm_boot": max(r["restore_ms"]["median"] / r["warm_boot_ms"]["median"] for r in rows),
+            "template_vs_warm_boot": max(r["template_ms"]["median"] / r["warm_boot_ms"]["median"] for r in rows),
         },
         "ratios_note": "the worst median over the VM counts; migrate_ms and migrate_downtime_ms: migration is not built yet",
         "targets": {"save_ms": 3, "restore_ms": 1, "lightvm_save_ms": 30, "lightvm_restore_ms": 20},

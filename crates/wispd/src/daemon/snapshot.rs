@@ -45,10 +45,13 @@ type FileKey = (u64, u64, u64, i64, i64);
 const CACHE_ENTRIES: usize = 64;
 const CACHE_BYTES: u64 = 1 << 30;
 
+/// Checked snapshots by file identity, with when each was last used.
+type Entries = std::collections::HashMap<FileKey, (Arc<Restorable>, u64)>;
+
 /// Checked snapshots by file identity, the least recently used going first.
 #[derive(Default)]
 pub(super) struct SnapshotCache {
-    inner: std::sync::Mutex<(u64, std::collections::HashMap<FileKey, (Arc<Restorable>, u64)>)>,
+    inner: std::sync::Mutex<(u64, Entries)>,
 }
 
 impl SnapshotCache {
@@ -67,7 +70,7 @@ impl SnapshotCache {
         c.0 += 1;
         let tick = c.0;
         c.1.insert(key, (r, tick));
-        let bytes = |m: &std::collections::HashMap<FileKey, (Arc<Restorable>, u64)>| m.values().map(|(r, _)| r.snap.header.file_len).sum::<u64>();
+        let bytes = |m: &Entries| m.values().map(|(r, _)| r.snap.header.file_len).sum::<u64>();
         while c.1.len() > CACHE_ENTRIES || (c.1.len() > 1 && bytes(&c.1) > CACHE_BYTES) {
             let Some(oldest) = c.1.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| *k) else { break };
             c.1.remove(&oldest);
