@@ -200,7 +200,7 @@ impl std::fmt::Display for InvalidCreate {
             InvalidCreate::AttachAndWaitLine => "attach and wait_line do not go together: the console stream starts at once",
             InvalidCreate::Tenant => "invalid tenant: use 1-64 of [A-Za-z0-9_.-], not starting with '-' or '.'",
             InvalidCreate::RestoreWith(what) => return write!(f, "restore takes no {what}: a restored VM has its snapshot's memory and devices"),
-            InvalidCreate::RestorePath => "restore: the snapshot's path must be absolute",
+            InvalidCreate::RestorePath => "restore: the snapshots' paths must be absolute (and at most 64 bases)",
         })
     }
 }
@@ -229,6 +229,9 @@ impl CreateVm {
         }
         if let Some(path) = self.restore.as_ref().or(self.from.as_ref()) {
             if self.restore.is_some() && (!path.starts_with('/') || path.contains('\0')) {
+                return Err(InvalidCreate::RestorePath);
+            }
+            if self.bases.iter().any(|b| !b.starts_with('/') || b.contains('\0')) || self.bases.len() > 64 {
                 return Err(InvalidCreate::RestorePath);
             }
             let given = [
@@ -427,7 +430,7 @@ mod tests {
             f(&mut c);
             c.check().unwrap_err().to_string()
         };
-        assert_eq!(bad(&|c| c.restore = Some("a.snap".into())), "restore: the snapshot's path must be absolute");
+        assert_eq!(bad(&|c| c.restore = Some("a.snap".into())), "restore: the snapshots' paths must be absolute (and at most 64 bases)");
         assert_eq!(bad(&|c| c.mem = Some(32 << 20)), "restore takes no mem: a restored VM has its snapshot's memory and devices");
         assert!(bad(&|c| c.net = true).contains("no NIC"));
         assert!(bad(&|c| c.env = vec!["A=1".into()]).contains("no environment"));
@@ -464,6 +467,7 @@ mod tests {
             volumes: vec![crate::Volume { path: "/v.img".into(), read_only: true }],
             restore: None,
             from: None,
+            bases: Vec::new(),
         };
         assert_eq!(check_limits(&create), Ok(()));
         assert_eq!(create.files[0].bytes().unwrap(), b"\x00\xffbytes");
@@ -495,8 +499,8 @@ mod tests {
             Action::RemoveVm { vm: "abc".into(), force: true, family: true },
             Action::RemoveVms(RemoveVms { vms: vec!["abc".into(), "web".into()], force: true }),
             Action::RemoveVms(RemoveVms::default()),
-            Action::SnapshotVm { vm: "abc".into(), body: SnapshotVm { path: "/tmp/a.snap".into(), stop: false } },
-            Action::SnapshotVm { vm: "abc".into(), body: SnapshotVm { path: "/tmp/a.snap".into(), stop: true } },
+            Action::SnapshotVm { vm: "abc".into(), body: SnapshotVm { path: "/tmp/a.snap".into(), stop: false, incremental: false } },
+            Action::SnapshotVm { vm: "abc".into(), body: SnapshotVm { path: "/tmp/a.snap".into(), stop: true, incremental: true } },
             Action::MakeTemplate(CreateTemplate { name: "t".into(), image: "counter".into(), args: vec!["1".into()], mem: Some(32 << 20), timeout_ms: Some(5) }),
             Action::ListTemplates,
             Action::RemoveTemplate("t".into()),

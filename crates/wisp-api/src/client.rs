@@ -148,7 +148,12 @@ impl Client {
     /// `POST /v1/vms/{id}/snapshot`: save the VM into `path` (it goes on
     /// unless `stop`).
     pub fn snapshot(&mut self, id: &str, path: &str, stop: bool) -> Result<crate::SnapshotInfo> {
-        self.call(&Action::SnapshotVm { vm: id.into(), body: crate::SnapshotVm { path: path.into(), stop } })
+        self.snapshot_with(id, &crate::SnapshotVm { path: path.into(), stop, incremental: false })
+    }
+
+    /// `POST /v1/vms/{id}/snapshot` with every option.
+    pub fn snapshot_with(&mut self, id: &str, body: &crate::SnapshotVm) -> Result<crate::SnapshotInfo> {
+        self.call(&Action::SnapshotVm { vm: id.into(), body: body.clone() })
     }
 
     /// `POST /v1/templates`: make a template.

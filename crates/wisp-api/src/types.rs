@@ -82,6 +82,10 @@ pub struct CreateVm {
     /// was saved, with its memory size (`image` is only its label then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<String>,
+    /// The snapshots `restore` is laid over when it is incremental, oldest
+    /// (a full one) first, each the base of the next (absolute paths).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bases: Vec<String>,
     /// Start from the template of this name (`POST /v1/templates`) instead
     /// of booting `image`: as `restore`, from the daemon's own snapshot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -399,6 +403,10 @@ pub struct SnapshotVm {
     /// Stop the VM once it is saved (else it goes on).
     #[serde(default, skip_serializing_if = "is_false")]
     pub stop: bool,
+    /// Only the pages written since the VM's last snapshot through this
+    /// daemon (its base, named in the file): restore it with its bases.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub incremental: bool,
 }
 
 /// A snapshot taken.
@@ -417,6 +425,9 @@ pub struct SnapshotInfo {
     pub took_us: u64,
     /// SHA-256 of the file (hex), as its header holds it.
     pub digest: String,
+    /// An incremental snapshot's base (hex).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
 }
 
 /// `POST /v1/templates`: boot `image` and save it when its guest says it is

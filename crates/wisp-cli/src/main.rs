@@ -219,6 +219,10 @@ enum Cmd {
         /// Stop the VM once it is saved.
         #[arg(long)]
         stop: bool,
+        /// Only the pages written since the VM's last snapshot (restore it
+        /// with `wisp restore --base LAST ... FILE`).
+        #[arg(long)]
+        incremental: bool,
         /// VM id or name.
         vm: String,
         /// The snapshot file to write (created with your rights, mode 0600).
@@ -230,6 +234,10 @@ enum Cmd {
         /// Name the new VM.
         #[arg(long)]
         name: Option<String>,
+        /// A snapshot FILE is laid over when it is incremental: its full
+        /// base first, then each increment before FILE (repeatable).
+        #[arg(long = "base", value_name = "SNAPSHOT")]
+        bases: Vec<PathBuf>,
         /// The snapshot file.
         file: PathBuf,
     },

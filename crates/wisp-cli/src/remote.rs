@@ -63,6 +63,7 @@ pub fn run(mut c: Client, a: &RunArgs, socket: &Path) -> Result<u8, String> {
             None => image_ref(&a.image)?,
         },
         from: a.from.clone(),
+        bases: Vec::new(),
         args: a.args.clone(),
         mem: a.mem,
         name: a.name.clone(),
@@ -357,15 +358,17 @@ pub fn manage(socket: &Path, cmd: Cmd) -> Result<u8, String> {
             }
             Ok(0)
         }
-        Cmd::Snapshot { stop, vm, file } => {
+        Cmd::Snapshot { stop, incremental, vm, file } => {
             let path = std::path::absolute(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-            let s = c.snapshot(&vm, &path.display().to_string(), stop).map_err(err)?;
+            let s = c.snapshot_with(&vm, &wisp_api::SnapshotVm { path: path.display().to_string(), stop, incremental }).map_err(err)?;
             println!("{}: {} bytes ({} KiB of memory), the VM held {} µs", s.path, s.bytes, s.ram_bytes >> 10, s.held_us);
             Ok(0)
         }
-        Cmd::Restore { name, file } => {
-            let path = std::path::absolute(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-            let req = CreateVm { image: path.display().to_string(), name, restore: Some(path.display().to_string()), ..Default::default() };
+        Cmd::Restore { name, bases, file } => {
+            let abs = |f: &std::path::PathBuf| std::path::absolute(f).map(|p| p.display().to_string()).map_err(|e| format!("{}: {e}", f.display()));
+            let path = abs(&file)?;
+            let bases = bases.iter().map(abs).collect::<Result<Vec<_>, _>>()?;
+            let req = CreateVm { image: path.clone(), name, restore: Some(path), bases, ..Default::default() };
             let vm = c.create(&req).map_err(err)?;
             println!("{}", vm.id);
             Ok(0)

@@ -226,3 +226,35 @@ fn a_hundred_vms_from_one_template_share_its_pages() {
     let o = d.wisp(&["rm", "-f", "--all"]);
     assert!(o.status.success(), "{}", out(&o));
 }
+
+#[test]
+fn an_incremental_snapshot_restores_over_its_base() {
+    let d = Daemon::start("snapshot-inc", &[]);
+    let mut c = d.client();
+    assert!(d.wisp(&["run", "-d", "--name", "c", "counter", "--", "100000", "20ms"]).status.success());
+    wait_console(&mut c, "c", "count 2 ");
+    let (base, inc) = (d.dir.join("base.snap"), d.dir.join("inc.snap"));
+    // None to build on yet.
+    let o = d.wisp(&["snapshot", "--incremental", "c", inc.to_str().unwrap()]);
+    assert!(!o.status.success() && out(&o).contains("needs an earlier one"), "{}", out(&o));
+    assert!(d.wisp(&["snapshot", "c", base.to_str().unwrap()]).status.success());
+    wait_console(&mut c, "c", "count 30 ");
+    let o = d.wisp(&["snapshot", "--incremental", "c", inc.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", out(&o));
+    let (b, i) = (std::fs::metadata(&base).unwrap().len(), std::fs::metadata(&inc).unwrap().len());
+    // Over its base: on from count 30 at least, the memory whole.
+    let o = d.wisp(&["restore", "--name", "r", "--base", base.to_str().unwrap(), inc.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", out(&o));
+    let text = eventually(Duration::from_secs(10), || "no count from r".into(), || Some(console(&mut c, "r")).filter(|t| t.contains("count ")));
+    let k = first_count(&text);
+    assert!(k >= 30, "restored at {k}: {text}");
+    wait_console(&mut c, "r", &format!("count {} sum {}", k + 1, sum_after(k + 1)));
+    // Alone it is refused, as is a chain in the wrong order.
+    let o = d.wisp(&["restore", inc.to_str().unwrap()]);
+    assert!(!o.status.success() && out(&o).contains("needs its base"), "{}", out(&o));
+    let o = d.wisp(&["restore", "--base", inc.to_str().unwrap(), base.to_str().unwrap()]);
+    assert!(!o.status.success() && out(&o).contains("needs its base"), "{} (base {b} B, increment {i} B)", out(&o));
+    for vm in ["c", "r"] {
+        assert!(d.wisp(&["kill", vm]).status.success());
+    }
+}

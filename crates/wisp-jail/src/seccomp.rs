@@ -77,6 +77,9 @@ pub mod kvm {
     pub const GET_TSC_KHZ: u64 = 0xaea3;
     /// Bind an eventfd to a port (device doorbells), at load time.
     pub const IOEVENTFD: u64 = 0x4040_ae79;
+    /// The pages the guest wrote since the last call (incremental
+    /// snapshots).
+    pub const GET_DIRTY_LOG: u64 = 0x4010_ae42;
 }
 
 /// `ioctl`s on vCPU and VM descriptors a running VM uses.
@@ -93,6 +96,7 @@ const KVM_RUNNING: &[u64] = &[
     kvm::GET_TSC_KHZ,
     kvm::SET_USER_MEMORY_REGION,
     kvm::IOEVENTFD,
+    kvm::GET_DIRTY_LOG,
 ];
 /// `ioctl`s that make a forked child's VM: the only ones allowed on the
 /// `/dev/kvm` descriptor a forking VM keeps.

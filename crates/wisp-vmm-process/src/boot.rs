@@ -37,16 +37,21 @@ pub fn load(shell: Shell, boot: Boot<'_>) -> wisp_vmm::Result<Vm> {
     Ok(vm)
 }
 
-/// Restore the snapshot in `fd` (a sealed memfd from the daemon, read and
-/// checked again here: the daemon is not trusted blindly) into the
+/// Restore the snapshot chain in `chain` (sealed memfds from the daemon,
+/// oldest first: a full snapshot and the incremental ones over it; read
+/// and checked again here: the daemon is not trusted blindly) into the
 /// prepared `shell`, with `devices` (the snapshot's: same kinds, same
 /// order); the VM is ready to run on from where it was saved.
-pub fn restore(shell: Shell, fd: &std::os::fd::OwnedFd, devices: Vec<Box<dyn Device>>, family: FamilyOptions) -> wisp_vmm::Result<Vm> {
+pub fn restore(shell: Shell, chain: &[std::os::fd::OwnedFd], devices: Vec<Box<dyn Device>>, family: FamilyOptions) -> wisp_vmm::Result<Vm> {
     use std::os::fd::AsFd;
-    let file = std::fs::File::from(fd.try_clone().map_err(|e| wisp_vmm::Error::Host("the snapshot's descriptor", e))?);
-    // The daemon checked the digest; the head is parsed again (cheap).
-    let snap = wisp_vmm::snapshot::Snapshot::read(&file, false)?;
-    let mut vm = shell.restore(&snap, fd.as_fd(), devices)?;
+    let mut snaps = Vec::with_capacity(chain.len());
+    for fd in chain {
+        let file = std::fs::File::from(fd.try_clone().map_err(|e| wisp_vmm::Error::Host("the snapshot's descriptor", e))?);
+        // The daemon checked the digests; the heads are parsed again (cheap).
+        snaps.push(wisp_vmm::snapshot::Snapshot::read(&file, false)?);
+    }
+    let pairs: Vec<_> = snaps.iter().zip(chain).map(|(s, fd)| (s, fd.as_fd())).collect();
+    let mut vm = shell.restore_chain(&pairs, devices)?;
     vm.set_family_options(family);
     Ok(vm)
 }

@@ -44,6 +44,8 @@ pub(crate) struct StartCmd {
     pub disks: Vec<wisp_vmm::BlockConfig>,
     /// A snapshot to restore instead of an image (a sealed memfd).
     pub snapshot: Option<OwnedFd>,
+    /// Its bases if it is incremental, oldest first.
+    pub bases: Vec<OwnedFd>,
     /// Make the VM a template: its snapshot goes here when it is ready.
     pub template: Option<OwnedFd>,
 }
@@ -67,7 +69,7 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
             Some(Err(e)) => Reply::err(e.to_string()),
             None => Reply::err("preload needs the image descriptor"),
         },
-        Request::Start { image_name, preloaded, restore, args, timeout_ms, attach, net, uplink, family_limit, client_head, data, stdin, volumes, template } => {
+        Request::Start { image_name, preloaded, restore, bases, args, timeout_ms, attach, net, uplink, family_limit, client_head, data, stdin, volumes, template } => {
             let mut fds = fds.into_iter();
             let first = if preloaded { None } else { fds.next() };
             if !preloaded && first.is_none() {
@@ -75,6 +77,17 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
                 return None;
             }
             let (image_fd, snapshot) = if restore { (None, first) } else { (first, None) };
+            // An incremental snapshot's bases, oldest first.
+            let mut chain = Vec::new();
+            for i in 0..if restore { bases } else { 0 } {
+                match fds.next() {
+                    Some(fd) => chain.push(fd),
+                    None => {
+                        let _ = send_line(&conn, &Reply::err(format!("base {i} of the snapshot needs its descriptor")), None);
+                        return None;
+                    }
+                }
+            }
             let net = match (net.is_some().then(|| fds.next()).flatten(), net) {
                 (_, None) => None,
                 (Some(tap), Some(n)) => Some(n.into_config(tap)),
@@ -150,6 +163,7 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
                         stdin,
                         disks,
                         snapshot,
+                        bases: chain,
                         template,
                     };
                     return Some((Pooled::Start(cmd), conn));
@@ -164,7 +178,7 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
             let _ = send_line(&conn, &Reply::ok(WorkerState::Pooled), None);
             std::process::exit(0)
         }
-        Request::Pause | Request::Resume | Request::Stop { .. } | Request::Kill | Request::Wait | Request::Uplink | Request::Snapshot => {
+        Request::Pause | Request::Resume | Request::Stop { .. } | Request::Kill | Request::Wait | Request::Uplink | Request::Snapshot { .. } => {
             Reply::err("the VM has not been started")
         }
         Request::Host { .. } => Reply::err(NOT_A_GROUP),
@@ -322,7 +336,7 @@ fn serve_request(shared: &Arc<Shared>, conn: UnixStream, park_waits: bool) -> Op
     let r = match req {
         Request::Uplink => send_line(&reply_conn, &uplink(shared, fds), None),
         Request::Stdin => send_line(&reply_conn, &stdin(shared, fds), None),
-        Request::Snapshot => send_line(&reply_conn, &snapshot(shared, fds), None),
+        Request::Snapshot { incremental } => send_line(&reply_conn, &snapshot(shared, fds, incremental), None),
         req => serve(shared, reply_conn, req),
     };
     shared.release_conn();
@@ -335,7 +349,7 @@ const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A snapshot of the VM into the descriptor passed (a pipe's write end,
 /// closed when it is written: the reader sees its end).
-fn snapshot(shared: &Arc<Shared>, fds: Vec<OwnedFd>) -> Reply {
+fn snapshot(shared: &Arc<Shared>, fds: Vec<OwnedFd>, incremental: bool) -> Reply {
     let Some(fd) = fds.into_iter().next() else {
         return Reply::err("a snapshot needs its stream's descriptor");
     };
@@ -345,7 +359,7 @@ fn snapshot(shared: &Arc<Shared>, fds: Vec<OwnedFd>) -> Reply {
     if shared.exited() {
         return Reply::err("the VM has exited");
     }
-    match control.save(Box::new(File::from(fd)), SNAPSHOT_TIMEOUT) {
+    match control.save_with(Box::new(File::from(fd)), incremental, SNAPSHOT_TIMEOUT) {
         Ok(s) => {
             let mut r = shared.state.lock().unwrap().status();
             r.saved = Some([s.bytes, s.ram_bytes, s.held_us]);
@@ -491,7 +505,7 @@ fn serve(shared: &Arc<Shared>, conn: UnixStream, req: Request) -> io::Result<()>
         }
         Request::ProbeOpen { path } => probe_open(&path),
         Request::Uplink => Reply::err("uplink needs its descriptor"),
-        Request::Snapshot => Reply::err("a snapshot needs its stream's descriptor"),
+        Request::Snapshot { .. } => Reply::err("a snapshot needs its stream's descriptor"),
     };
     send_line(&conn, &reply, None)
 }

@@ -140,7 +140,11 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
                 let boot = Boot { image, args: &cmd.args, net: cmd.net.take(), data: cmd.data.take(), disks: std::mem::take(&mut cmd.disks), family };
                 boot::load(shell, boot)
             }
-            (None, Some(fd)) => boot::restore(shell, fd, Vec::new(), family),
+            (None, Some(fd)) => {
+                let mut chain = std::mem::take(&mut cmd.bases);
+                chain.push(fd.try_clone().expect("a descriptor to duplicate"));
+                boot::restore(shell, &chain, Vec::new(), family)
+            }
             (None, None) => unreachable!("an image or a snapshot"),
         };
         drop(restored);

@@ -43,6 +43,10 @@ pub enum Request {
         /// instead of an image: the VM goes on from it (`args` unused).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         restore: bool,
+        /// An incremental snapshot's bases: this many more descriptors
+        /// right after it, oldest (a full snapshot) first.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        bases: u32,
         args: Vec<String>,
         timeout_ms: Option<u64>,
         #[serde(default)]
@@ -134,8 +138,12 @@ pub enum Request {
     /// and only for a VM started with `stdin`.
     Stdin,
     /// Write a snapshot of the VM to the descriptor (a pipe's write end)
-    /// and close it: the VM goes on (or stays paused).
-    Snapshot,
+    /// and close it: the VM goes on (or stays paused). With `incremental`,
+    /// only the pages written since its last snapshot.
+    Snapshot {
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        incremental: bool,
+    },
     /// Try to open a file (proves the sandbox in tests).
     ProbeOpen { path: String },
     /// End the VMM process (its VM is killed first).
@@ -218,6 +226,10 @@ pub struct Reply {
     /// microseconds the vCPU was held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub saved: Option<[u64; 3]>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Reply {

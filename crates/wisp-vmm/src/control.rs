@@ -62,7 +62,9 @@ pub struct Saved {
 
 #[derive(Default)]
 struct SaveSlot {
-    job: Option<SaveSink>,
+    /// The sink, and whether only the pages written since the last
+    /// snapshot are asked for.
+    job: Option<(SaveSink, bool)>,
     done: Option<Result<Saved, String>>,
 }
 
@@ -93,12 +95,18 @@ impl Control {
     /// exit (a paused VM's at once; an idle one is woken for it), and wait
     /// for it, at most `timeout`. The VM goes on (or stays paused).
     pub fn save(&self, sink: SaveSink, timeout: Duration) -> Result<Saved, String> {
+        self.save_with(sink, false, timeout)
+    }
+
+    /// [`Control::save`], of only the pages written since the VM's last
+    /// snapshot with `incremental` (an error if it has none).
+    pub fn save_with(&self, sink: SaveSink, incremental: bool, timeout: Duration) -> Result<Saved, String> {
         {
             let mut slot = self.save.lock().unwrap();
             if slot.job.is_some() {
                 return Err("a snapshot of this VM is already being taken".into());
             }
-            slot.job = Some(sink);
+            slot.job = Some((sink, incremental));
             slot.done = None;
         }
         // A paused vCPU waits on the condition variable; a running one is
@@ -135,7 +143,7 @@ impl Control {
         self.save.lock().unwrap().job.is_some()
     }
 
-    pub(crate) fn take_save(&self) -> Option<SaveSink> {
+    pub(crate) fn take_save(&self) -> Option<(SaveSink, bool)> {
         self.save.lock().unwrap().job.take()
     }
 

@@ -9,7 +9,14 @@
 
 use std::os::fd::BorrowedFd;
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
+use vm_memory::bitmap::AtomicBitmap;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestRegionMmap, MmapRegion};
+
+/// Guest RAM as vm-memory maps it: every write the monitor makes through
+/// it (hypercall answers, device rings, frames and disk data) marks its
+/// page in a bitmap — what KVM's dirty log cannot see, for incremental
+/// snapshots.
+type GuestMemoryMmap = vm_memory::GuestMemoryMmap<AtomicBitmap>;
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::error::{Error, Result};
@@ -42,7 +49,7 @@ impl std::ops::Deref for GuestRam {
 impl GuestRam {
     /// Create `size` bytes of zeroed guest RAM (backed only where touched).
     pub fn new(size: u64) -> Result<GuestRam> {
-        let region = MmapRegion::build(
+        let region = MmapRegion::<AtomicBitmap>::build(
             None,
             size as usize,
             libc::PROT_READ | libc::PROT_WRITE,
@@ -55,6 +62,27 @@ impl GuestRam {
         let mem = GuestMemoryMmap::from_regions(vec![region])
             .map_err(|e| Error::Host("guest memory", std::io::Error::other(e.to_string())))?;
         Ok(GuestRam { view: RamView { mem, size }, host_addr, file_ranges: Default::default() })
+    }
+
+    /// Add the pages the monitor wrote since the last call to `bits` (one
+    /// bit a page, as KVM's dirty log: bit `i % 64` of word `i / 64`), and
+    /// forget them.
+    pub fn take_written(&self, bits: &mut [u64]) {
+        let Some(region) = self.view.mem.find_region(GuestAddress(0)) else { return };
+        let map: &AtomicBitmap = region.bitmap();
+        let page = wisp_abi::layout::PAGE_SIZE as usize;
+        for (i, w) in bits.iter_mut().enumerate() {
+            for b in 0..64 {
+                let p = i * 64 + b;
+                if p * page >= self.size() as usize {
+                    break;
+                }
+                if map.is_bit_set(p) {
+                    *w |= 1 << b;
+                }
+            }
+        }
+        map.reset();
     }
 
     /// Host virtual address of guest-physical 0 (for KVM's memory slot).
@@ -313,5 +341,28 @@ impl RamView {
         self.mem
             .store(v, GuestAddress(addr), std::sync::atomic::Ordering::Release)
             .map_err(|_| Error::OutOfRange { addr, len: 4 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pages_the_monitor_writes_are_kept_for_the_next_snapshot() {
+        let ram = GuestRam::new(4 << 20).unwrap();
+        ram.write(0x5000, &[1; 8]).unwrap();
+        ram.write(0x20_0ff8, &[2; 16]).unwrap(); // across two pages
+        ram.store_u32(0x3f_f000, 7).unwrap();
+        let mut buf = [0u8; 4];
+        ram.read(0x7000, &mut buf).unwrap(); // a read marks nothing
+        let mut bits = vec![0u64; 16];
+        ram.take_written(&mut bits);
+        let set: Vec<u64> = (0..1024).filter(|&p| bits[p / 64] & 1 << (p % 64) != 0).map(|p| p as u64).collect();
+        assert_eq!(set, [5, 0x200, 0x201, 0x3ff]);
+        // Taken: forgotten.
+        let mut again = vec![0u64; 16];
+        ram.take_written(&mut again);
+        assert!(again.iter().all(|&w| w == 0));
     }
 }

@@ -68,6 +68,9 @@ pub struct Shell {
     /// The VM's family region and control block, made ahead with a
     /// preloaded image (by the thread that will run the VM).
     pub(crate) family: Option<(crate::family::Family, std::sync::Arc<crate::control::Control>)>,
+    /// KVM logs the pages the guest writes (since a snapshot: the next
+    /// incremental one's).
+    pub(crate) dirty_log: bool,
 }
 
 /// The image a shell holds loaded ahead (`preload.rs`), and the guest's
@@ -127,7 +130,7 @@ impl Shell {
         stats.phase("arch_setup", t);
 
         let kvm = if can_fork { dup_kvm(kvm) } else { None };
-        Ok(Shell { vm, vcpu, ram, tsc_hz, stats, warmed: false, kvm, sync_regs, preloaded: None, family: None })
+        Ok(Shell { vm, vcpu, ram, tsc_hz, stats, warmed: false, kvm, sync_regs, preloaded: None, family: None, dirty_log: false })
     }
 
     /// Enter the guest once, before any image is loaded, so the expensive
@@ -169,6 +172,7 @@ impl Shell {
         // The parent's descriptors close here; its VM lives on in the parent.
         self.vcpu = vcpu;
         self.vm = vm;
+        self.dirty_log = false;
         self.stats = Stats::default();
         Ok(())
     }
@@ -192,6 +196,16 @@ impl Shell {
             Ok(other) => Err(Error::Kvm(what, std::io::Error::other(format!("unexpected exit {other:?}")))),
             Err(e) => Err(Error::Kvm(what, e.into())),
         }
+    }
+
+    /// Start KVM's log of the pages the guest writes (it stays on), or
+    /// read and clear it: one bit a page.
+    pub(crate) fn dirty_pages(&mut self) -> Result<Vec<u64>> {
+        if !self.dirty_log {
+            register_ram_logged(&self.vm, &self.ram, true)?;
+            self.dirty_log = true;
+        }
+        self.vm.get_dirty_log(0, self.ram.size() as usize).map_err(|e| Error::Kvm("get the dirty log", e.into()))
     }
 
     /// Bytes of guest RAM.
@@ -226,9 +240,14 @@ fn new_vm(kvm: &Kvm) -> Result<(VmFd, VcpuFd)> {
 
 /// Register guest RAM as memory slot 0 of `vm`.
 fn register_ram(vm: &VmFd, ram: &GuestRam) -> Result<()> {
+    register_ram_logged(vm, ram, false)
+}
+
+/// [`register_ram`], with KVM logging the pages the guest writes if `log`.
+pub(crate) fn register_ram_logged(vm: &VmFd, ram: &GuestRam, log: bool) -> Result<()> {
     let region = kvm_userspace_memory_region {
         slot: 0,
-        flags: 0,
+        flags: if log { kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
         guest_phys_addr: 0,
         memory_size: ram.size(),
         userspace_addr: ram.host_addr(),

@@ -91,9 +91,9 @@ fn restore_and_run(f: &File) -> (Outcome, String) {
     let snap = Snapshot::read(f, true).expect("a good snapshot");
     let kvm = open_kvm().unwrap();
     let mut sh = Shell::create(&kvm, 16 << 20).unwrap();
+    // A pooled shell's state: entered once.
     sh.warm_up().unwrap();
     let mut vm = sh.restore(&snap, f.as_fd(), Vec::new()).expect("restored");
-    for p in ["restore_clear", "restore_map", "restore_tables", "restore_vcpu", "restore"] { eprintln!("PHASE {p} {:?} runs {}", vm.stats().get(p), snap.runs.len()); }
     let mut console = Vec::new();
     let outcome = vm.run(&mut console, Some(Duration::from_secs(60)));
     (outcome, String::from_utf8_lossy(&console).into_owned())
@@ -188,4 +188,63 @@ fn a_snapshot_that_does_not_fit_is_refused() {
     let e = Shell::create(&kvm, 16 << 20).unwrap().restore(&snap, f.as_fd(), Vec::new()).err().expect("refused");
     assert!(e.to_string().contains("page table entry for 0xc000"), "{e}");
     let _ = std::fs::remove_file(p);
+}
+
+/// Save the VM behind `control` (only the pages written since its last
+/// snapshot with `incremental`, over `base`) through a pipe, received and
+/// sealed as the daemon does.
+fn save_through_pipe(control: &wisp_vmm::Control, tag: &str, incremental: bool, base: Option<[u8; 32]>) -> (PathBuf, File, Result<Snapshot, String>) {
+    let (p, f) = temp(tag);
+    let (mut rd, wr) = std::io::pipe().unwrap();
+    let file = f.try_clone().unwrap();
+    let reader = std::thread::spawn(move || snapshot::receive_over(&mut rd, &file, 1 << 30, base));
+    let saved = control.save_with(Box::new(wr), incremental, Duration::from_secs(5));
+    let received = reader.join().unwrap();
+    let r = saved.and_then(|_| received.map_err(|e| e.to_string()));
+    (p, f, r)
+}
+
+#[test]
+fn incremental_snapshots_restore_over_their_base() {
+    let (control, console, t) = start(60, "10ms");
+    console.wait_for("count 3 ");
+    // None yet to build on.
+    let (p0, _, r) = save_through_pipe(&control, "inc0", true, None);
+    assert!(r.unwrap_err().contains("needs an earlier snapshot"));
+    let (pa, fa, a) = save_through_pipe(&control, "base", false, None);
+    let a = a.unwrap();
+    console.wait_for("count 20 ");
+    // Paused: the increment, then a full snapshot of the same moment.
+    assert!(control.pause(Duration::from_secs(1)));
+    let (pb, fb, b) = save_through_pipe(&control, "inc", true, Some(a.header.digest));
+    let b = b.unwrap();
+    let (pc, _, c) = save_through_pipe(&control, "full", false, None);
+    let c = c.unwrap();
+    control.resume();
+    control.kill();
+    t.join().unwrap();
+    // Only what was written since the base: less than the whole.
+    let ram = |s: &Snapshot| s.runs.iter().map(|r| r.len).sum::<u64>();
+    assert!(ram(&b) > 0 && ram(&b) < ram(&c), "increment {} B, whole {} B", ram(&b), ram(&c));
+    assert_eq!(b.header.base_digest, a.header.digest);
+    let kvm = open_kvm().unwrap();
+    let (a, b) = (Snapshot::read(&fa, true).unwrap(), Snapshot::read(&fb, true).unwrap());
+    // Restored over its base: on from count 20, memory whole.
+    let mut vm = Shell::create(&kvm, 16 << 20).unwrap().restore_chain(&[(&a, fa.as_fd()), (&b, fb.as_fd())], Vec::new()).expect("restored");
+    let mut out = Vec::new();
+    assert_eq!(vm.run(&mut out, Some(Duration::from_secs(30))), Outcome::Exited(0));
+    let out = String::from_utf8_lossy(&out).into_owned();
+    let k = first_count(&out);
+    assert!(k >= 20, "restored at {k}: {out}");
+    assert!(out.contains(&format!("count {k} sum {}", sum_after(k))) && out.ends_with(&format!("counter: done, sum {}\n", sum_after(60))), "{out}");
+    // Alone, or over another base, it is refused.
+    let e = Shell::create(&kvm, 16 << 20).unwrap().restore(&b, fb.as_fd(), Vec::new()).err().unwrap().to_string();
+    assert!(e.contains("needs its base"), "{e}");
+    let e = Shell::create(&kvm, 16 << 20).unwrap().restore_chain(&[(&b, fb.as_fd()), (&b, fb.as_fd())], Vec::new()).err().unwrap().to_string();
+    assert!(e.contains("needs its base"), "{e}");
+    let e = Shell::create(&kvm, 16 << 20).unwrap().restore_chain(&[(&a, fa.as_fd()), (&a, fa.as_fd())], Vec::new()).err().unwrap().to_string();
+    assert!(e.contains("a full one"), "{e}");
+    for p in [p0, pa, pb, pc] {
+        let _ = std::fs::remove_file(p);
+    }
 }

@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! [Header]                          magic "WISPSNAP", version, wisp ABI,
-//!                                   RAM size, file length, SHA-256 digest
+//!                                   RAM size, file length, SHA-256 digest,
+//!                                   flags, the base's digest (incremental)
 //! [vCPU]                            kvm_regs, kvm_fpu, TSC, guest clock
 //! [devices]   n × 64 bytes          kind, region base and size, parameters
 //! [PT0]       512 × u64             the first 2 MiB's 4 KiB page entries
@@ -25,6 +26,11 @@
 //! could not check: the special registers and the system pages are its
 //! own, not the file's, and the page tables must be what it would write.
 //!
+//! An *incremental* snapshot ([`flags::INCREMENTAL`]) holds only the pages
+//! written since the VM's previous snapshot, its base, whose digest it
+//! names: restored over its base (and the base over its own), it is the
+//! VM as it was (`Shell::restore_chain`).
+//!
 //! Format version [`VERSION`] is bumped when the layout changes; a
 //! snapshot of another version, or made under another wisp ABI, is
 //! refused with what it is.
@@ -42,8 +48,16 @@ use crate::devices::DeviceState;
 
 /// The first bytes of every snapshot.
 pub const MAGIC: [u8; 8] = *b"WISPSNAP";
-/// This monitor's snapshot format.
-pub const VERSION: u32 = 1;
+/// This monitor's snapshot format (2: flags and the base's digest).
+pub const VERSION: u32 = 2;
+
+/// Bits of [`Header::flags`].
+pub mod flags {
+    /// Only the pages written since the base (`Header::base_digest`).
+    pub const INCREMENTAL: u32 = 1;
+    /// Every flag this version knows.
+    pub const ALL: u32 = INCREMENTAL;
+}
 
 /// The fixed start of a snapshot file.
 #[repr(C)]
@@ -65,6 +79,11 @@ pub struct Header {
     pub n_runs: u32,
     /// Where the pages start (page aligned).
     pub data_offset: u64,
+    /// [`flags`].
+    pub flags: u32,
+    pub _pad: u32,
+    /// An incremental snapshot's base: its digest (else zeros).
+    pub base_digest: [u8; 32],
 }
 
 /// The vCPU as saved (the special registers are not: a restored VM gets
@@ -107,6 +126,7 @@ const DEVICE: usize = size_of::<DeviceRecord>();
 const RUN: usize = size_of::<Run>();
 const PT0_ENTRIES: usize = 512;
 const DIGEST: std::ops::Range<usize> = std::mem::offset_of!(Header, digest)..std::mem::offset_of!(Header, digest) + 32;
+const BASE: std::ops::Range<usize> = std::mem::offset_of!(Header, base_digest)..std::mem::offset_of!(Header, base_digest) + 32;
 
 /// Guest RAM the monitor writes itself (descriptor tables, exception stubs
 /// and stack, page tables): never taken from a snapshot.
@@ -205,6 +225,9 @@ impl Snapshot {
             n_devices: devices.len() as u32,
             n_runs: runs.len() as u32,
             data_offset,
+            flags: 0,
+            _pad: 0,
+            base_digest: [0; 32],
         };
         Snapshot { header, vcpu, devices, pt0, pd, runs }
     }
@@ -223,6 +246,12 @@ impl Snapshot {
         }
         if header.abi_version != wisp_abi::ABI_VERSION {
             return Err(Error::Abi { found: header.abi_version });
+        }
+        if header.flags & !flags::ALL != 0 || header._pad != 0 {
+            return Err(malformed(format!("unknown flags {:#x}", header.flags & !flags::ALL)));
+        }
+        if (header.flags & flags::INCREMENTAL != 0) != (header.base_digest != [0; 32]) {
+            return Err(malformed("an incremental snapshot names its base, and only it"));
         }
         if file_len < header.file_len {
             return Err(Error::Truncated { have: file_len, want: header.file_len });
@@ -401,13 +430,24 @@ pub fn seal(file: &File) -> std::io::Result<[u8; 32]> {
 /// anything else is written and its length as it comes; seal it. The
 /// stream's own digest field is ignored: the digest is computed here.
 pub fn receive(stream: &mut dyn Read, file: &File, mem_limit: u64) -> Result<Snapshot, Error> {
+    receive_over(stream, file, mem_limit, None)
+}
+
+/// [`receive`] of a stream that may be incremental: such a snapshot is
+/// laid over `base` (the digest of the VM's previous snapshot, which the
+/// receiver knows; the stream's own field is ignored). An incremental
+/// stream with no base known is refused.
+pub fn receive_over(stream: &mut dyn Read, file: &File, mem_limit: u64, base: Option<[u8; 32]>) -> Result<Snapshot, Error> {
     let io = |e: std::io::Error| Error::Io(e.to_string());
     let mut head = vec![0u8; HEADER];
-    stream.read_exact(&mut head).map_err(|e| if e.kind() == std::io::ErrorKind::UnexpectedEof { Error::Truncated { have: 0, want: HEADER as u64 } } else { io(e) })?;
-    let h = Header::read_from_bytes(&head).map_err(|_| Error::Foreign)?;
-    if h.magic != MAGIC {
+    let short = |e: std::io::Error| if e.kind() == std::io::ErrorKind::UnexpectedEof { Error::Truncated { have: 0, want: HEADER as u64 } } else { io(e) };
+    // The magic first: a stream of something else is named so, however short.
+    stream.read_exact(&mut head[..8]).map_err(short)?;
+    if head[..8] != MAGIC {
         return Err(Error::Foreign);
     }
+    stream.read_exact(&mut head[8..]).map_err(short)?;
+    let h = Header::read_from_bytes(&head).map_err(|_| Error::Foreign)?;
     if h.mem_size > mem_limit {
         return Err(Error::Memory { want: h.mem_size >> 20, have: mem_limit >> 20 });
     }
@@ -419,6 +459,13 @@ pub fn receive(stream: &mut dyn Read, file: &File, mem_limit: u64) -> Result<Sna
     }
     head.resize(h.data_offset as usize, 0);
     stream.read_exact(&mut head[HEADER..]).map_err(|_| Error::Truncated { have: 0, want: h.data_offset })?;
+    // The base is the receiver's to name.
+    if h.flags & flags::INCREMENTAL != 0 {
+        let base = base.ok_or_else(|| malformed("an incremental snapshot with no earlier snapshot of its VM to build on"))?;
+        head[BASE].copy_from_slice(&base);
+    } else {
+        head[BASE].fill(0);
+    }
     let snap = Snapshot::parse(&head, h.file_len)?;
     head[DIGEST].fill(0);
     file.set_len(0).map_err(io)?;

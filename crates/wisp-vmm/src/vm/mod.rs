@@ -268,9 +268,9 @@ impl Vm {
         }
         let outcome = loop {
             self.control.checkpoint();
-            if let Some(sink) = self.control.take_save() {
+            if let Some((sink, incremental)) = self.control.take_save() {
                 // A snapshot, then on (or back to the pause).
-                self.serve_save(sink);
+                self.serve_save(sink, incremental);
                 continue;
             }
             match self.control.halted() {

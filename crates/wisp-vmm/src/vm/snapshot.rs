@@ -55,7 +55,7 @@ impl Vm {
         a.ret = 0;
         super::hypercall::write_block(&self.shell.ram, hc, gpa, &a)?;
         let Some(mut sink) = self.on_ready.take() else { return Ok(None) };
-        let saved = self.write_snapshot(&mut sink).map_err(|e| e.to_string()).and_then(|_| sink.flush().map_err(|e| e.to_string()));
+        let saved = self.write_snapshot(&mut sink, false).map_err(|e| e.to_string()).and_then(|_| sink.flush().map_err(|e| e.to_string()));
         drop(sink);
         match saved {
             Ok(()) => Ok(Some(0)),
@@ -67,25 +67,49 @@ impl Vm {
     }
 
     /// Serve a snapshot asked for through the control block.
-    pub(super) fn serve_save(&mut self, mut sink: SaveSink) {
+    pub(super) fn serve_save(&mut self, mut sink: SaveSink, incremental: bool) {
         let t = Instant::now();
-        let r = self.write_snapshot(&mut sink).map_err(|e| e.to_string());
+        let r = self.write_snapshot(&mut sink, incremental).map_err(|e| e.to_string());
         let r = r.and_then(|(bytes, ram_bytes)| sink.flush().map(|_| (bytes, ram_bytes)).map_err(|e| format!("snapshot stream: {e}")));
         drop(sink);
         self.control.saved(r.map(|(bytes, ram_bytes)| Saved { bytes, ram_bytes, held_us: t.elapsed().as_micros() as u64 }));
     }
 
     /// Write a snapshot of this VM to `out` (its digest field zero: the
-    /// receiver seals it). Returns the bytes written and the bytes of RAM.
-    pub(crate) fn write_snapshot(&mut self, out: &mut dyn Write) -> Result<(u64, u64)> {
+    /// receiver seals it): of the pages that hold anything, or with
+    /// `incremental` of those written since its last snapshot (the guest's,
+    /// from KVM's dirty log, and the monitor's, from guest RAM's bitmap).
+    /// From the first one on, the pages written are logged for the next.
+    /// Returns the bytes written and the bytes of RAM.
+    pub(crate) fn write_snapshot(&mut self, out: &mut dyn Write, incremental: bool) -> Result<(u64, u64)> {
+        if incremental && !self.shell.dirty_log {
+            return Err(Error::Unsupported("an incremental snapshot needs an earlier snapshot of this VM to build on".into()));
+        }
+        if incremental && !self.devices.is_empty() {
+            // Their I/O threads write guest RAM while the vCPU is held.
+            return Err(Error::Unsupported("incremental snapshots of VMs with devices are not supported yet".into()));
+        }
         let st = self.save_state()?;
         let clock_ns = self.boot.elapsed().as_nanos() as u64;
         let (pt0, pd) = arch::leaf_tables(&self.shell.ram)?;
-        let mut scratch = Vec::new();
-        let resident = self.shell.ram.resident(u64::MAX, &mut scratch)?.unwrap_or_default();
-        let runs = without(&merge(&resident, RUN_GAP), SYSTEM_PAGES.start, SYSTEM_PAGES.end);
+        // The log from here on is the next snapshot's: read (and cleared,
+        // or started) while the vCPU is held.
+        let mut written = self.shell.dirty_pages()?;
+        self.shell.ram.take_written(&mut written);
+        let pages = if incremental {
+            bit_runs(&written)
+        } else {
+            let mut scratch = Vec::new();
+            self.shell.ram.resident(u64::MAX, &mut scratch)?.unwrap_or_default()
+        };
+        let runs = without(&merge(&pages, RUN_GAP), SYSTEM_PAGES.start, SYSTEM_PAGES.end);
         let vcpu = snapshot::Vcpu { regs: st.vcpu.regs, fpu: st.vcpu.fpu, tsc: st.vcpu.tsc, clock_ns };
-        let snap = Snapshot::lay_out(self.shell.ram.size(), self.features, vcpu, st.devices, pt0, pd, &runs);
+        let mut snap = Snapshot::lay_out(self.shell.ram.size(), self.features, vcpu, st.devices, pt0, pd, &runs);
+        if incremental {
+            // The base is the receiver's to name (it knows the last digest).
+            snap.header.flags |= snapshot::flags::INCREMENTAL;
+            snap.header.base_digest = [0xff; 32];
+        }
         let io = |e: std::io::Error| Error::Host("write the snapshot", e);
         out.write_all(&snap.encode_head()).map_err(io)?;
         let mut buf = vec![0u8; CHUNK];
@@ -102,6 +126,25 @@ impl Vm {
         }
         Ok((snap.header.file_len, ram_bytes))
     }
+}
+
+/// The pages whose bits are set in `bits` (one a page), as runs.
+fn bit_runs(bits: &[u64]) -> Vec<(u64, u64)> {
+    let page = wisp_abi::layout::PAGE_SIZE;
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for (i, &w) in bits.iter().enumerate() {
+        let mut w = w;
+        while w != 0 {
+            let b = w.trailing_zeros() as u64;
+            w &= w - 1;
+            let gpa = (i as u64 * 64 + b) * page;
+            match runs.last_mut() {
+                Some((s, l)) if *s + *l == gpa => *l += page,
+                _ => runs.push((gpa, page)),
+            }
+        }
+    }
+    runs
 }
 
 /// Runs of saved pages closer than this merge (the zeros between them are
@@ -144,8 +187,34 @@ impl Shell {
     /// its pages): this shell's RAM must be the snapshot's size, and
     /// `devices` the snapshot's (same kinds, same order; a NIC takes over
     /// the saved identity). The VM runs on from where it was saved.
-    pub fn restore(mut self, snap: &Snapshot, file: BorrowedFd<'_>, devices: Vec<Box<dyn Device>>) -> Result<Vm> {
+    pub fn restore(self, snap: &Snapshot, file: BorrowedFd<'_>, devices: Vec<Box<dyn Device>>) -> Result<Vm> {
+        self.restore_chain(&[(snap, file)], devices)
+    }
+
+    /// A VM restored from a full snapshot and the incremental ones made
+    /// after it, oldest first: each one's base is the one before it (by
+    /// digest), and their pages are laid over each other in that order;
+    /// the vCPU, devices and page tables are the last one's.
+    pub fn restore_chain(mut self, chain: &[(&Snapshot, BorrowedFd<'_>)], devices: Vec<Box<dyn Device>>) -> Result<Vm> {
         let t = Instant::now();
+        let Some(&(snap, _)) = chain.last() else {
+            return Err(snapshot::Error::Malformed("no snapshot to restore".into()).into());
+        };
+        for (i, (s, _)) in chain.iter().enumerate() {
+            let incremental = s.header.flags & snapshot::flags::INCREMENTAL != 0;
+            match i {
+                0 if incremental => return Err(snapshot::Error::Malformed("an incremental snapshot needs its base restored with it".into()).into()),
+                0 => {}
+                _ if !incremental => return Err(snapshot::Error::Malformed(format!("snapshot {} of the chain is a full one, not laid over another", i + 1)).into()),
+                _ if s.header.base_digest != chain[i - 1].0.header.digest => {
+                    return Err(snapshot::Error::Malformed(format!("snapshot {} of the chain was not made over the one before it", i + 1)).into())
+                }
+                _ if s.header.mem_size != chain[0].0.header.mem_size => {
+                    return Err(snapshot::Error::Malformed(format!("snapshot {} of the chain is of another RAM size", i + 1)).into())
+                }
+                _ => {}
+            }
+        }
         let h = &snap.header;
         if h.mem_size != self.ram.size() {
             return Err(snapshot::Error::Memory { want: h.mem_size >> 20, have: self.ram.size() >> 20 }.into());
@@ -165,8 +234,10 @@ impl Shell {
         }
         self.stats.phase("restore_clear", t);
         let t2 = Instant::now();
-        let runs: Vec<(u64, u64, u64)> = snap.runs.iter().map(|r| (r.gpa, r.len, r.offset)).collect();
-        self.ram.map_runs(file, &runs)?;
+        for (s, file) in chain {
+            let runs: Vec<(u64, u64, u64)> = s.runs.iter().map(|r| (r.gpa, r.len, r.offset)).collect();
+            self.ram.map_runs(*file, &runs)?;
+        }
         self.stats.phase("restore_map", t2);
         let t2 = Instant::now();
         let user = arch::restore_tables(&self.ram, &snap.pt0, &snap.pd).map_err(snapshot::Error::Malformed)?;
@@ -189,7 +260,13 @@ impl Shell {
 
 #[cfg(test)]
 mod tests {
-    use super::{merge, without};
+    use super::{bit_runs, merge, without};
+
+    #[test]
+    fn set_bits_are_runs_of_pages() {
+        assert_eq!(bit_runs(&[0b1011, 0, 1 << 63, 1]), [(0, 0x2000), (0x3000, 0x1000), (191 * 0x1000, 0x2000)]);
+        assert!(bit_runs(&[0, 0]).is_empty());
+    }
 
     #[test]
     fn runs_close_together_merge() {

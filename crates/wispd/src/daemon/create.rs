@@ -34,6 +34,8 @@ pub(super) type Vols = Vec<(std::os::fd::OwnedFd, bool)>;
 pub(super) struct Extras {
     pub vols: Vols,
     pub restore: Option<Arc<Restorable>>,
+    /// The bases `restore` is laid over, oldest first.
+    pub bases: Vec<Arc<Restorable>>,
     pub template: Option<std::os::fd::OwnedFd>,
 }
 
@@ -167,7 +169,7 @@ impl Daemon {
     /// A create: of `req.image`, or of the snapshot `restore` (read and
     /// checked from `req.restore`).
     fn create_inner(&self, req: CreateVm, attach: Attach<'_>, arrived: Instant, extras: Extras) -> Result<(VmInfo, Option<BufReader<UnixStream>>), ActionError> {
-        let Extras { vols, restore, template } = extras;
+        let Extras { vols, restore, bases, template } = extras;
         let mem = match &restore {
             Some(r) => r.snap.header.mem_size,
             None => req.mem.unwrap_or(DEFAULT_MEM),
@@ -320,6 +322,7 @@ impl Daemon {
                 image_name: image.as_ref().map_or_else(|| "snapshot".into(), |i| i.image.name.clone()),
                 preloaded,
                 restore: restore.is_some(),
+                bases: bases.len() as u32,
                 template: template.is_some(),
                 args: req.args,
                 timeout_ms: req.timeout_ms,
@@ -336,6 +339,7 @@ impl Daemon {
         // A group's VM: its files and control socket's listener first.
         let mut fds: Vec<_> = hosted.iter().flat_map(|h| [h.files.exit.as_fd(), h.files.console.as_fd(), h.files.errors.as_fd(), h.listener.as_fd()]).collect();
         fds.extend((!preloaded).then(|| image.as_ref().map_or_else(|| restore.as_ref().expect("a restore without an image").memfd.as_fd(), |i| i.memfd.as_fd())));
+        fds.extend(bases.iter().map(|b| b.memfd.as_fd()));
         fds.extend(tap.as_ref().map(|t| t.as_fd()));
         if let Some((mine, theirs)) = &uplink {
             fds.push(theirs.as_fd());

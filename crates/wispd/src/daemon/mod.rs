@@ -231,7 +231,8 @@ impl Daemon {
                     (None, Some(t)) => Some(self.template_snapshot(t)?),
                     (None, None) => None,
                 };
-                let extras = create::Extras { vols, restore, template: None };
+                let bases = vm.bases.iter().map(|p| self.restorable(p, client)).collect::<Result<Vec<_>, _>>()?;
+                let extras = create::Extras { vols, restore, bases, template: None };
                 match (attach, wait_line) {
                     (false, false) => Outcome::Created(self.create(vm, arrived, extras)?),
                     (false, true) => Outcome::Created(self.create_wait_line(vm, arrived, extras)?),

@@ -90,10 +90,19 @@ impl Daemon {
         let file = crate::access::create_as(&peer, Path::new(&body.path)).map_err(|e| fail(format!("{e} (created with the client's rights, uid {})", peer.uid)))?;
         let (mut rd, wr) = std::io::pipe().map_err(|e| fail(format!("pipe: {e}")))?;
         let mem = info.mem;
-        let reader = std::thread::spawn(move || snapshot::receive(&mut rd, &file, mem));
+        // An incremental one's base: the VM's last snapshot through this daemon.
+        let base = match self.vms.lock().by_id.get(&id).and_then(|e| e.last_snapshot) {
+            Some(d) => Some(d),
+            None if body.incremental => {
+                let _ = std::fs::remove_file(&body.path);
+                return Err(fail("an incremental snapshot needs an earlier one of this VM taken through this daemon".into()));
+            }
+            None => None,
+        };
+        let reader = std::thread::spawn(move || snapshot::receive_over(&mut rd, &file, mem, base));
         // Sent, then the daemon's write end closed: the reader sees the
         // stream's end when the VMM process closes its own.
-        let sent = proto::send(&dir.join("ctl.sock"), &Request::Snapshot, &[wr.as_fd()], Some(SAVE_TIMEOUT));
+        let sent = proto::send(&dir.join("ctl.sock"), &Request::Snapshot { incremental: body.incremental }, &[wr.as_fd()], Some(SAVE_TIMEOUT));
         drop(wr);
         let reply = sent.and_then(proto::read_reply).map(|(r, _)| r);
         let received = reader.join().unwrap_or_else(|_| Err(snapshot::Error::Io("the reader panicked".into())));
@@ -110,6 +119,10 @@ impl Daemon {
             }
         };
         let [_, ram_bytes, held_us] = reply.saved.unwrap_or_default();
+        if let Some(e) = self.vms.lock().by_id.get_mut(&id) {
+            e.last_snapshot = Some(snap.header.digest);
+        }
+        let hex = |d: &[u8; 32]| d.iter().map(|b| format!("{b:02x}")).collect::<String>();
         let took_us = arrived.elapsed().as_micros() as u64;
         if body.stop {
             self.kill(&id)?;
@@ -121,7 +134,8 @@ impl Daemon {
             ram_bytes,
             held_us,
             took_us,
-            digest: snap.header.digest.iter().map(|b| format!("{b:02x}")).collect(),
+            digest: hex(&snap.header.digest),
+            base: (snap.header.flags & snapshot::flags::INCREMENTAL != 0).then(|| hex(&snap.header.base_digest)),
         })
     }
 

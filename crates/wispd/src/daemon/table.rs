@@ -40,12 +40,15 @@ pub struct Entry {
     /// Being removed (a batch removal killed it): its end is not written
     /// to its record, which goes next.
     pub removing: bool,
+    /// The digest of the last snapshot taken of it: the base of the next
+    /// incremental one.
+    pub last_snapshot: Option<[u8; 32]>,
 }
 
 impl Entry {
     /// A fresh entry for a VM.
     pub fn new(info: VmInfo, dir: PathBuf, child: Option<Child>, pidfd: Option<OwnedFd>) -> Entry {
-        Entry { info, dir, child, pidfd, ctl: None, forwards: Vec::new(), uplink: None, ns_pid: None, uid: None, removing: false }
+        Entry { info, dir, child, pidfd, ctl: None, forwards: Vec::new(), uplink: None, ns_pid: None, uid: None, removing: false, last_snapshot: None }
     }
 }
 
