@@ -292,11 +292,12 @@ mod tests {
         assert_eq!(features::name(0), Some("fork"));
         assert_eq!(features::name(1), Some("family"));
         assert_eq!(features::name(2), Some("stdio"));
+        assert_eq!(features::name(3), Some("ready"));
         assert_eq!(features::name(40), None);
-        assert_eq!(features::ALL.count_ones(), 3);
+        assert_eq!(features::ALL.count_ones(), 4);
         let mut s = Buf::default();
         write!(s, "{}|{}", features::Names(features::ALL | 1 << 40), features::Names(0)).unwrap();
-        assert_eq!(s.as_str(), "fork, family, stdio, bit 40|none");
+        assert_eq!(s.as_str(), "fork, family, stdio, ready, bit 40|none");
     }
 
     /// A fixed buffer to format into (no alloc here).

@@ -258,3 +258,30 @@ fn an_incremental_snapshot_restores_over_its_base() {
         assert!(d.wisp(&["kill", vm]).status.success());
     }
 }
+
+#[test]
+fn a_vm_with_a_nic_is_restored_with_its_address_and_answers() {
+    let d = Daemon::start_in_netns("snapshot-net", "10.77.21.0/24", &[]);
+    let mut c = d.client();
+    let vm = c.create(&wisp_api::CreateVm { image: "echo".into(), net: true, ..Default::default() }).unwrap();
+    let ip = vm.ip.clone().expect("an address");
+    wait_console(&mut c, &vm.id, "echo: listening");
+    let echo = |word: &str| {
+        d.python(&format!("import socket; s=socket.create_connection(('{ip}',7),timeout=5); s.sendall(b'{word}'); s.shutdown(socket.SHUT_WR); print(s.recv(100).decode())"))
+    };
+    assert_eq!(echo("before").trim(), "before");
+    let snap = d.dir.join("echo.snap");
+    let o = d.wisp(&["snapshot", "--stop", &vm.id, snap.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", out(&o));
+    c.wait(&vm.id).unwrap();
+    c.remove(&vm.id, true).unwrap();
+    // Back with its address, answering on it.
+    let o = d.wisp(&["restore", "--name", "again", snap.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", out(&o));
+    assert_eq!(c.get("again").unwrap().ip.as_deref(), Some(ip.as_str()));
+    assert_eq!(echo("after").trim(), "after");
+    // While a VM has the address, another restore of it is refused.
+    let o = d.wisp(&["restore", snap.to_str().unwrap()]);
+    assert!(!o.status.success() && out(&o).contains(&format!("address {ip} is in use")), "{}", out(&o));
+    assert!(d.wisp(&["rm", "-f", "--all"]).status.success());
+}

@@ -143,7 +143,10 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
             (None, Some(fd)) => {
                 let mut chain = std::mem::take(&mut cmd.bases);
                 chain.push(fd.try_clone().expect("a descriptor to duplicate"));
-                boot::restore(shell, &chain, Vec::new(), family)
+                // The snapshot's NIC on the tap the daemon made (its saved
+                // identity is checked against it and taken over).
+                let devices = cmd.net.take().map(|c| Box::new(wisp_vmm::Nic::new(c)) as Box<dyn wisp_vmm::Device>).into_iter().collect();
+                boot::restore(shell, &chain, devices, family)
             }
             (None, None) => unreachable!("an image or a snapshot"),
         };

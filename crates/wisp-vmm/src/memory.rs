@@ -320,6 +320,11 @@ impl RamView {
             return Err(Error::OutOfRange { addr, len: len as u64 });
         }
         let s = self.mem.get_slice(GuestAddress(addr), len).map_err(|_| Error::OutOfRange { addr, len: len as u64 })?;
+        // The kernel may write there (a frame, a disk's data): counted as
+        // written, for incremental snapshots.
+        if let Some(r) = self.mem.find_region(GuestAddress(0)) {
+            vm_memory::bitmap::Bitmap::mark_dirty(r.bitmap(), addr as usize, len);
+        }
         Ok(s.ptr_guard_mut().as_ptr())
     }
 

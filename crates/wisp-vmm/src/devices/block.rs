@@ -171,6 +171,11 @@ impl Device for Disk {
         }
     }
 
+    fn quiesced(&self, _f: &mut dyn FnMut()) -> crate::error::Result<()> {
+        // Its I/O thread moves data into guest RAM with no lock to hold.
+        Err(crate::error::Error::Devices("snapshots of VMs with disks are not supported yet".into()))
+    }
+
     fn restore_state(&mut self, state: &DeviceState) -> VmmResult<()> {
         if state.params[0] != self.capacity {
             return Err(crate::error::Error::Devices(format!(

@@ -68,6 +68,13 @@ pub trait Device: Send {
     /// Take over saved parameters (a restored or migrated VM keeps its
     /// identity, e.g. a NIC its MAC and addresses).
     fn restore_state(&mut self, state: &DeviceState) -> Result<()>;
+    /// Run `f` while the device touches no guest RAM (a snapshot copying
+    /// it): its own threads wait meanwhile. A device with no thread of its
+    /// own just runs it; one that cannot be held says so.
+    fn quiesced(&self, f: &mut dyn FnMut()) -> Result<()> {
+        f();
+        Ok(())
+    }
 }
 
 /// A device as saved: its boot-info entry.
@@ -220,6 +227,24 @@ impl Devices {
             .iter()
             .map(|(d, base)| DeviceState { kind: d.kind() as u32, base: *base, size: d.region_size(), params: d.params() })
             .collect()
+    }
+
+    /// Run `f` while no device touches guest RAM (every one held at once).
+    pub fn quiesced(&self, f: &mut dyn FnMut()) -> Result<()> {
+        fn nest(list: &[(Box<dyn Device>, u64)], f: &mut dyn FnMut()) -> Result<()> {
+            match list.split_first() {
+                None => {
+                    f();
+                    Ok(())
+                }
+                Some(((d, _), rest)) => {
+                    let mut inner = Ok(());
+                    d.quiesced(&mut || inner = nest(rest, f))?;
+                    inner
+                }
+            }
+        }
+        nest(&self.list, f)
     }
 
     /// Give each device, placed ([`Devices::place`]), its saved state: same

@@ -311,6 +311,20 @@ impl Device for Nic {
         }
     }
 
+    fn quiesced(&self, f: &mut dyn FnMut()) -> VmmResult<()> {
+        match &self.state {
+            // Whoever moves frames holds the rings: while they are held here
+            // the I/O thread waits, and the indices in guest RAM are the
+            // ones its last pass published.
+            NicState::Running(r) => {
+                let _held = r.rings.lock().map_err(|_| Error::Devices("the NIC's rings were abandoned".into()))?;
+                f();
+            }
+            _ => f(),
+        }
+        Ok(())
+    }
+
     fn restore_state(&mut self, state: &DeviceState) -> VmmResult<()> {
         use wisp_abi::net as n;
         let [mac, ip, gw, geometry, offloads] = state.params;

@@ -85,11 +85,19 @@ impl Vm {
         if incremental && !self.shell.dirty_log {
             return Err(Error::Unsupported("an incremental snapshot needs an earlier snapshot of this VM to build on".into()));
         }
-        if incremental && !self.devices.is_empty() {
-            // Their I/O threads write guest RAM while the vCPU is held.
-            return Err(Error::Unsupported("incremental snapshots of VMs with devices are not supported yet".into()));
-        }
-        let st = self.save_state()?;
+        // The devices hold still while the VM is read: their threads write
+        // guest RAM too.
+        let devices = std::mem::take(&mut self.devices);
+        let mut r = Err(Error::Unsupported("no snapshot taken".into()));
+        let held = devices.quiesced(&mut || r = self.write_held(out, incremental, &devices));
+        self.devices = devices;
+        held?;
+        r
+    }
+
+    /// [`Vm::write_snapshot`] with the devices (taken out of `self`) held.
+    fn write_held(&mut self, out: &mut dyn Write, incremental: bool, devices: &Devices) -> Result<(u64, u64)> {
+        let st = crate::state::VmState { vcpu: state::save_vcpu(&mut self.shell.vcpu, self.shell.sync_regs)?, devices: devices.save_state() };
         let clock_ns = self.boot.elapsed().as_nanos() as u64;
         let (pt0, pd) = arch::leaf_tables(&self.shell.ram)?;
         // The log from here on is the next snapshot's: read (and cleared,

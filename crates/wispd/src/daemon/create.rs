@@ -234,8 +234,10 @@ impl Daemon {
                 c.set_limits(&worker.id, &limits).map_err(ActionError::Contain)?;
             }
         }
-        let net = if req.wants_nic() {
-            let (mut spec, tap) = self.net.alloc(&worker.id, req.net_peers).map_err(ActionError::Network)?;
+        // A restored VM with a NIC keeps its address (its guest has it).
+        let restore_ip = restore.as_ref().and_then(|r| r.nic_ip());
+        let net = if req.wants_nic() || restore_ip.is_some() {
+            let (mut spec, tap) = self.net.alloc_at(&worker.id, req.net_peers, restore_ip).map_err(ActionError::Network)?;
             spec.rate = req.net_rate.map_or((0, 0), |r| (r.bytes_per_sec, r.frames_per_sec));
             undo.ip = Some(Ipv4Addr::from(spec.ip).to_string());
             Some((spec, tap))

@@ -38,6 +38,10 @@ pub enum NetError {
     /// Every address of the subnet is given out.
     #[error("the VM subnet is full")]
     SubnetFull,
+    /// The address asked for (a restored VM's own) is another VM's, or
+    /// not in the subnet.
+    #[error("address {0} is in use or outside the VM subnet (a restored VM keeps its address: stop the VM that has it)")]
+    AddressTaken(std::net::Ipv4Addr),
     /// Creating the tap.
     #[error("{0}")]
     Tap(wisp_vmm::Error),
@@ -99,7 +103,9 @@ impl VmNet {
     /// Set up the bridge (once) and give VM `id` an address, a MAC and a
     /// tap. The tap's bridge port is isolated unless `peers`; it comes up
     /// only once that is set, so no frame crosses it before.
-    pub fn alloc(&self, id: &str, peers: bool) -> Result<(NetSpec, OwnedFd), NetError> {
+    /// Address `want` if given (a restored VM keeps the address its guest
+    /// has): refused if another VM has it; else the first free one.
+    pub fn alloc_at(&self, id: &str, peers: bool, want: Option<[u8; 4]>) -> Result<(NetSpec, OwnedFd), NetError> {
         let (net, prefix) = self.subnet;
         let base = u32::from_be_bytes(net) & (u32::MAX << (32 - prefix as u32));
         let hosts = (1u32 << (32 - prefix as u32)).saturating_sub(2);
@@ -114,7 +120,16 @@ impl VmNet {
             st.nl = Some(nl);
             *self.ahead.bridge.lock().unwrap() = Some(bridge);
         }
-        let host = (2..=hosts).find(|h| !st.used.contains(h)).ok_or(NetError::SubnetFull)?;
+        let host = match want {
+            Some(ip) => {
+                let h = u32::from_be_bytes(ip).wrapping_sub(base);
+                if !(2..=hosts).contains(&h) || st.used.contains(&h) {
+                    return Err(NetError::AddressTaken(ip.into()));
+                }
+                h
+            }
+            None => (2..=hosts).find(|h| !st.used.contains(h)).ok_or(NetError::SubnetFull)?,
+        };
         let ip = (base + host).to_be_bytes();
         let tap_name = format!("wt{}", &id[..id.len().min(12)]);
         let bridge = st.bridge;

@@ -38,6 +38,15 @@ pub(super) struct Restorable {
     pub snap: Snapshot,
 }
 
+impl Restorable {
+    /// The address of the snapshot's NIC, if its VM had one: a restored VM
+    /// keeps it (its guest is configured with it).
+    pub fn nic_ip(&self) -> Option<[u8; 4]> {
+        let nic = self.snap.devices.iter().find(|d| d.kind == wisp_abi::DeviceKind::Net as u32)?;
+        Some(wisp_abi::net::decode_ipv4(nic.params[1]).0)
+    }
+}
+
 /// A file's identity: device, inode, size, modification time (s, ns).
 type FileKey = (u64, u64, u64, i64, i64);
 
@@ -178,8 +187,10 @@ impl Daemon {
         let snap = Snapshot::read(&copy, true).map_err(|e| fail(format!("{e} (it changed while it was read)")))?;
         let memfd = OwnedFd::from(copy);
         fcntl_add_seals(memfd.as_fd(), SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL).map_err(|e| fail(format!("seal: {e}")))?;
-        if !snap.devices.is_empty() {
-            return Err(fail(format!("its VM had {} device(s) (a NIC, a disk, environment or files): restoring those is not supported yet", snap.devices.len())));
+        // A NIC comes back (with the address its guest has); disks,
+        // environment and files not yet.
+        if snap.devices.iter().any(|d| d.kind != wisp_abi::DeviceKind::Net as u32) {
+            return Err(fail("its VM had a disk, or environment and files: restoring those is not supported yet".into()));
         }
         let r = Arc::new(Restorable { memfd, snap });
         self.snapshots.put(key, r.clone());
