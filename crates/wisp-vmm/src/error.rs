@@ -58,7 +58,7 @@ pub enum Error {
     Fork(&'static str),
     /// A snapshot was refused.
     #[error("{0}")]
-    Snapshot(#[from] crate::snapshot::Error),
+    Snapshot(#[from] SnapshotError),
     /// A guest-physical range lies outside guest RAM.
     #[error("guest range {addr:#x}+{len:#x} is outside guest RAM")]
     OutOfRange {
@@ -67,4 +67,25 @@ pub enum Error {
         /// Length.
         len: u64,
     },
+}
+
+/// Why a snapshot was refused (`crate::snapshot`), each with what it is.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SnapshotError {
+    #[error("not a wisp snapshot (it does not start with WISPSNAP)")]
+    Foreign,
+    #[error("snapshot format v{found}, this monitor reads v{want}")]
+    Version { found: u32, want: u32 },
+    #[error("snapshot made under wisp ABI v{found}, this monitor speaks v{want}", want = wisp_abi::ABI_VERSION)]
+    Abi { found: u32 },
+    #[error("truncated: {have} bytes, the snapshot says {want}")]
+    Truncated { have: u64, want: u64 },
+    #[error("digest mismatch: the file was altered or damaged")]
+    Digest,
+    #[error("snapshot for {want} MiB of guest RAM, {have} MiB here")]
+    Memory { want: u64, have: u64 },
+    #[error("malformed snapshot: {0}")]
+    Malformed(String),
+    #[error("snapshot: {0}")]
+    Io(String),
 }

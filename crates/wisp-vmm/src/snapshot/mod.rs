@@ -132,26 +132,9 @@ const BASE: std::ops::Range<usize> = std::mem::offset_of!(Header, base_digest)..
 /// and stack, page tables): never taken from a snapshot.
 pub const SYSTEM_PAGES: std::ops::Range<u64> = wisp_abi::layout::GDT..wisp_abi::layout::PREFAULT_PAGE;
 
-/// Why a snapshot was refused.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum Error {
-    #[error("not a wisp snapshot (it does not start with WISPSNAP)")]
-    Foreign,
-    #[error("snapshot format v{found}, this monitor reads v{VERSION}")]
-    Version { found: u32 },
-    #[error("snapshot made under wisp ABI v{found}, this monitor speaks v{want}", want = wisp_abi::ABI_VERSION)]
-    Abi { found: u32 },
-    #[error("truncated: {have} bytes, the snapshot says {want}")]
-    Truncated { have: u64, want: u64 },
-    #[error("digest mismatch: the file was altered or damaged")]
-    Digest,
-    #[error("snapshot for {want} MiB of guest RAM, {have} MiB here")]
-    Memory { want: u64, have: u64 },
-    #[error("malformed snapshot: {0}")]
-    Malformed(String),
-    #[error("snapshot: {0}")]
-    Io(String),
-}
+/// Why a snapshot was refused (defined beside the monitor's other errors,
+/// which carry it).
+pub use crate::error::SnapshotError as Error;
 
 fn malformed(s: impl Into<String>) -> Error {
     Error::Malformed(s.into())
@@ -242,7 +225,7 @@ impl Snapshot {
         }
         let header = Header::read_from_prefix(head).map_err(|_| Error::Truncated { have: file_len, want: HEADER as u64 })?.0;
         if header.version != VERSION {
-            return Err(Error::Version { found: header.version });
+            return Err(Error::Version { found: header.version, want: VERSION });
         }
         if header.abi_version != wisp_abi::ABI_VERSION {
             return Err(Error::Abi { found: header.abi_version });
@@ -452,7 +435,7 @@ pub fn receive_over(stream: &mut dyn Read, file: &File, mem_limit: u64, base: Op
         return Err(Error::Memory { want: h.mem_size >> 20, have: mem_limit >> 20 });
     }
     if h.version != VERSION {
-        return Err(Error::Version { found: h.version });
+        return Err(Error::Version { found: h.version, want: VERSION });
     }
     if h.data_offset > (64 << 20) || h.data_offset < HEADER as u64 {
         return Err(malformed(format!("pages at {:#x}", h.data_offset)));

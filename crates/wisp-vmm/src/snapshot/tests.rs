@@ -51,7 +51,7 @@ fn every_damage_is_refused_with_what_it_is() {
     let cases: Vec<(&str, Damage, Error)> = vec![
         ("truncated", Box::new(|b: &mut Vec<u8>| b.truncate(b.len() - 100)), Error::Truncated { have: good.len() as u64 - 100, want: good.len() as u64 }),
         ("foreign", Box::new(|b: &mut Vec<u8>| b[..8].copy_from_slice(b"\x7fELF\x02\x01\x01\0")), Error::Foreign),
-        ("version", Box::new(|b: &mut Vec<u8>| b[8..12].copy_from_slice(&3u32.to_le_bytes())), Error::Version { found: 3 }),
+        ("version", Box::new(|b: &mut Vec<u8>| b[8..12].copy_from_slice(&3u32.to_le_bytes())), Error::Version { found: 3, want: VERSION }),
         ("flags", Box::new(|b: &mut Vec<u8>| b[88..92].copy_from_slice(&4u32.to_le_bytes())), Error::Malformed("unknown flags 0x4".into())),
         ("no base", Box::new(|b: &mut Vec<u8>| b[88..92].copy_from_slice(&1u32.to_le_bytes())), Error::Malformed("an incremental snapshot names its base, and only it".into())),
         ("abi", Box::new(|b: &mut Vec<u8>| b[12..16].copy_from_slice(&99u32.to_le_bytes())), Error::Abi { found: 99 }),
