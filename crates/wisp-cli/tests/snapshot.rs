@@ -278,7 +278,17 @@ fn a_vm_with_a_nic_is_restored_with_its_address_and_answers() {
     // Back with its address, answering on it.
     let o = d.wisp(&["restore", "--name", "again", snap.to_str().unwrap()]);
     assert!(o.status.success(), "{}", out(&o));
-    assert_eq!(c.get("again").unwrap().ip.as_deref(), Some(ip.as_str()));
+    let again = c.get("again").unwrap();
+    assert_eq!(again.ip.as_deref(), Some(ip.as_str()));
+    // It announced itself (a gratuitous ARP): before it sends anything
+    // else, the bridge knows its MAC is behind its new tap.
+    let mac = wisp_vmm::mac_for_ipv4(ip.parse::<std::net::Ipv4Addr>().unwrap().octets());
+    let mac = mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
+    let tap = format!("wt{}", again.id);
+    eventually(Duration::from_secs(5), || format!("{mac} never learnt on {tap}"), || {
+        let fdb = d.in_netns(&["bridge", "fdb", "show", "dev", &tap]).output().unwrap();
+        String::from_utf8_lossy(&fdb.stdout).contains(&mac).then_some(())
+    });
     assert_eq!(echo("after").trim(), "after");
     // While a VM has the address, another restore of it is refused.
     let o = d.wisp(&["restore", snap.to_str().unwrap()]);

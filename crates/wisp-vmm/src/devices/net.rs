@@ -128,6 +128,9 @@ pub struct Nic {
     offloads: u64,
     rate: NetRate,
     state: NicState,
+    /// Given a saved identity (a restored or moved VM): it announces
+    /// itself when it starts.
+    restored: bool,
 }
 
 enum NicState {
@@ -196,7 +199,26 @@ impl Rings {
 impl Nic {
     /// A NIC on `cfg.tap`.
     pub fn new(cfg: NetConfig) -> Nic {
-        Nic { mac: cfg.mac, ip: cfg.ip, gateway: cfg.gateway, offloads: cfg.offloads, rate: cfg.rate, state: NicState::Ready(cfg.tap) }
+        Nic { mac: cfg.mac, ip: cfg.ip, gateway: cfg.gateway, offloads: cfg.offloads, rate: cfg.rate, state: NicState::Ready(cfg.tap), restored: false }
+    }
+
+    /// A gratuitous ARP for this NIC's address, as its tap takes frames
+    /// (a zero virtio-net header first): the switches on its way learn
+    /// where its MAC is now, and neighbours refresh their caches.
+    fn gratuitous_arp(&self) -> Vec<u8> {
+        let mut f = vec![0u8; wisp_abi::net::VNET_HDR_SIZE];
+        f.extend_from_slice(&[0xff; 6]);
+        f.extend_from_slice(&self.mac);
+        f.extend_from_slice(&[0x08, 0x06]);
+        // Ethernet, IPv4, 6 + 4 bytes, a request for its own address.
+        f.extend_from_slice(&[0x00, 0x01, 0x08, 0x00, 6, 4, 0x00, 0x01]);
+        f.extend_from_slice(&self.mac);
+        f.extend_from_slice(&self.ip.0);
+        f.extend_from_slice(&[0; 6]);
+        f.extend_from_slice(&self.ip.0);
+        // Padded to the shortest Ethernet frame.
+        f.resize(wisp_abi::net::VNET_HDR_SIZE + 60, 0);
+        f
     }
 
     /// Stop the I/O thread; returns its counters, or why it stopped the NIC.
@@ -232,6 +254,10 @@ impl Device for Nic {
         let NicState::Ready(tap) = std::mem::replace(&mut self.state, NicState::Detached) else {
             return Err(std::io::Error::other("the NIC is already active"));
         };
+        if self.restored {
+            // Best effort: a lost announcement costs a neighbour a lookup.
+            let _ = rustix::io::write(&tap, &self.gratuitous_arp());
+        }
         let kick = Arc::new(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
         let stop = Arc::new(AtomicBool::new(false));
         let tap_raw = std::os::fd::AsRawFd::as_raw_fd(&tap);
@@ -340,6 +366,7 @@ impl Device for Nic {
         self.mac = n::decode_mac(mac);
         self.ip = n::decode_ipv4(ip);
         self.gateway = (gw != 0).then(|| n::decode_ipv4(gw).0);
+        self.restored = true;
         Ok(())
     }
 }
