@@ -13,7 +13,7 @@
 use std::fmt;
 
 use crate::http::{percent_encode, HttpError, Request};
-use crate::{CreateTemplate, CreateVm, PoolInfo, RemoveVms, SnapshotVm, StopVm, API_PREFIX, MAX_FAMILY, MAX_REMOVE, MIN_CPUS};
+use crate::{CreateTemplate, CreateVm, MigrateVm, PoolInfo, RemoveVms, SnapshotVm, StopVm, API_PREFIX, MAX_FAMILY, MAX_REMOVE, MIN_CPUS};
 
 /// Most CPUs a quota may name (the daemon also refuses more than its host has).
 pub const MAX_CPUS: f64 = 1024.0;
@@ -161,6 +161,13 @@ pub enum Action {
         vm: String,
         /// Where, and whether to stop it then.
         body: SnapshotVm,
+    },
+    /// `POST /v1/vms/{vm}/migrate`: move the VM to another daemon.
+    MigrateVm {
+        /// Which VM.
+        vm: String,
+        /// Where to.
+        body: MigrateVm,
     },
     /// `POST /v1/templates`: make a template (boot, save at ready).
     MakeTemplate(CreateTemplate),
@@ -328,6 +335,7 @@ impl Action {
             }
             Action::RemoveVms(r) => call("POST", format!("{API_PREFIX}/vms/remove"), json(r)),
             Action::SnapshotVm { vm, body } => call("POST", vm_target(vm, "/snapshot"), json(body)),
+            Action::MigrateVm { vm, body } => call("POST", vm_target(vm, "/migrate"), json(body)),
             Action::MakeTemplate(t) => call("POST", format!("{API_PREFIX}/templates"), json(t)),
             Action::ListTemplates => call("GET", format!("{API_PREFIX}/templates"), None),
             Action::RemoveTemplate(name) => call("DELETE", format!("{API_PREFIX}/templates/{}", percent_encode(name)), None),
@@ -390,6 +398,7 @@ impl Action {
                 };
                 Action::Logs { vm: vm(id), follow: flag(req, "follow")?, stderr }
             }
+            ("POST", ["vms", id, "migrate"]) => Action::MigrateVm { vm: vm(id), body: req.json()? },
             ("POST", ["templates"]) => Action::MakeTemplate(req.json()?),
             ("GET", ["templates"]) => Action::ListTemplates,
             ("DELETE", ["templates", name]) => Action::RemoveTemplate(name.to_string()),
@@ -504,6 +513,7 @@ mod tests {
             Action::MakeTemplate(CreateTemplate { name: "t".into(), image: "counter".into(), args: vec!["1".into()], mem: Some(32 << 20), timeout_ms: Some(5) }),
             Action::ListTemplates,
             Action::RemoveTemplate("t".into()),
+            Action::MigrateVm { vm: "abc".into(), body: MigrateVm { to: "10.0.0.2:7777".into() } },
             Action::GetPool,
             Action::SetPool(pool),
         ];

@@ -156,6 +156,11 @@ impl Client {
         self.call(&Action::SnapshotVm { vm: id.into(), body: body.clone() })
     }
 
+    /// `POST /v1/vms/{id}/migrate`: move VM `id` to the daemon at `to`.
+    pub fn migrate(&mut self, id: &str, to: &str) -> Result<crate::MigrateInfo> {
+        self.call(&Action::MigrateVm { vm: id.into(), body: crate::MigrateVm { to: to.into() } })
+    }
+
     /// `POST /v1/templates`: make a template.
     pub fn make_template(&mut self, t: &crate::CreateTemplate) -> Result<crate::TemplateInfo> {
         self.call(&Action::MakeTemplate(t.clone()))

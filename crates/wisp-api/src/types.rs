@@ -430,6 +430,31 @@ pub struct SnapshotInfo {
     pub base: Option<String>,
 }
 
+/// `POST /v1/vms/{id}/migrate`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MigrateVm {
+    /// The destination daemon's migration address, `ADDRESS:PORT`
+    /// (`wispd --migrate-listen`).
+    pub to: String,
+}
+
+/// A VM moved.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MigrateInfo {
+    /// Its id here (gone now).
+    pub vm: String,
+    pub to: String,
+    /// Its id at the destination.
+    pub there: String,
+    /// Bytes of its snapshots sent.
+    pub bytes: u64,
+    /// Microseconds from its pause here to its running there.
+    pub downtime_us: u64,
+    /// Microseconds from the request's arrival to the end.
+    pub took_us: u64,
+}
+
 /// `POST /v1/templates`: boot `image` and save it when its guest says it is
 /// ready (`wisp::ready`); VMs start from it with `CreateVm::from`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]

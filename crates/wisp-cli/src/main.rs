@@ -228,6 +228,16 @@ enum Cmd {
         /// The snapshot file to write (created with your rights, mode 0600).
         file: PathBuf,
     },
+    /// Move a VM to another daemon (`wispd --migrate-listen` there; both
+    /// with the same --migrate-key): it goes on there with its address,
+    /// and here it ends. On any failure it runs on here.
+    Migrate {
+        /// The other daemon's migration address, ADDRESS:PORT.
+        #[arg(long)]
+        to: String,
+        /// VM id or name.
+        vm: String,
+    },
     /// Start a new VM from a snapshot: it goes on from where it was saved
     /// (a new VM each time; prints its id).
     Restore {

@@ -364,6 +364,11 @@ pub fn manage(socket: &Path, cmd: Cmd) -> Result<u8, String> {
             println!("{}: {} bytes ({} KiB of memory), the VM held {} µs", s.path, s.bytes, s.ram_bytes >> 10, s.held_us);
             Ok(0)
         }
+        Cmd::Migrate { to, vm } => {
+            let m = c.migrate(&vm, &to).map_err(err)?;
+            println!("{} -> {} at {}: {} KiB in {:.1} ms, {:.2} ms down", m.vm, m.there, m.to, m.bytes >> 10, m.took_us as f64 / 1e3, m.downtime_us as f64 / 1e3);
+            Ok(0)
+        }
         Cmd::Restore { name, bases, file } => {
             let abs = |f: &std::path::PathBuf| std::path::absolute(f).map(|p| p.display().to_string()).map_err(|e| format!("{}: {e}", f.display()));
             let path = abs(&file)?;

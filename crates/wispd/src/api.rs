@@ -212,6 +212,8 @@ fn status(e: &ActionError) -> u16 {
         EndedBeforeLine { .. } | StdinRefused(_) => 409,
         Timeout(_) | NoLineInTime { .. } => 504,
         Prepare(_) | Network(_) | Record(_) | Vmm(_) | Contain(_) => 500,
+        // The other daemon failed it.
+        Migrate { .. } => 502,
     }
 }
 
@@ -254,6 +256,7 @@ fn route(d: &Daemon, req: &Request, w: &mut UnixStream, keep: bool, arrived: Ins
         Outcome::Snapshot(s) => json(w, 201, &s, keep),
         Outcome::Template(t) => json(w, 201, &t, keep),
         Outcome::Templates(t) => json(w, 200, &t, keep),
+        Outcome::Migrated(m) => json(w, 200, &m, keep),
         Outcome::RemovedVms(r) => json(w, 200, &r, keep),
         Outcome::Removed => {
             http::write_response(w, 204, "application/json", b"", keep)?;

@@ -94,6 +94,14 @@ struct Cli {
     /// process (and its sandbox), each still a KVM VM of its own.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     vms_per_process: u32,
+    /// A file holding the key migrating daemons share (16 bytes or more,
+    /// readable by its owner only): needed to send VMs (`wisp migrate`) and
+    /// to take them.
+    #[arg(long)]
+    migrate_key: Option<PathBuf>,
+    /// Take migrating VMs on this TCP address (needs --migrate-key).
+    #[arg(long)]
+    migrate_listen: Option<std::net::SocketAddr>,
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
@@ -121,6 +129,22 @@ enum Cmd {
     /// The init process of the VMM processes' PID namespace (internal).
     #[command(name = "__pidns", hide = true)]
     Pidns,
+}
+
+/// The migration key in `path`: 16 bytes or more, in a file no one but its
+/// owner may read.
+fn read_key(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).map_err(|e| format!("--migrate-key {}: {e}", path.display()))?;
+    if m.mode() & 0o077 != 0 {
+        return Err(format!("--migrate-key {}: readable by others (chmod 600 it)", path.display()));
+    }
+    let key = std::fs::read(path).map_err(|e| format!("--migrate-key {}: {e}", path.display()))?;
+    let key = key.trim_ascii().to_vec();
+    if key.len() < 16 {
+        return Err(format!("--migrate-key {}: {} bytes, at least 16 wanted", path.display(), key.len()));
+    }
+    Ok(key)
 }
 
 fn parse_subnet(s: &str) -> Result<([u8; 4], u8), String> {
@@ -236,6 +260,7 @@ fn run(cli: Cli) -> Result<(), String> {
         max_vms: cli.max_vms as usize,
         max_guest_memory: cli.max_guest_memory.unwrap_or_else(|| host_ram().saturating_mul(4)),
     };
+    let has_key = cli.migrate_key.is_some();
     let cfg = daemon::Config {
         state_dir: cli.state_dir.clone(),
         image_dirs: image_dirs(cli.images),
@@ -246,6 +271,7 @@ fn run(cli: Cli) -> Result<(), String> {
         image_cache_bytes: cli.image_cache,
         cgroups: !cli.no_cgroups,
         vms_per_process: cli.vms_per_process,
+        migrate_key: cli.migrate_key.as_deref().map(read_key).transpose()?,
     };
     let d = daemon::Daemon::new(cfg).map_err(|e| e.to_string())?;
     for (mem, count) in &cli.pool {
@@ -253,6 +279,15 @@ fn run(cli: Cli) -> Result<(), String> {
     }
     let (p, dd) = (d.pool.clone(), d.clone());
     std::thread::Builder::new().name("pool".into()).spawn(move || p.refill_loop(dd)).map_err(|e| e.to_string())?;
+    if let Some(addr) = cli.migrate_listen {
+        if has_key {
+            let l = std::net::TcpListener::bind(addr).map_err(|e| format!("--migrate-listen {addr}: {e}"))?;
+            let dd = d.clone();
+            std::thread::Builder::new().name("migrate".into()).spawn(move || dd.serve_migrations(l)).map_err(|e| e.to_string())?;
+        } else {
+            return Err("--migrate-listen needs --migrate-key FILE".into());
+        }
+    }
     let dd = d.clone();
     std::thread::Builder::new().name("watch".into()).spawn(move || dd.watch_loop()).map_err(|e| e.to_string())?;
     let (dd, sock) = (d.clone(), cli.socket.clone());

@@ -120,6 +120,9 @@ pub enum ActionError {
     /// The guest memory the daemon admits is taken.
     #[error("not enough guest memory: {} asked, {} of {} in use (wispd --max-guest-memory)", Size(*asked), Size(*used), Size(*max))]
     GuestMemory { asked: u64, used: u64, max: u64 },
+    /// A migration did not happen (the VM goes on where it was).
+    #[error("migration to {to} failed, the VM runs on here: {why}")]
+    Migrate { to: String, why: String },
     /// No template has this name.
     #[error("no such template: {0}")]
     NoTemplate(String),

@@ -47,6 +47,7 @@ mod family;
 mod group;
 mod guestdata;
 mod lifecycle;
+mod migrate;
 mod net;
 pub mod process;
 mod quota;
@@ -90,6 +91,9 @@ pub struct Config {
     /// Most VMs one VMM process holds (1: a process per VM; more: the VMs
     /// of one tenant and size that a group can hold share one, `group`).
     pub vms_per_process: u32,
+    /// The key migrating daemons share (`migrate.rs`); none: this daemon
+    /// neither sends nor takes VMs.
+    pub migrate_key: Option<Vec<u8>>,
 }
 
 /// What an action gives back.
@@ -121,6 +125,8 @@ pub enum Outcome {
     Template(wisp_api::TemplateInfo),
     /// Every template.
     Templates(Vec<wisp_api::TemplateInfo>),
+    /// A VM moved to another daemon.
+    Migrated(wisp_api::MigrateInfo),
 }
 
 /// Why the daemon could not start.
@@ -242,6 +248,7 @@ impl Daemon {
                     }
                 }
             }
+            Action::MigrateVm { vm, body } => Outcome::Migrated(self.migrate_vm(&vm, body, arrived)?),
             Action::MakeTemplate(t) => Outcome::Template(self.make_template(t, arrived)?),
             Action::ListTemplates => Outcome::Templates(self.templates()?),
             Action::RemoveTemplate(name) => {

@@ -97,45 +97,18 @@ impl Daemon {
         let fail = |why: String| ActionError::Snapshot { path: body.path.clone(), why };
         let peer = crate::access::peer(client.as_fd()).map_err(|e| fail(format!("the client's credentials: {e}")))?;
         let file = crate::access::create_as(&peer, Path::new(&body.path)).map_err(|e| fail(format!("{e} (created with the client's rights, uid {})", peer.uid)))?;
-        let (mut rd, wr) = std::io::pipe().map_err(|e| fail(format!("pipe: {e}")))?;
-        let mem = info.mem;
-        // An incremental one's base: the VM's last snapshot through this daemon.
-        let base = match self.vms.lock().by_id.get(&id).and_then(|e| e.last_snapshot) {
-            Some(d) => Some(d),
-            None if body.incremental => {
-                let _ = std::fs::remove_file(&body.path);
-                return Err(fail("an incremental snapshot needs an earlier one of this VM taken through this daemon".into()));
-            }
-            None => None,
-        };
-        let reader = std::thread::spawn(move || snapshot::receive_over(&mut rd, &file, mem, base));
-        // Sent, then the daemon's write end closed: the reader sees the
-        // stream's end when the VMM process closes its own.
-        let sent = proto::send(&dir.join("ctl.sock"), &Request::Snapshot { incremental: body.incremental }, &[wr.as_fd()], Some(SAVE_TIMEOUT));
-        drop(wr);
-        let reply = sent.and_then(proto::read_reply).map(|(r, _)| r);
-        let received = reader.join().unwrap_or_else(|_| Err(snapshot::Error::Io("the reader panicked".into())));
-        let reply = reply.map_err(|source| ActionError::Unreachable { id: id.clone(), source })?;
-        if !reply.ok {
-            let _ = std::fs::remove_file(&body.path);
-            return Err(ActionError::Refused(reply.error.unwrap_or_default()));
-        }
-        let snap = match received {
-            Ok(s) => s,
+        let (snap, [_, ram_bytes, held_us]) = match self.save_into(&id, &dir, info.mem, file, body.incremental, &body.path) {
+            Ok(r) => r,
             Err(e) => {
                 let _ = std::fs::remove_file(&body.path);
-                return Err(fail(e.to_string()));
+                return Err(e);
             }
         };
-        let [_, ram_bytes, held_us] = reply.saved.unwrap_or_default();
-        if let Some(e) = self.vms.lock().by_id.get_mut(&id) {
-            e.last_snapshot = Some(snap.header.digest);
-        }
-        let hex = |d: &[u8; 32]| d.iter().map(|b| format!("{b:02x}")).collect::<String>();
         let took_us = arrived.elapsed().as_micros() as u64;
         if body.stop {
             self.kill(&id)?;
         }
+        let hex = |d: &[u8; 32]| d.iter().map(|b| format!("{b:02x}")).collect::<String>();
         Ok(SnapshotInfo {
             vm: id,
             path: body.path,
@@ -148,25 +121,57 @@ impl Daemon {
         })
     }
 
+    /// A snapshot of VM `id` (its directory `dir`, `mem` bytes of RAM) into
+    /// `file` (named `shown` in errors): its VMM process writes it into a
+    /// pipe, checked here as it comes and sealed; with `incremental` only
+    /// the pages written since its last one, which becomes its base. The
+    /// snapshot, and what the VMM process said: bytes, RAM bytes, µs held.
+    pub(super) fn save_into(&self, id: &str, dir: &Path, mem: u64, file: File, incremental: bool, shown: &str) -> Result<(Snapshot, [u64; 3]), ActionError> {
+        let fail = |why: String| ActionError::Snapshot { path: shown.to_string(), why };
+        let (mut rd, wr) = std::io::pipe().map_err(|e| fail(format!("pipe: {e}")))?;
+        // An incremental one's base: the VM's last snapshot through this daemon.
+        let base = match self.vms.lock().by_id.get(id).and_then(|e| e.last_snapshot) {
+            Some(d) => Some(d),
+            None if incremental => return Err(fail("an incremental snapshot needs an earlier one of this VM taken through this daemon".into())),
+            None => None,
+        };
+        let reader = std::thread::spawn(move || snapshot::receive_over(&mut rd, &file, mem, base));
+        // Sent, then the daemon's write end closed: the reader sees the
+        // stream's end when the VMM process closes its own.
+        let sent = proto::send(&dir.join("ctl.sock"), &Request::Snapshot { incremental }, &[wr.as_fd()], Some(SAVE_TIMEOUT));
+        drop(wr);
+        let reply = sent.and_then(proto::read_reply).map(|(r, _)| r);
+        let received = reader.join().unwrap_or_else(|_| Err(snapshot::Error::Io("the reader panicked".into())));
+        let reply = reply.map_err(|source| ActionError::Unreachable { id: id.to_string(), source })?;
+        if !reply.ok {
+            return Err(ActionError::Refused(reply.error.unwrap_or_default()));
+        }
+        let snap = received.map_err(|e| fail(e.to_string()))?;
+        if let Some(e) = self.vms.lock().by_id.get_mut(id) {
+            e.last_snapshot = Some(snap.header.digest);
+        }
+        Ok((snap, reply.saved.unwrap_or_default()))
+    }
+
     /// The snapshot at `path` for a restore, read with the rights of the
     /// client on `client`, checked whole and copied into a sealed memfd.
     pub(super) fn restorable(&self, path: &str, client: &UnixStream) -> Result<Arc<Restorable>, ActionError> {
         let fail = |why: String| ActionError::Snapshot { path: path.to_string(), why };
         let peer = crate::access::peer(client.as_fd()).map_err(|e| fail(format!("the client's credentials: {e}")))?;
         let file = crate::access::open_as(&peer, Path::new(path), false).map_err(|e| fail(format!("{e} (opened with the client's rights, uid {})", peer.uid)))?;
-        self.checked(file, path)
+        self.checked_file(file, path)
     }
 
     /// A snapshot file of the daemon's own (a template's) for a start.
     pub(super) fn restorable_own(&self, path: &Path) -> Result<Arc<Restorable>, ActionError> {
         let shown = path.display().to_string();
         let file = File::open(path).map_err(|e| ActionError::Snapshot { path: shown.clone(), why: e.to_string() })?;
-        self.checked(file, &shown)
+        self.checked_file(file, &shown)
     }
 
     /// `file` (named `path` in errors) checked whole and copied into a
     /// sealed memfd, or as it was checked before (same identity).
-    fn checked(&self, file: File, path: &str) -> Result<Arc<Restorable>, ActionError> {
+    pub(super) fn checked_file(&self, file: File, path: &str) -> Result<Arc<Restorable>, ActionError> {
         let fail = |why: String| ActionError::Snapshot { path: path.to_string(), why };
         let m = file.metadata().map_err(|e| fail(e.to_string()))?;
         let key = (m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec());

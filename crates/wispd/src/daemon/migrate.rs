@@ -1,0 +1,266 @@
+//! Live migration between daemons (issue 16): the source streams a VM to a
+//! destination daemon over TCP, and the VM goes on there.
+//!
+//! The two daemons share a key (`wispd --migrate-key FILE`) and prove it to
+//! each other before anything else: the destination sends a nonce, the
+//! source answers with HMAC-SHA256(key, "src" ‖ nonce) and a nonce of its
+//! own, the destination answers HMAC(key, "dst" ‖ that nonce). So no one
+//! without the key pushes a VM into a daemon, and no one without it is
+//! sent one. Then, in one connection:
+//!
+//! 1. a JSON line: the VM's name and image, how many snapshots follow;
+//! 2. pre-copy: a whole snapshot, taken while the VM runs (its vCPU is held
+//!    only while its pages are copied);
+//! 3. stop-and-copy: the VM paused, an incremental snapshot of the pages
+//!    written since (KVM's dirty log and the monitor's own);
+//! 4. each as a little-endian u64 length and the snapshot's bytes; the
+//!    destination checks each as it comes (`snapshot::receive_over`, the
+//!    increment over the digest it computed for the whole one);
+//! 5. the destination restores the chain in a pooled shell (a NIC gets the
+//!    VM's address and announces it) and answers a JSON line.
+//!
+//! Only then does the source end its copy of the VM. Any failure before —
+//! the destination unreachable, refusing, dying, the connection dropping —
+//! resumes the VM at the source.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hmac::{Hmac, Mac};
+use rustix::fs::{memfd_create, MemfdFlags};
+use sha2::Sha256;
+use wisp_api::{CreateVm, MigrateInfo, MigrateVm, VmState};
+use wisp_vmm::snapshot;
+
+use super::create::Extras;
+use super::error::ActionError;
+use super::Daemon;
+
+/// How long each step of a migration may take on the wire.
+const IO_TIMEOUT: Duration = Duration::from_secs(20);
+/// The protocol's greeting.
+const GREETING: &str = "WISPMIG1";
+/// Most bytes of one snapshot a destination takes.
+const MAX_PART: u64 = wisp_abi::layout::MAX_MEM + (64 << 20);
+
+/// The header of a migration.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Header {
+    name: Option<String>,
+    image: String,
+    parts: u32,
+}
+
+/// The destination's answer.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Answer {
+    ok: bool,
+    #[serde(default)]
+    id: String,
+    #[serde(default)]
+    error: String,
+}
+
+fn mac(key: &[u8], role: &[u8], nonce: &[u8]) -> Hmac<Sha256> {
+    let mut m = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes any key length");
+    m.update(role);
+    m.update(nonce);
+    m
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    (s.len() % 2 == 0).then(|| (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect::<Option<Vec<u8>>>()).flatten()
+}
+
+fn nonce() -> std::io::Result<[u8; 32]> {
+    let mut n = [0u8; 32];
+    rustix::rand::getrandom(&mut n, rustix::rand::GetRandomFlags::empty()).map_err(std::io::Error::from)?;
+    Ok(n)
+}
+
+/// One line (at most 4 KiB) from the peer.
+fn line(r: &mut impl BufRead) -> std::io::Result<String> {
+    let mut s = String::new();
+    r.take(4096).read_line(&mut s)?;
+    if !s.ends_with('\n') {
+        return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the peer ended or sent a line too long"));
+    }
+    Ok(s.trim_end().to_string())
+}
+
+/// The source's side of the handshake.
+fn prove_source(r: &mut impl BufRead, w: &mut impl Write, key: &[u8]) -> Result<(), String> {
+    let greet = line(r).map_err(|e| format!("no greeting: {e}"))?;
+    let their = greet.strip_prefix(GREETING).map(str::trim).and_then(unhex).filter(|n| n.len() == 32).ok_or("not a wisp daemon's migration port")?;
+    let mine = nonce().map_err(|e| e.to_string())?;
+    writeln!(w, "{} {}", hex(&mac(key, b"src", &their).finalize().into_bytes()), hex(&mine)).map_err(|e| e.to_string())?;
+    let answer = line(r).map_err(|e| format!("no answer to the key: {e}"))?;
+    if let Some(e) = answer.strip_prefix("error: ") {
+        return Err(e.to_string());
+    }
+    let proof = unhex(&answer).ok_or("a malformed proof")?;
+    mac(key, b"dst", &mine).verify_slice(&proof).map_err(|_| "the destination does not hold the migration key".to_string())
+}
+
+/// The destination's side of the handshake.
+fn prove_destination(r: &mut impl BufRead, w: &mut impl Write, key: &[u8]) -> Result<(), String> {
+    let mine = nonce().map_err(|e| e.to_string())?;
+    writeln!(w, "{GREETING} {}", hex(&mine)).map_err(|e| e.to_string())?;
+    let reply = line(r).map_err(|e| e.to_string())?;
+    let (proof, theirs) = reply.split_once(' ').ok_or("a malformed proof")?;
+    let (proof, theirs) = (unhex(proof).ok_or("a malformed proof")?, unhex(theirs).filter(|n| n.len() == 32).ok_or("a malformed nonce")?);
+    if mac(key, b"src", &mine).verify_slice(&proof).is_err() {
+        let _ = writeln!(w, "error: the migration key does not match");
+        return Err("a source without the migration key".into());
+    }
+    writeln!(w, "{}", hex(&mac(key, b"dst", &theirs).finalize().into_bytes())).map_err(|e| e.to_string())
+}
+
+impl Daemon {
+    /// Move VM `key` to the daemon at `body.to`.
+    pub(super) fn migrate_vm(&self, key: &str, body: MigrateVm, arrived: Instant) -> Result<MigrateInfo, ActionError> {
+        let (id, dir, info) = self.dir_of(key)?;
+        if info.state == VmState::Exited {
+            return Err(ActionError::Exited(id));
+        }
+        let fail = |why: String| ActionError::Migrate { to: body.to.clone(), why };
+        let secret = self.cfg.migrate_key.clone().ok_or_else(|| fail("this daemon has no migration key (wispd --migrate-key FILE)".into()))?;
+        let addr: SocketAddr = body.to.parse().map_err(|_| fail("expected ADDRESS:PORT".into()))?;
+        let conn = TcpStream::connect_timeout(&addr, IO_TIMEOUT).map_err(|e| fail(e.to_string()))?;
+        let _ = conn.set_nodelay(true);
+        conn.set_read_timeout(Some(IO_TIMEOUT)).and_then(|_| conn.set_write_timeout(Some(IO_TIMEOUT))).map_err(|e| fail(e.to_string()))?;
+        let mut r = BufReader::new(conn.try_clone().map_err(|e| fail(e.to_string()))?);
+        let mut w = &conn;
+        prove_source(&mut r, &mut w, &secret).map_err(fail)?;
+        let header = Header { name: info.name.clone(), image: info.image.clone(), parts: 2 };
+        writeln!(w, "{}", serde_json::to_string(&header).unwrap_or_default()).map_err(|e| fail(e.to_string()))?;
+        // Pre-copy: the whole VM while it runs.
+        let whole = self.save_part(&id, &dir, info.mem, false).map_err(|e| fail(e.to_string()))?;
+        send_part(&mut w, &whole).map_err(|e| fail(e.to_string()))?;
+        // Stop-and-copy: paused, the pages written since.
+        self.pause(&id, true)?;
+        let down = Instant::now();
+        let moved = self.save_part(&id, &dir, info.mem, true).and_then(|inc| {
+            send_part(&mut w, &inc).map_err(|e| fail(e.to_string()))?;
+            let answer: Answer = serde_json::from_str(&line(&mut r).map_err(|e| fail(format!("no answer: {e}")))?).map_err(|e| fail(format!("a malformed answer: {e}")))?;
+            if !answer.ok {
+                return Err(fail(answer.error));
+            }
+            Ok((answer.id, whole.metadata().map(|m| m.len()).unwrap_or(0) + inc.metadata().map(|m| m.len()).unwrap_or(0)))
+        });
+        match moved {
+            Ok((there, bytes)) => {
+                let downtime_us = down.elapsed().as_micros() as u64;
+                // It runs there: this copy ends (and its address is free).
+                let _ = self.kill(&id);
+                let _ = self.remove(&id, true);
+                Ok(MigrateInfo { vm: id, to: body.to, there, bytes, downtime_us, took_us: arrived.elapsed().as_micros() as u64 })
+            }
+            Err(e) => {
+                // Nothing moved: the VM goes on here.
+                let _ = self.pause(&id, false);
+                Err(e)
+            }
+        }
+    }
+
+    /// A snapshot of VM `id` into a memfd of the daemon's own.
+    fn save_part(&self, id: &str, dir: &std::path::Path, mem: u64, incremental: bool) -> Result<File, ActionError> {
+        let fd = memfd_create("wisp-migrate", MemfdFlags::CLOEXEC).map_err(|e| ActionError::Snapshot { path: "migration".into(), why: e.to_string() })?;
+        let file = File::from(fd);
+        self.save_into(id, dir, mem, file.try_clone().map_err(ActionError::Vmm)?, incremental, "migration")?;
+        Ok(file)
+    }
+
+    /// Take migrations on `listener` (`wispd --migrate-listen`), one at a
+    /// time, each on this thread.
+    pub fn serve_migrations(self: Arc<Self>, listener: TcpListener) {
+        for conn in listener.incoming().flatten() {
+            if let Err(e) = self.take_migration(&conn) {
+                eprintln!("wispd: migration from {}: {e}", conn.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string()));
+            }
+        }
+    }
+
+    fn take_migration(&self, conn: &TcpStream) -> Result<(), String> {
+        let key = self.cfg.migrate_key.clone().ok_or("no migration key")?;
+        conn.set_read_timeout(Some(IO_TIMEOUT)).and_then(|_| conn.set_write_timeout(Some(IO_TIMEOUT))).map_err(|e| e.to_string())?;
+        let _ = conn.set_nodelay(true);
+        let mut r = BufReader::new(conn.try_clone().map_err(|e| e.to_string())?);
+        let mut w = conn;
+        prove_destination(&mut r, &mut w, &key)?;
+        let header: Header = serde_json::from_str(&line(&mut r).map_err(|e| e.to_string())?).map_err(|e| format!("a malformed header: {e}"))?;
+        if !(1..=64).contains(&header.parts) {
+            return Err(format!("{} snapshots announced", header.parts));
+        }
+        let answer = match self.receive_vm(&mut r, &header) {
+            Ok(id) => Answer { ok: true, id, error: String::new() },
+            Err(e) => Answer { ok: false, id: String::new(), error: e.to_string() },
+        };
+        writeln!(w, "{}", serde_json::to_string(&answer).unwrap_or_default()).map_err(|e| e.to_string())
+    }
+
+    /// The snapshots of a migration, checked as they come, and the VM
+    /// restored from them (its id).
+    fn receive_vm(&self, r: &mut impl Read, header: &Header) -> Result<String, ActionError> {
+        let fail = |why: String| ActionError::Snapshot { path: "migration".into(), why };
+        let mut chain = Vec::new();
+        let mut base = None;
+        for i in 0..header.parts {
+            let mut len = [0u8; 8];
+            r.read_exact(&mut len).map_err(|e| fail(format!("snapshot {i}: {e}")))?;
+            let len = u64::from_le_bytes(len);
+            if len > MAX_PART {
+                return Err(fail(format!("snapshot {i} of {len} bytes")));
+            }
+            let file = File::from(memfd_create("wisp-migrated", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).map_err(|e| fail(e.to_string()))?);
+            let snap = snapshot::receive_over(&mut (&mut *r).take(len), &file, wisp_abi::layout::MAX_MEM, base).map_err(|e| fail(format!("snapshot {i}: {e}")))?;
+            base = Some(snap.header.digest);
+            chain.push(self.checked_file(file, "migration")?);
+        }
+        let last = chain.pop().ok_or_else(|| fail("no snapshot".into()))?;
+        let req = CreateVm { image: header.image.clone(), name: header.name.clone(), ..Default::default() };
+        let info = self.create(req, Instant::now(), Extras { restore: Some(last), bases: chain, ..Default::default() })?;
+        Ok(info.id)
+    }
+}
+
+/// One snapshot on the wire: its length, then its bytes.
+fn send_part(w: &mut impl Write, f: &File) -> std::io::Result<()> {
+    let len = f.metadata()?.len();
+    w.write_all(&len.to_le_bytes())?;
+    std::io::copy(&mut Read::take(f, len), w)?;
+    w.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn daemons_prove_the_key_to_each_other() {
+        // Source and destination over a socket pair, with the same key and
+        // with different ones.
+        for (src_key, dst_key, ok) in [(b"same key 123456".as_slice(), b"same key 123456".as_slice(), true), (b"one key 1234567", b"another key 123", false)] {
+            let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+            let dst = std::thread::spawn(move || {
+                let mut r = BufReader::new(b.try_clone().unwrap());
+                prove_destination(&mut r, &mut &b, dst_key)
+            });
+            let mut r = BufReader::new(a.try_clone().unwrap());
+            let src = prove_source(&mut r, &mut &a, src_key);
+            let dst = dst.join().unwrap();
+            assert_eq!((src.is_ok(), dst.is_ok()), (ok, ok), "{src:?} {dst:?}");
+            if !ok {
+                assert_eq!(src.unwrap_err(), "the migration key does not match");
+            }
+        }
+    }
+}
