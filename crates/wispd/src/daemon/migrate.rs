@@ -223,7 +223,8 @@ impl Daemon {
             let file = File::from(memfd_create("wisp-migrated", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).map_err(|e| fail(e.to_string()))?);
             let snap = snapshot::receive_over(&mut (&mut *r).take(len), &file, wisp_abi::layout::MAX_MEM, base).map_err(|e| fail(format!("snapshot {i}: {e}")))?;
             base = Some(snap.header.digest);
-            chain.push(self.checked_file(file, "migration")?);
+            // Checked as it came, its digest computed here: sealed where it is.
+            chain.push(Arc::new(super::snapshot::sealed(file, snap, "migration")?));
         }
         let last = chain.pop().ok_or_else(|| fail("no snapshot".into()))?;
         let req = CreateVm { image: header.image.clone(), name: header.name.clone(), ..Default::default() };

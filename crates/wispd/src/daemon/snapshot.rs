@@ -178,10 +178,9 @@ impl Daemon {
         if let Some(hit) = self.snapshots.get(&key) {
             return Ok(hit);
         }
-        let snap = Snapshot::read(&file, true).map_err(|e| fail(e.to_string()))?;
-        // A copy the client cannot change under the VM (read again: the
-        // file may have changed since it was checked, so the copy is
-        // checked once more).
+        // The head, to know its length; the whole file is checked on the
+        // copy the client cannot change under the VM (hashed once).
+        let snap = Snapshot::read(&file, false).map_err(|e| fail(e.to_string()))?;
         let memfd = memfd_create("wisp-snapshot", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).map_err(|e| fail(format!("memfd: {e}")))?;
         let copy = File::from(memfd);
         copy.set_len(snap.header.file_len).map_err(|e| fail(format!("memfd: {e}")))?;
@@ -189,16 +188,24 @@ impl Daemon {
         if n != snap.header.file_len {
             return Err(fail("it changed while it was read".into()));
         }
-        let snap = Snapshot::read(&copy, true).map_err(|e| fail(format!("{e} (it changed while it was read)")))?;
-        let memfd = OwnedFd::from(copy);
-        fcntl_add_seals(memfd.as_fd(), SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL).map_err(|e| fail(format!("seal: {e}")))?;
-        // A NIC comes back (with the address its guest has); disks,
-        // environment and files not yet.
-        if snap.devices.iter().any(|d| d.kind != wisp_abi::DeviceKind::Net as u32) {
-            return Err(fail("its VM had a disk, or environment and files: restoring those is not supported yet".into()));
-        }
-        let r = Arc::new(Restorable { memfd, snap });
+        let snap = Snapshot::read(&copy, true).map_err(|e| fail(e.to_string()))?;
+        let r = Arc::new(sealed(copy, snap, path)?);
         self.snapshots.put(key, r.clone());
         Ok(r)
     }
+}
+
+/// A checked snapshot in a memfd of the daemon's own (made with
+/// `ALLOW_SEALING`), sealed against every change, if the daemon can
+/// restore what it holds.
+pub(super) fn sealed(memfd: File, snap: Snapshot, path: &str) -> Result<Restorable, ActionError> {
+    let fail = |why: String| ActionError::Snapshot { path: path.to_string(), why };
+    let memfd = OwnedFd::from(memfd);
+    fcntl_add_seals(memfd.as_fd(), SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL).map_err(|e| fail(format!("seal: {e}")))?;
+    // A NIC comes back (with the address its guest has); disks,
+    // environment and files not yet.
+    if snap.devices.iter().any(|d| d.kind != wisp_abi::DeviceKind::Net as u32) {
+        return Err(fail("its VM had a disk, or environment and files: restoring those is not supported yet".into()));
+    }
+    Ok(Restorable { memfd, snap })
 }
