@@ -135,14 +135,14 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
                 }
             },
         };
-        let loaded = match (&image, &restored) {
+        let loaded = match (&image, restored) {
             (Some(image), _) => {
                 let boot = Boot { image, args: &cmd.args, net: cmd.net.take(), data: cmd.data.take(), disks: std::mem::take(&mut cmd.disks), family };
                 boot::load(shell, boot)
             }
             (None, Some(fd)) => {
                 let mut chain = std::mem::take(&mut cmd.bases);
-                chain.push(fd.try_clone().expect("a descriptor to duplicate"));
+                chain.push(fd);
                 // The snapshot's NIC on the tap the daemon made (its saved
                 // identity is checked against it and taken over).
                 let devices = cmd.net.take().map(|c| Box::new(wisp_vmm::Nic::new(c)) as Box<dyn wisp_vmm::Device>).into_iter().collect();
@@ -150,7 +150,6 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
             }
             (None, None) => unreachable!("an image or a snapshot"),
         };
-        drop(restored);
         let mut vm = match loaded {
             Ok(vm) => vm,
             Err(e) => {
