@@ -336,7 +336,7 @@ fn serve_request(shared: &Arc<Shared>, conn: UnixStream, park_waits: bool) -> Op
     let r = match req {
         Request::Uplink => send_line(&reply_conn, &uplink(shared, fds), None),
         Request::Stdin => send_line(&reply_conn, &stdin(shared, fds), None),
-        Request::Snapshot { incremental } => send_line(&reply_conn, &snapshot(shared, fds, incremental), None),
+        Request::Snapshot { incremental, pause } => send_line(&reply_conn, &snapshot(shared, fds, incremental, pause), None),
         req => serve(shared, reply_conn, req),
     };
     shared.release_conn();
@@ -349,7 +349,7 @@ const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A snapshot of the VM into the descriptor passed (a pipe's write end,
 /// closed when it is written: the reader sees its end).
-fn snapshot(shared: &Arc<Shared>, fds: Vec<OwnedFd>, incremental: bool) -> Reply {
+fn snapshot(shared: &Arc<Shared>, fds: Vec<OwnedFd>, incremental: bool, pause: bool) -> Reply {
     let Some(fd) = fds.into_iter().next() else {
         return Reply::err("a snapshot needs its stream's descriptor");
     };
@@ -358,6 +358,17 @@ fn snapshot(shared: &Arc<Shared>, fds: Vec<OwnedFd>, incremental: bool) -> Reply
     };
     if shared.exited() {
         return Reply::err("the VM has exited");
+    }
+    // Paused first: no guest instruction runs between the snapshot and the
+    // pause (a paused vCPU serves the snapshot where it waits).
+    if pause {
+        if !control.pause(Duration::from_secs(1)) {
+            return Reply::err("the vCPU did not stop within 1 s");
+        }
+        let mut st = shared.state.lock().unwrap();
+        if st.phase != WorkerState::Exited {
+            st.phase = WorkerState::Paused;
+        }
     }
     match control.save_with(Box::new(File::from(fd)), incremental, SNAPSHOT_TIMEOUT) {
         Ok(s) => {

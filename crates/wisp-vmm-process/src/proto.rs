@@ -139,10 +139,14 @@ pub enum Request {
     Stdin,
     /// Write a snapshot of the VM to the descriptor (a pipe's write end)
     /// and close it: the VM goes on (or stays paused). With `incremental`,
-    /// only the pages written since its last snapshot.
+    /// only the pages written since its last snapshot. With `pause`, the
+    /// VM is paused first and stays paused (a migration's stop-and-copy, in
+    /// one round trip).
     Snapshot {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         incremental: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        pause: bool,
     },
     /// Try to open a file (proves the sandbox in tests).
     ProbeOpen { path: String },

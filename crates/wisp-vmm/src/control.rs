@@ -114,26 +114,28 @@ impl Control {
         self.cv.notify_all();
         self.interrupt();
         let deadline = Instant::now() + timeout;
-        let mut slot = self.save.lock().unwrap();
         loop {
-            if let Some(done) = slot.done.take() {
-                return done;
-            }
-            let now = Instant::now();
-            if now >= deadline || self.vcpu.lock().unwrap().is_none() || self.halted() != Halt::None {
-                slot.job = None;
-                return Err(if now >= deadline { "the VM did not stop for its snapshot in time" } else { "the VM is not running" }.into());
-            }
-            drop(slot);
-            // Kicked again in case the first kick landed just before KVM_RUN.
+            // The answer is looked for with the pause lock held, the lock
+            // the vCPU thread takes to announce it ([`Control::saved`]):
+            // an answer that comes after the look wakes the wait below.
+            let p = self.paused.lock().unwrap();
             {
-                let p = self.paused.lock().unwrap();
-                let _ = self.cv.wait_timeout(p, (deadline - now).min(Duration::from_millis(1))).unwrap();
+                let mut slot = self.save.lock().unwrap();
+                if let Some(done) = slot.done.take() {
+                    return done;
+                }
+                let now = Instant::now();
+                if now >= deadline || self.vcpu.lock().unwrap().is_none() || self.halted() != Halt::None {
+                    slot.job = None;
+                    return Err(if now >= deadline { "the VM did not stop for its snapshot in time" } else { "the VM is not running" }.into());
+                }
             }
+            // Kicked again in case the first kick landed just before KVM_RUN.
+            let now = Instant::now();
+            drop(self.cv.wait_timeout(p, (deadline - now).min(Duration::from_millis(1))).unwrap());
             if self.save.lock().unwrap().job.is_some() {
                 self.interrupt();
             }
-            slot = self.save.lock().unwrap();
         }
     }
 

@@ -243,7 +243,7 @@ impl From<io::Error> for Failure {
 
 /// Handle one request. Ok(true): answered, connection reusable; Ok(false):
 /// answered with a stream that ended the connection.
-fn route(d: &Daemon, req: &Request, w: &mut UnixStream, keep: bool, arrived: Instant) -> Result<bool, Failure> {
+fn route(d: &Arc<Daemon>, req: &Request, w: &mut UnixStream, keep: bool, arrived: Instant) -> Result<bool, Failure> {
     let action = Action::from_request(req)?;
     let outcome = d.handle(action, arrived, w)?;
     match outcome {

@@ -72,7 +72,8 @@ impl Daemon {
         Ok(reply)
     }
 
-    fn set_state(&self, id: &str, r: &Reply) {
+    /// Record the state a VMM process reported (paused or running).
+    pub(super) fn set_state(&self, id: &str, r: &Reply) {
         let mut t = self.vms.lock();
         if let Some(e) = t.by_id.get_mut(id) {
             if e.info.state != VmState::Exited {

@@ -34,6 +34,7 @@ use rustix::fs::{memfd_create, MemfdFlags};
 use sha2::Sha256;
 use wisp_api::{CreateVm, MigrateInfo, MigrateVm, VmState};
 use wisp_vmm::snapshot;
+use wisp_vmm_process::proto::Request;
 
 use super::create::Extras;
 use super::error::ActionError;
@@ -125,7 +126,7 @@ fn prove_destination(r: &mut impl BufRead, w: &mut impl Write, key: &[u8]) -> Re
 
 impl Daemon {
     /// Move VM `key` to the daemon at `body.to`.
-    pub(super) fn migrate_vm(&self, key: &str, body: MigrateVm, arrived: Instant) -> Result<MigrateInfo, ActionError> {
+    pub(super) fn migrate_vm(self: &Arc<Self>, key: &str, body: MigrateVm, arrived: Instant) -> Result<MigrateInfo, ActionError> {
         let (id, dir, info) = self.dir_of(key)?;
         if info.state == VmState::Exited {
             return Err(ActionError::Exited(id));
@@ -142,12 +143,11 @@ impl Daemon {
         let header = Header { name: info.name.clone(), image: info.image.clone(), parts: 2 };
         writeln!(w, "{}", serde_json::to_string(&header).unwrap_or_default()).map_err(|e| fail(e.to_string()))?;
         // Pre-copy: the whole VM while it runs.
-        let whole = self.save_part(&id, &dir, info.mem, false).map_err(|e| fail(e.to_string()))?;
+        let whole = self.save_part(&id, &dir, info.mem, Request::Snapshot { incremental: false, pause: false }).map_err(|e| fail(e.to_string()))?;
         send_part(&mut w, &whole).map_err(|e| fail(e.to_string()))?;
-        // Stop-and-copy: paused, the pages written since.
-        self.pause(&id, true)?;
+        // Stop-and-copy, in one request: paused, the pages written since.
         let down = Instant::now();
-        let moved = self.save_part(&id, &dir, info.mem, true).and_then(|inc| {
+        let moved = self.save_part(&id, &dir, info.mem, Request::Snapshot { incremental: true, pause: true }).and_then(|inc| {
             send_part(&mut w, &inc).map_err(|e| fail(e.to_string()))?;
             let answer: Answer = serde_json::from_str(&line(&mut r).map_err(|e| fail(format!("no answer: {e}")))?).map_err(|e| fail(format!("a malformed answer: {e}")))?;
             if !answer.ok {
@@ -157,11 +157,21 @@ impl Daemon {
         });
         match moved {
             Ok((there, bytes)) => {
+                let id_shown = id.clone();
                 let downtime_us = down.elapsed().as_micros() as u64;
-                // It runs there: this copy ends (and its address is free).
-                let _ = self.kill(&id);
-                let _ = self.remove(&id, true);
-                Ok(MigrateInfo { vm: id, to: body.to, there, bytes, downtime_us, took_us: arrived.elapsed().as_micros() as u64 })
+                // It runs there: this copy is killed now (a signal; the
+                // paused vCPU never runs again), hidden (its name is free,
+                // no key finds it) and removed off the request's path once
+                // its process has ended.
+                self.kill_process(&id);
+                self.vms.lock().hide(&id);
+                let d = self.clone();
+                std::thread::spawn(move || {
+                    if let Err(e) = d.remove_found(id.clone(), &dir, &info, true) {
+                        eprintln!("wispd: VM {id}, moved away: cannot remove its copy here: {e}");
+                    }
+                });
+                Ok(MigrateInfo { vm: id_shown, to: body.to, there, bytes, downtime_us, took_us: arrived.elapsed().as_micros() as u64 })
             }
             Err(e) => {
                 // Nothing moved: the VM goes on here.
@@ -171,11 +181,12 @@ impl Daemon {
         }
     }
 
-    /// A snapshot of VM `id` into a memfd of the daemon's own.
-    fn save_part(&self, id: &str, dir: &std::path::Path, mem: u64, incremental: bool) -> Result<File, ActionError> {
+    /// A snapshot of VM `id` into a memfd of the daemon's own (`how`: a
+    /// [`Request::Snapshot`]).
+    fn save_part(&self, id: &str, dir: &std::path::Path, mem: u64, how: Request) -> Result<File, ActionError> {
         let fd = memfd_create("wisp-migrate", MemfdFlags::CLOEXEC).map_err(|e| ActionError::Snapshot { path: "migration".into(), why: e.to_string() })?;
         let file = File::from(fd);
-        self.save_into(id, dir, mem, file.try_clone().map_err(ActionError::Vmm)?, incremental, "migration")?;
+        self.save_into(id, dir, mem, file.try_clone().map_err(ActionError::Vmm)?, how, "migration")?;
         Ok(file)
     }
 

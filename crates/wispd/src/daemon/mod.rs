@@ -224,7 +224,7 @@ impl Daemon {
     }
 
     /// Execute one action, whose request arrived at `arrived`.
-    pub fn handle(&self, action: Action, arrived: Instant, client: &UnixStream) -> Result<Outcome, ActionError> {
+    pub fn handle(self: &Arc<Self>, action: Action, arrived: Instant, client: &UnixStream) -> Result<Outcome, ActionError> {
         Ok(match action {
             Action::Version => {
                 Outcome::Version(Version { version: env!("CARGO_PKG_VERSION").into(), abi: wisp_abi::ABI_VERSION })

@@ -28,26 +28,33 @@ impl Daemon {
     /// still in it.
     pub(super) fn remove(&self, key: &str, force: bool) -> Result<(), ActionError> {
         let (id, dir, info) = self.dir_of(key)?;
+        self.remove_found(id, &dir, &info, force)
+    }
+
+    /// [`Daemon::remove`] of the VM found: `id`, its directory and what
+    /// the table said of it (a hidden one too).
+    pub(super) fn remove_found(&self, id: String, dir: &std::path::Path, info: &wisp_api::VmInfo, force: bool) -> Result<(), ActionError> {
+        let wait = |t| self.vms.wait_exit_id(&id, Some(t));
         if info.state != VmState::Exited {
             if !force {
                 return Err(ActionError::Running(id));
             }
-            if !ask_kill(&dir) {
+            if !ask_kill(dir) {
                 self.kill_process(&id);
             }
-            if self.wait(&id, Some(Duration::from_secs(5))).is_err() {
+            if wait(Duration::from_secs(5)).is_err() {
                 self.kill_process(&id);
                 if let Some(g) = &info.group {
                     // A group that does not end its VM when asked twice is
                     // not working: the whole group goes (its tenant's VMs).
-                    if self.wait(&id, Some(Duration::from_secs(2))).is_err() {
+                    if wait(Duration::from_secs(2)).is_err() {
                         self.kill_group(g);
                     }
                 }
-                self.wait(&id, Some(Duration::from_secs(5)))?;
+                wait(Duration::from_secs(5))?;
             }
         }
-        let root = root_of(&info).to_string();
+        let root = root_of(info).to_string();
         let mut t = self.vms.lock();
         let removed = t.remove(&id);
         if let Some(e) = &removed {
@@ -61,7 +68,7 @@ impl Daemon {
         // once: a removal that found it gone already leaves nothing.
         if let Some(g) = &info.group {
             if removed.is_some() {
-                self.remove_dir(&dir);
+                self.remove_dir(dir);
                 self.leave_group(g);
             }
             return Ok(());
@@ -71,7 +78,7 @@ impl Daemon {
         if !family_left {
             self.destroy_group(&root);
         }
-        self.remove_dir(&dir);
+        self.remove_dir(dir);
         Ok(())
     }
 

@@ -31,6 +31,8 @@ use super::Daemon;
 
 /// Longest the daemon waits for a VMM process to write its snapshot.
 const SAVE_TIMEOUT: Duration = Duration::from_secs(35);
+/// The pipe a snapshot comes through: 1 MiB (`fs.pipe-max-size`'s default).
+const PIPE_BYTES: usize = 1 << 20;
 
 /// A snapshot read for a restore: checked, in a sealed memfd.
 pub(super) struct Restorable {
@@ -97,7 +99,7 @@ impl Daemon {
         let fail = |why: String| ActionError::Snapshot { path: body.path.clone(), why };
         let peer = crate::access::peer(client.as_fd()).map_err(|e| fail(format!("the client's credentials: {e}")))?;
         let file = crate::access::create_as(&peer, Path::new(&body.path)).map_err(|e| fail(format!("{e} (created with the client's rights, uid {})", peer.uid)))?;
-        let (snap, [_, ram_bytes, held_us]) = match self.save_into(&id, &dir, info.mem, file, body.incremental, &body.path) {
+        let (snap, [_, ram_bytes, held_us]) = match self.save_into(&id, &dir, info.mem, file, Request::Snapshot { incremental: body.incremental, pause: false }, &body.path) {
             Ok(r) => r,
             Err(e) => {
                 let _ = std::fs::remove_file(&body.path);
@@ -123,12 +125,19 @@ impl Daemon {
 
     /// A snapshot of VM `id` (its directory `dir`, `mem` bytes of RAM) into
     /// `file` (named `shown` in errors): its VMM process writes it into a
-    /// pipe, checked here as it comes and sealed; with `incremental` only
-    /// the pages written since its last one, which becomes its base. The
-    /// snapshot, and what the VMM process said: bytes, RAM bytes, µs held.
-    pub(super) fn save_into(&self, id: &str, dir: &Path, mem: u64, file: File, incremental: bool, shown: &str) -> Result<(Snapshot, [u64; 3]), ActionError> {
+    /// pipe, checked here as it comes and sealed. `how` is the request
+    /// ([`Request::Snapshot`]): with `incremental` only the pages written
+    /// since its last one, which becomes its base; with `pause` the VM
+    /// paused first and left paused. The snapshot, and what the VMM process
+    /// said: bytes, RAM bytes, µs held.
+    pub(super) fn save_into(&self, id: &str, dir: &Path, mem: u64, file: File, how: Request, shown: &str) -> Result<(Snapshot, [u64; 3]), ActionError> {
         let fail = |why: String| ActionError::Snapshot { path: shown.to_string(), why };
+        let Request::Snapshot { incremental, .. } = how else { return Err(fail("not a snapshot request".into())) };
         let (mut rd, wr) = std::io::pipe().map_err(|e| fail(format!("pipe: {e}")))?;
+        // Room for a small VM's whole snapshot: its vCPU, held while it
+        // writes, does not wait for this side to read (the host's limit, or
+        // the default 64 KiB, otherwise).
+        let _ = rustix::pipe::fcntl_setpipe_size(&wr, PIPE_BYTES);
         // An incremental one's base: the VM's last snapshot through this daemon.
         let base = match self.vms.lock().by_id.get(id).and_then(|e| e.last_snapshot) {
             Some(d) => Some(d),
@@ -138,11 +147,12 @@ impl Daemon {
         let reader = std::thread::spawn(move || snapshot::receive_over(&mut rd, &file, mem, base));
         // Sent, then the daemon's write end closed: the reader sees the
         // stream's end when the VMM process closes its own.
-        let sent = proto::send(&dir.join("ctl.sock"), &Request::Snapshot { incremental }, &[wr.as_fd()], Some(SAVE_TIMEOUT));
+        let sent = proto::send(&dir.join("ctl.sock"), &how, &[wr.as_fd()], Some(SAVE_TIMEOUT));
         drop(wr);
         let reply = sent.and_then(proto::read_reply).map(|(r, _)| r);
         let received = reader.join().unwrap_or_else(|_| Err(snapshot::Error::Io("the reader panicked".into())));
         let reply = reply.map_err(|source| ActionError::Unreachable { id: id.to_string(), source })?;
+        self.set_state(id, &reply);
         if !reply.ok {
             return Err(ActionError::Refused(reply.error.unwrap_or_default()));
         }

@@ -43,12 +43,15 @@ pub struct Entry {
     /// The digest of the last snapshot taken of it: the base of the next
     /// incremental one.
     pub last_snapshot: Option<[u8; 32]>,
+    /// Moved to another daemon and being removed here: not found by any
+    /// name, id or prefix, nor listed (see [`Table::hide`]).
+    hidden: bool,
 }
 
 impl Entry {
     /// A fresh entry for a VM.
     pub fn new(info: VmInfo, dir: PathBuf, child: Option<Child>, pidfd: Option<OwnedFd>) -> Entry {
-        Entry { info, dir, child, pidfd, ctl: None, forwards: Vec::new(), uplink: None, ns_pid: None, uid: None, removing: false, last_snapshot: None }
+        Entry { info, dir, child, pidfd, ctl: None, forwards: Vec::new(), uplink: None, ns_pid: None, uid: None, removing: false, last_snapshot: None, hidden: false }
     }
 }
 
@@ -81,13 +84,13 @@ pub fn root_of(info: &VmInfo) -> &str {
 impl Table {
     /// Find a VM by id, unique id prefix (3+ digits), or name.
     pub fn lookup(&self, key: &str) -> Result<String, ActionError> {
-        if self.by_id.contains_key(key) {
+        if self.by_id.get(key).is_some_and(|e| !e.hidden) {
             return Ok(key.to_string());
         }
         if let Some(id) = self.names.get(key).filter(|id| !id.is_empty()) {
             return Ok(id.clone());
         }
-        let matches: Vec<&String> = self.by_id.keys().filter(|id| key.len() >= 3 && id.starts_with(key)).collect();
+        let matches: Vec<&String> = self.by_id.iter().filter(|(id, e)| key.len() >= 3 && id.starts_with(key) && !e.hidden).map(|(id, _)| id).collect();
         match matches.len() {
             1 => Ok(matches[0].clone()),
             0 => Err(ActionError::NotFound(key.to_string())),
@@ -104,7 +107,7 @@ impl Table {
 
     /// All VMs, oldest first.
     pub fn list(&self) -> Vec<VmInfo> {
-        let mut v: Vec<VmInfo> = self.by_id.values().map(|e| e.info.clone()).collect();
+        let mut v: Vec<VmInfo> = self.by_id.values().filter(|e| !e.hidden).map(|e| e.info.clone()).collect();
         v.sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)));
         v
     }
@@ -149,6 +152,21 @@ impl Table {
             }
         }
         self.by_id.insert(e.info.id.clone(), e);
+    }
+
+    /// Hide VM `id`, which goes on elsewhere (moved to another daemon)
+    /// while its copy here is killed and removed: no key finds it and no
+    /// list shows it, its name is free, and its end is not recorded; it
+    /// still counts against the limits until it is removed.
+    pub fn hide(&mut self, id: &str) {
+        let Some(e) = self.by_id.get_mut(id) else { return };
+        e.hidden = true;
+        e.removing = true;
+        if let Some(n) = &e.info.name {
+            if self.names.get(n).is_some_and(|holder| holder == id) {
+                self.names.remove(n);
+            }
+        }
     }
 
     /// Take VM `id` out, with its name (if the name is this VM's).
@@ -231,8 +249,14 @@ impl VmTable {
 
     /// Wait until VM `key` has exited (or `timeout`).
     pub fn wait_exit(&self, key: &str, timeout: Option<Duration>) -> Result<ExitInfo, ActionError> {
+        let id = self.lock().lookup(key)?;
+        self.wait_exit_id(&id, timeout)
+    }
+
+    /// [`VmTable::wait_exit`] of the VM whose id is `id` (hidden or not).
+    pub fn wait_exit_id(&self, id: &str, timeout: Option<Duration>) -> Result<ExitInfo, ActionError> {
+        let id = id.to_string();
         let mut t = self.lock();
-        let id = t.lookup(key)?;
         let deadline = timeout.map(|d| Instant::now() + d);
         loop {
             match t.by_id.get(&id) {
@@ -314,6 +338,24 @@ pub(crate) mod tests {
         assert!(t.remove("abc123000000").is_some());
         t.reserve_name("one").unwrap();
         assert_eq!(t.list().len(), 1);
+    }
+
+    #[test]
+    fn a_hidden_vm_is_found_by_no_key_but_counts_until_removed() {
+        let mut t = Table::default();
+        t.insert(vm("abc123000000", Some("moved")));
+        t.insert(vm("def456000000", None));
+        t.hide("abc123000000");
+        for key in ["abc123000000", "moved", "abc1", "abc"] {
+            assert!(matches!(t.lookup(key), Err(ActionError::NotFound(_))), "{key} finds a hidden VM");
+        }
+        assert_eq!(t.list().iter().map(|v| v.id.as_str()).collect::<Vec<_>>(), ["def456000000"]);
+        // Its name is free at once; its RAM counts until it is removed.
+        t.reserve_name("moved").unwrap();
+        assert_eq!(t.live, (2, 32 << 20));
+        assert!(t.by_id["abc123000000"].removing, "its end is not recorded");
+        assert!(t.remove("abc123000000").is_some());
+        assert_eq!(t.live, (1, 16 << 20));
     }
 
     #[test]
