@@ -1,7 +1,10 @@
 //! Live migration between two real daemons on this host (`wisp migrate`):
 //! a counting VM moves and goes on counting at the destination with its
 //! memory whole, and is gone at the source; a destination with another key,
-//! or none listening, leaves it running at the source.
+//! or none listening, leaves it running at the source; an echo server moves
+//! between two daemons in two network namespaces joined by a veth pair
+//! while a client streams through a TCP connection to it, and the
+//! connection carries on.
 
 mod common;
 
@@ -125,5 +128,109 @@ fn a_migration_that_fails_at_any_phase_leaves_the_vm_running_here() {
         wait_console(&mut cs, "c", &format!("count {} ", last + 2));
     }
     assert!(src.wisp(&["kill", "c"]).status.success());
+    let _ = std::fs::remove_dir_all(&keys);
+}
+
+/// A client that streams numbered lines through a TCP connection to the
+/// echo service at argv[1] and checks each comes back, one at a time
+/// (a socket timeout of 10 s: a connection that stalls or resets fails
+/// it). It says `streaming` once under way; once a line arrives on its
+/// standard input (the move is done), it checks 50 more round trips and
+/// says `ok ROUND_TRIPS LONGEST_GAP_MS`.
+const STREAM_CLIENT: &str = r#"
+import select, socket, sys, time
+s = socket.create_connection((sys.argv[1], 7), timeout=10)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+n, buf, after, worst, last = 0, b'', None, 0.0, time.monotonic()
+while after is None or n < after + 50:
+    line = b'%d\n' % n
+    s.sendall(line)
+    while len(buf) < len(line):
+        chunk = s.recv(4096)
+        if not chunk:
+            sys.exit('the connection closed after %d round trips' % n)
+        buf += chunk
+    if not buf.startswith(line):
+        sys.exit('sent %r, got %r' % (line, buf))
+    buf = buf[len(line):]
+    now = time.monotonic(); worst = max(worst, now - last); last = now
+    n += 1
+    if n == 20:
+        print('streaming', flush=True)
+    if after is None and select.select([sys.stdin], [], [], 0.002)[0]:
+        sys.stdin.readline(); after = n
+print('ok %d %.1f' % (n, worst * 1000), flush=True)
+"#;
+
+#[test]
+fn a_tcp_stream_goes_on_through_a_move_between_namespaces() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    let keys = common::fresh_dir("migrate-net-keys");
+    let key = key_file(&keys, "k", "a shared migration key 0123456789");
+    // Two hosts: the same VM subnet on each one's bridge, the bridges joined
+    // by a veth pair (one Ethernet segment), and a second veth pair for the
+    // daemons' own traffic.
+    let subnet = "10.77.31.0/24";
+    let a = Daemon::start_in_netns("mig-net-a", subnet, &["--migrate-key", &key]);
+    let b = Daemon::start_in_netns("mig-net-b", subnet, &["--migrate-key", &key, "--migrate-listen", "0.0.0.0:7799"]);
+    let ns_b = b.netns.clone().unwrap();
+    let ok = |d: &Daemon, argv: &[&str]| assert!(d.in_netns(argv).status().unwrap().success(), "{argv:?}");
+    for d in [&a, &b] {
+        ok(d, &["ip", "link", "add", "name", "wisp0", "type", "bridge"]);
+        ok(d, &["ip", "link", "set", "wisp0", "up"]);
+    }
+    ok(&a, &["ip", "link", "add", "name", "seg-a", "type", "veth", "peer", "name", "seg-b", "netns", &ns_b]);
+    ok(&a, &["ip", "link", "set", "seg-a", "master", "wisp0", "up"]);
+    ok(&b, &["ip", "link", "set", "seg-b", "master", "wisp0", "up"]);
+    ok(&a, &["ip", "link", "add", "name", "mig-a", "type", "veth", "peer", "name", "mig-b", "netns", &ns_b]);
+    ok(&a, &["ip", "addr", "add", "10.78.31.1/30", "dev", "mig-a"]);
+    ok(&a, &["ip", "link", "set", "mig-a", "up"]);
+    ok(&b, &["ip", "addr", "add", "10.78.31.2/30", "dev", "mig-b"]);
+    ok(&b, &["ip", "link", "set", "mig-b", "up"]);
+    // The client: a third namespace on the segment, through a's bridge.
+    let client = common::netns::NetNs::new("mig-net-c");
+    ok(&a, &["ip", "link", "add", "name", "cli-a", "type", "veth", "peer", "name", "cli-c", "netns", &client.name]);
+    ok(&a, &["ip", "link", "set", "cli-a", "master", "wisp0", "up"]);
+    client.exec_ok(&["ip", "addr", "add", "10.77.31.250/24", "dev", "cli-c"]);
+    client.exec_ok(&["ip", "link", "set", "cli-c", "up"]);
+    // A bridge forwards through a new port once the kernel has seen its
+    // carrier (up to a second later): the segment is whole then.
+    for (d, port) in [(&a, "seg-a"), (&b, "seg-b"), (&a, "cli-a")] {
+        eventually(Duration::from_secs(10), || format!("{port} never forwarding"), || {
+            let o = d.in_netns(&["bridge", "link", "show", "dev", port]).output().unwrap();
+            String::from_utf8_lossy(&o.stdout).contains("state forwarding").then_some(())
+        });
+    }
+
+    let (mut ca, mut cb) = (a.client(), b.client());
+    let o = a.wisp(&["run", "-d", "--name", "e", "--net", "echo"]);
+    assert!(o.status.success(), "{}", out(&o));
+    wait_console(&mut ca, "e", "echo: listening");
+    let ip = ca.get("e").unwrap().ip.expect("an address");
+
+    let mut stream = client.cmd(&["python3", "-c", STREAM_CLIENT, &ip]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let (tx, said) = std::sync::mpsc::channel();
+    let lines = BufReader::new(stream.stdout.take().unwrap());
+    std::thread::spawn(move || lines.lines().map_while(Result::ok).for_each(|l| drop(tx.send(l))));
+    let next = |what: &str| said.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|e| panic!("the client never said {what}: {e}"));
+    assert_eq!(next("streaming"), "streaming");
+
+    // The move, mid-stream.
+    let o = a.wisp(&["migrate", "e", "--to", "10.78.31.2:7799"]);
+    assert!(o.status.success(), "{}", out(&o));
+    writeln!(stream.stdin.as_mut().unwrap(), "moved").unwrap();
+    let summary = next("ok");
+    let st = stream.wait().unwrap();
+    let mut err = String::new();
+    let _ = std::io::Read::read_to_string(&mut stream.stderr.take().unwrap(), &mut err);
+    assert!(st.success() && summary.starts_with("ok "), "{summary} {err}");
+    eprintln!("migrated mid-stream: {} ({summary}: round trips, longest gap in ms)", out(&o).trim());
+
+    // It runs at b with its address; a has no copy.
+    let there = cb.get("e").expect("at the destination");
+    assert_eq!((there.ip.as_deref(), there.state), (Some(ip.as_str()), wisp_api::VmState::Running));
+    assert!(ca.get("e").is_err(), "still at the source");
+    drop(client);
     let _ = std::fs::remove_dir_all(&keys);
 }
