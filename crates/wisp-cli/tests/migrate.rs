@@ -82,7 +82,8 @@ fn a_vm_moves_to_another_daemon_and_goes_on_there() {
 
 /// A destination that proves the key, then fails at `phase`: "header" (it
 /// closes once it has read the header), "first" (once it has read the
-/// whole snapshot), "answer" (it reads everything and refuses). Listens on
+/// whole snapshot), "refuse" (it refuses the whole snapshot), "answer" (it
+/// takes the whole, reads the increment and refuses). Listens on
 /// a port it prints first.
 const FAKE_DESTINATION: &str = r#"
 import hashlib, hmac, os, socket, struct, sys
@@ -90,7 +91,7 @@ key, phase = open(sys.argv[1], 'rb').read().strip(), sys.argv[2]
 l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen(1)
 print(l.getsockname()[1], flush=True)
 c, _ = l.accept(); f = c.makefile('rb')
-n = os.urandom(32); c.sendall(b'WISPMIG1 ' + n.hex().encode() + b'\n')
+n = os.urandom(32); c.sendall(b'WISPMIG2 ' + n.hex().encode() + b'\n')
 proof, theirs = f.readline().decode().split()
 assert hmac.compare_digest(bytes.fromhex(proof), hmac.new(key, b'src' + n, hashlib.sha256).digest())
 c.sendall(hmac.new(key, b'dst' + bytes.fromhex(theirs), hashlib.sha256).hexdigest().encode() + b'\n')
@@ -98,6 +99,8 @@ f.readline()
 if phase == 'header': c.close(); sys.exit(0)
 size = struct.unpack('<Q', f.read(8))[0]; f.read(size)
 if phase == 'first': c.close(); sys.exit(0)
+if phase == 'refuse': c.sendall(b'{"ok": false, "error": "no room for its pages"}\n'); c.close(); sys.exit(0)
+c.sendall(b'{"ok": true}\n')
 size = struct.unpack('<Q', f.read(8))[0]; f.read(size)
 c.sendall(b'{"ok": false, "error": "no room here"}\n'); c.close()
 "#;
@@ -110,7 +113,7 @@ fn a_migration_that_fails_at_any_phase_leaves_the_vm_running_here() {
     let mut cs = src.client();
     assert!(src.wisp(&["run", "-d", "--name", "c", "counter", "--", "100000", "20ms"]).status.success());
     wait_console(&mut cs, "c", "count 2 ");
-    for (phase, says) in [("header", "the VM runs on here"), ("first", "the VM runs on here"), ("answer", "no room here")] {
+    for (phase, says) in [("header", "the VM runs on here"), ("first", "the VM runs on here"), ("refuse", "no room for its pages"), ("answer", "no room here")] {
         let mut fake = std::process::Command::new("python3")
             .args(["-c", FAKE_DESTINATION, &key, phase])
             .stdout(std::process::Stdio::piped())

@@ -10,7 +10,9 @@
 //!
 //! 1. a JSON line: the VM's name and image, how many snapshots follow;
 //! 2. pre-copy: a whole snapshot, taken while the VM runs (its vCPU is held
-//!    only while its pages are copied);
+//!    only while its pages are copied); the destination answers once it has
+//!    it checked and sealed, and only then does the VM stop (so the
+//!    downtime does not include the destination still taking in the whole);
 //! 3. stop-and-copy: the VM paused, an incremental snapshot of the pages
 //!    written since (KVM's dirty log and the monitor's own);
 //! 4. each as a little-endian u64 length and the snapshot's bytes; the
@@ -42,8 +44,8 @@ use super::Daemon;
 
 /// How long each step of a migration may take on the wire.
 const IO_TIMEOUT: Duration = Duration::from_secs(20);
-/// The protocol's greeting.
-const GREETING: &str = "WISPMIG1";
+/// The protocol's greeting (2: each snapshot but the last is answered).
+const GREETING: &str = "WISPMIG2";
 /// Most bytes of one snapshot a destination takes.
 const MAX_PART: u64 = wisp_abi::layout::MAX_MEM + (64 << 20);
 
@@ -55,7 +57,8 @@ struct Header {
     parts: u32,
 }
 
-/// The destination's answer.
+/// The destination's answer: to each snapshot but the last (taken, or
+/// why not), and to the whole (the VM's id there, or why not).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Answer {
     ok: bool,
@@ -145,15 +148,12 @@ impl Daemon {
         // Pre-copy: the whole VM while it runs.
         let whole = self.save_part(&id, &dir, info.mem, Request::Snapshot { incremental: false, pause: false }).map_err(|e| fail(e.to_string()))?;
         send_part(&mut w, &whole).map_err(|e| fail(e.to_string()))?;
+        answer(&mut r).map_err(fail)?;
         // Stop-and-copy, in one request: paused, the pages written since.
         let down = Instant::now();
         let moved = self.save_part(&id, &dir, info.mem, Request::Snapshot { incremental: true, pause: true }).and_then(|inc| {
             send_part(&mut w, &inc).map_err(|e| fail(e.to_string()))?;
-            let answer: Answer = serde_json::from_str(&line(&mut r).map_err(|e| fail(format!("no answer: {e}")))?).map_err(|e| fail(format!("a malformed answer: {e}")))?;
-            if !answer.ok {
-                return Err(fail(answer.error));
-            }
-            Ok((answer.id, whole.metadata().map(|m| m.len()).unwrap_or(0) + inc.metadata().map(|m| m.len()).unwrap_or(0)))
+            Ok((answer(&mut r).map_err(fail)?, whole.metadata().map(|m| m.len()).unwrap_or(0) + inc.metadata().map(|m| m.len()).unwrap_or(0)))
         });
         match moved {
             Ok((there, bytes)) => {
@@ -211,7 +211,7 @@ impl Daemon {
         if !(1..=64).contains(&header.parts) {
             return Err(format!("{} snapshots announced", header.parts));
         }
-        let answer = match self.receive_vm(&mut r, &header) {
+        let answer = match self.receive_vm(&mut r, &mut w, &header) {
             Ok(id) => Answer { ok: true, id, error: String::new() },
             Err(e) => Answer { ok: false, id: String::new(), error: e.to_string() },
         };
@@ -220,7 +220,7 @@ impl Daemon {
 
     /// The snapshots of a migration, checked as they come, and the VM
     /// restored from them (its id).
-    fn receive_vm(&self, r: &mut impl Read, header: &Header) -> Result<String, ActionError> {
+    fn receive_vm(&self, r: &mut impl Read, w: &mut impl Write, header: &Header) -> Result<String, ActionError> {
         let fail = |why: String| ActionError::Snapshot { path: "migration".into(), why };
         let mut chain = Vec::new();
         let mut base = None;
@@ -236,11 +236,26 @@ impl Daemon {
             base = Some(snap.header.digest);
             // Checked as it came, its digest computed here: sealed where it is.
             chain.push(Arc::new(super::snapshot::sealed(file, snap, "migration")?));
+            if i + 1 < header.parts {
+                let taken = Answer { ok: true, id: String::new(), error: String::new() };
+                writeln!(w, "{}", serde_json::to_string(&taken).unwrap_or_default()).map_err(|e| fail(e.to_string()))?;
+            }
         }
         let last = chain.pop().ok_or_else(|| fail("no snapshot".into()))?;
         let req = CreateVm { image: header.image.clone(), name: header.name.clone(), ..Default::default() };
         let info = self.create(req, Instant::now(), Extras { restore: Some(last), bases: chain, ..Default::default() })?;
         Ok(info.id)
+    }
+}
+
+/// The destination's answer: its id there (empty for a snapshot taken), or
+/// the error it gave.
+fn answer(r: &mut impl BufRead) -> Result<String, String> {
+    let a: Answer = serde_json::from_str(&line(r).map_err(|e| format!("no answer: {e}"))?).map_err(|e| format!("a malformed answer: {e}"))?;
+    if a.ok {
+        Ok(a.id)
+    } else {
+        Err(a.error)
     }
 }
 
