@@ -3,6 +3,8 @@
 //! family's rules. The daemon's VMM process prepares before a request (and
 //! warms the shell up); `wisp run` without a daemon does both at once.
 
+use std::os::fd::{AsFd, OwnedFd};
+
 use wisp_vmm::{open_kvm, BlockConfig, DataDevice, Device, Disk, FamilyOptions, Image, NetConfig, Nic, Shell, Vm};
 
 /// What a VM is booted with.
@@ -42,18 +44,32 @@ pub fn load(shell: Shell, boot: Boot<'_>) -> wisp_vmm::Result<Vm> {
 /// and checked again here: the daemon is not trusted blindly) into the
 /// prepared `shell`, with `devices` (the snapshot's: same kinds, same
 /// order); the VM is ready to run on from where it was saved.
-pub fn restore(shell: Shell, chain: &[std::os::fd::OwnedFd], devices: Vec<Box<dyn Device>>, family: FamilyOptions) -> wisp_vmm::Result<Vm> {
-    use std::os::fd::AsFd;
-    let mut snaps = Vec::with_capacity(chain.len());
-    for fd in chain {
-        let file = std::fs::File::from(fd.try_clone().map_err(|e| wisp_vmm::Error::Host("the snapshot's descriptor", e))?);
-        // The daemon checked the digests; the heads are parsed again (cheap).
-        snaps.push(wisp_vmm::snapshot::Snapshot::read(&file, false)?);
-    }
+pub fn restore(shell: Shell, chain: &[OwnedFd], devices: Vec<Box<dyn Device>>, family: FamilyOptions) -> wisp_vmm::Result<Vm> {
+    restore_held(shell, chain, devices, family, None)
+}
+
+/// [`restore`], held with `more` before the VM is made: once the chain's
+/// pages are mapped, `more` is asked for one more increment (made over the
+/// chain's last snapshot; a migration's destination waits for it there,
+/// while the source takes it), which is laid over them.
+pub fn restore_held(shell: Shell, chain: &[OwnedFd], devices: Vec<Box<dyn Device>>, family: FamilyOptions, more: Option<Box<dyn FnOnce() -> Result<OwnedFd, String> + '_>>) -> wisp_vmm::Result<Vm> {
+    let snaps = chain.iter().map(read_head).collect::<wisp_vmm::Result<Vec<_>>>()?;
     let pairs: Vec<_> = snaps.iter().zip(chain).map(|(s, fd)| (s, fd.as_fd())).collect();
-    let mut vm = shell.restore_chain(&pairs, devices)?;
+    let mut restoring = shell.begin_restore(&pairs, devices)?;
+    if let Some(more) = more {
+        let fd = more().map_err(|e| wisp_vmm::Error::Host("the last increment", std::io::Error::other(e)))?;
+        restoring.over(&read_head(&fd)?, fd.as_fd())?;
+    }
+    let mut vm = restoring.finish()?;
     vm.set_family_options(family);
     Ok(vm)
+}
+
+/// A snapshot's head from the daemon's sealed memfd `fd` (the daemon
+/// checked the digest; the head is parsed again, cheaply).
+fn read_head(fd: &OwnedFd) -> wisp_vmm::Result<wisp_vmm::snapshot::Snapshot> {
+    let file = std::fs::File::from(fd.try_clone().map_err(|e| wisp_vmm::Error::Host("the snapshot's descriptor", e))?);
+    Ok(wisp_vmm::snapshot::Snapshot::read(&file, false)?)
 }
 
 /// The environment and files the daemon sent in memfd `fd` (at most

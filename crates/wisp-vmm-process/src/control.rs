@@ -48,6 +48,9 @@ pub(crate) struct StartCmd {
     pub bases: Vec<OwnedFd>,
     /// Make the VM a template: its snapshot goes here when it is ready.
     pub template: Option<OwnedFd>,
+    /// Hold the restore until a [`Request::Continue`] brings the last
+    /// increment.
+    pub hold: bool,
 }
 
 /// What a pooled shell is asked to do with itself.
@@ -69,7 +72,11 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
             Some(Err(e)) => Reply::err(e.to_string()),
             None => Reply::err("preload needs the image descriptor"),
         },
-        Request::Start { image_name, preloaded, restore, bases, args, timeout_ms, attach, net, uplink, family_limit, client_head, data, stdin, volumes, template } => {
+        Request::Start { image_name, preloaded, restore, bases, args, timeout_ms, attach, net, uplink, family_limit, client_head, data, stdin, volumes, template, hold } => {
+            if hold && !restore {
+                let _ = send_line(&conn, &Reply::err("only a restore is held"), None);
+                return None;
+            }
             let mut fds = fds.into_iter();
             let first = if preloaded { None } else { fds.next() };
             if !preloaded && first.is_none() {
@@ -165,6 +172,7 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
                         snapshot,
                         bases: chain,
                         template,
+                        hold,
                     };
                     return Some((Pooled::Start(cmd), conn));
                 }
@@ -178,7 +186,7 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
             let _ = send_line(&conn, &Reply::ok(WorkerState::Pooled), None);
             std::process::exit(0)
         }
-        Request::Pause | Request::Resume | Request::Stop { .. } | Request::Kill | Request::Wait | Request::Uplink | Request::Snapshot { .. } => {
+        Request::Pause | Request::Resume | Request::Stop { .. } | Request::Kill | Request::Wait | Request::Uplink | Request::Snapshot { .. } | Request::Continue => {
             Reply::err("the VM has not been started")
         }
         Request::Host { .. } => Reply::err(NOT_A_GROUP),
@@ -451,7 +459,7 @@ fn probe_open(path: &str) -> Reply {
 fn serve(shared: &Arc<Shared>, conn: UnixStream, req: Request) -> io::Result<()> {
     let control = || shared.state.lock().unwrap().control.clone();
     let reply = match req {
-        Request::Start { .. } | Request::Preload { .. } => Reply::err("this VM has already been started"),
+        Request::Start { .. } | Request::Preload { .. } | Request::Continue => Reply::err("this VM has already been started"),
         Request::Host { .. } => Reply::err(NOT_A_GROUP),
         Request::Status => shared.state.lock().unwrap().status(),
         Request::Stdin => Reply::err("stdin needs the connection's descriptor"),

@@ -11,6 +11,7 @@
 //! through its directory.
 
 use std::io::{self, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::sync::{mpsc, Arc};
@@ -26,7 +27,7 @@ use crate::sink::{Deferred, Sink, FIRST_EXIT_WITHIN};
 use crate::control::{next_pooled, serve_pooled, spawn_server, Pooled};
 use crate::exit::{exit_info, Runner, ERROR};
 use crate::fork::become_child_vm;
-use crate::proto::{send_line, Reply, WorkerState};
+use crate::proto::{send_line, Reply, Request, WorkerState};
 use crate::state::Shared;
 
 /// Entry point of the daemon's VMM process for VM `id`: its directory
@@ -146,7 +147,10 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
                 // The snapshot's NIC on the tap the daemon made (its saved
                 // identity is checked against it and taken over).
                 let devices = cmd.net.take().map(|c| Box::new(wisp_vmm::Nic::new(c)) as Box<dyn wisp_vmm::Device>).into_iter().collect();
-                boot::restore(shell, &chain, devices, family)
+                // A held restore says so once its pages are mapped, and
+                // waits on the start's connection for the last increment.
+                let more = cmd.hold.then(|| Box::new(|| wait_held(&conn)) as Box<dyn FnOnce() -> Result<OwnedFd, String>>);
+                boot::restore_held(shell, &chain, devices, family, more)
             }
             (None, None) => unreachable!("an image or a snapshot"),
         };
@@ -216,6 +220,25 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
         finish(&shared, exit_info(&outcome, Runner::Daemon));
     }
 }
+
+/// A held restore's wait: say it is held (`paused`) on the start's
+/// connection `conn`, then take the [`Request::Continue`] that brings the
+/// last increment (its descriptor). Anything else, or nothing within
+/// [`HELD_AT_MOST`], fails the start.
+fn wait_held(conn: &std::os::unix::net::UnixStream) -> Result<OwnedFd, String> {
+    send_line(conn, &Reply::ok(WorkerState::Paused), None).map_err(|e| e.to_string())?;
+    let _ = conn.set_read_timeout(Some(HELD_AT_MOST));
+    let next = crate::control::read_request(conn);
+    let _ = conn.set_read_timeout(None);
+    match next {
+        Some((Request::Continue, fds)) => fds.into_iter().next().ok_or_else(|| "continue needs the increment's descriptor".into()),
+        Some(_) => Err("a held restore takes only `continue`".into()),
+        None => Err("the held restore was not continued".into()),
+    }
+}
+
+/// Longest a held restore waits for its last increment.
+const HELD_AT_MOST: Duration = Duration::from_secs(30);
 
 /// Longest a poked shell stays awake for the start (a create that did not
 /// come to this shell costs this much CPU time at most).

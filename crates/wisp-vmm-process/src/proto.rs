@@ -86,7 +86,18 @@ pub enum Request {
         /// ready; the VM ends then.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         template: bool,
+        /// A restore held before it runs (a migration's destination, while
+        /// the source takes the last increment): the snapshot's pages are
+        /// mapped and the devices placed, the reply says `paused`, and the
+        /// VM waits on this connection for [`Request::Continue`] (anything
+        /// else, or the connection's end, ends the process).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        hold: bool,
     },
+    /// On a held start's connection: lay the increment passed (a sealed
+    /// memfd, made over the snapshot held) over the restore and run the VM;
+    /// answered as a start is.
+    Continue,
     /// To a group VMM process (`wispd __worker --group N`): run one more VM
     /// of its own, `vm`, in its own KVM VM on a thread of its own. The
     /// descriptors: the VM's `exit.json` and `console.log` (opened by the

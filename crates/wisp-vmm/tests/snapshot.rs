@@ -218,7 +218,7 @@ fn incremental_snapshots_restore_over_their_base() {
     assert!(control.pause(Duration::from_secs(1)));
     let (pb, fb, b) = save_through_pipe(&control, "inc", true, Some(a.header.digest));
     let b = b.unwrap();
-    let (pc, _, c) = save_through_pipe(&control, "full", false, None);
+    let (pc, fc, c) = save_through_pipe(&control, "full", false, None);
     let c = c.unwrap();
     control.resume();
     control.kill();
@@ -237,6 +237,22 @@ fn incremental_snapshots_restore_over_their_base() {
     let k = first_count(&out);
     assert!(k >= 20, "restored at {k}: {out}");
     assert!(out.contains(&format!("count {k} sum {}", sum_after(k))) && out.ends_with(&format!("counter: done, sum {}\n", sum_after(60))), "{out}");
+    // Held (a migration's destination): the base restored first, the
+    // increment laid over it later; the same VM.
+    let mut held = Shell::create(&kvm, 16 << 20).unwrap().begin_restore(&[(&a, fa.as_fd())], Vec::new()).expect("base restored");
+    held.over(&b, fb.as_fd()).expect("increment laid over");
+    let mut out = Vec::new();
+    assert_eq!(held.finish().expect("a VM").run(&mut out, Some(Duration::from_secs(30))), Outcome::Exited(0));
+    let out = String::from_utf8_lossy(&out).into_owned();
+    let k = first_count(&out);
+    assert!(k >= 20 && out.ends_with(&format!("counter: done, sum {}\n", sum_after(60))), "held restore at {k}: {out}");
+    // Laid over what it was not made over, or a full snapshot laid over: refused.
+    let c = Snapshot::read(&fc, true).unwrap();
+    let mut other = Shell::create(&kvm, 16 << 20).unwrap().begin_restore(&[(&c, fc.as_fd())], Vec::new()).expect("restored");
+    let e = other.over(&b, fb.as_fd()).err().unwrap().to_string();
+    assert!(e.contains("not made over"), "{e}");
+    let e = other.over(&c, fc.as_fd()).err().unwrap().to_string();
+    assert!(e.contains("a full one"), "{e}");
     // Alone, or over another base, it is refused.
     let e = Shell::create(&kvm, 16 << 20).unwrap().restore(&b, fb.as_fd(), Vec::new()).err().unwrap().to_string();
     assert!(e.contains("needs its base"), "{e}");

@@ -377,10 +377,16 @@ fn fpu_from(b: &[u8]) -> kvm_fpu {
 
 const _: () = assert!(FPU == 128 + 8 + 16 + 256 + 8);
 
+/// The buffer a file or stream is read through: under the allocator's
+/// mapping threshold (128 KiB), so it comes from the heap already touched
+/// instead of a fresh mapping faulted in and torn down each time (a
+/// quarter to half a millisecond here for a 1 MiB one).
+const COPY_BUF: usize = 64 << 10;
+
 /// SHA-256 of a snapshot file with its digest field read as zeros.
 pub fn digest_file(file: &File) -> std::io::Result<[u8; 32]> {
     let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
+    let mut buf = vec![0u8; COPY_BUF];
     let mut at = 0u64;
     loop {
         let n = file.read_at(&mut buf, at)?;
@@ -453,8 +459,11 @@ pub fn receive_over(stream: &mut dyn Read, file: &File, mem_limit: u64, base: Op
     head[DIGEST].fill(0);
     file.set_len(0).map_err(io)?;
     file.write_all_at(&head, 0).map_err(io)?;
+    // Hashed as written (no second read of the file).
+    let mut hash = Sha256::new();
+    hash.update(&head);
     let mut at = h.data_offset;
-    let mut buf = vec![0u8; 1 << 20];
+    let mut buf = vec![0u8; COPY_BUF];
     while at < h.file_len {
         let want = buf.len().min((h.file_len - at) as usize);
         let n = stream.read(&mut buf[..want]).map_err(io)?;
@@ -462,13 +471,15 @@ pub fn receive_over(stream: &mut dyn Read, file: &File, mem_limit: u64, base: Op
             return Err(Error::Truncated { have: at, want: h.file_len });
         }
         file.write_all_at(&buf[..n], at).map_err(io)?;
+        hash.update(&buf[..n]);
         at += n as u64;
     }
     let mut extra = [0u8; 1];
     if stream.read(&mut extra).map_err(io)? != 0 {
         return Err(malformed("the stream goes on after the snapshot's end"));
     }
-    let digest = seal(file).map_err(io)?;
+    let digest: [u8; 32] = hash.finalize().into();
+    file.write_all_at(&digest, DIGEST.start as u64).map_err(io)?;
     Ok(Snapshot { header: Header { digest, ..snap.header }, ..snap })
 }
 

@@ -39,6 +39,7 @@ use watchdog::Watchdog;
 
 pub use crate::loader::FEATURES;
 pub use stdio::{Console, StdinFeed};
+pub use snapshot::Restoring;
 
 /// A VM with its image loaded, ready to run.
 pub struct Vm {

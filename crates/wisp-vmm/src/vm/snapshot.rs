@@ -24,8 +24,10 @@ use crate::shell::Shell;
 use crate::snapshot::{self, Snapshot, SYSTEM_PAGES};
 use crate::state::{self, VcpuState};
 
-/// Bytes of guest RAM copied out per write.
-const CHUNK: usize = 256 << 10;
+/// Bytes of guest RAM copied out per write: under the allocator's mapping
+/// threshold (128 KiB), so the buffer is heap already touched, not a fresh
+/// mapping faulted in and torn down (with its TLB shootdown) per snapshot.
+const CHUNK: usize = 64 << 10;
 
 /// RFLAGS bits a restored guest keeps (the arithmetic flags and the
 /// direction flag; everything else is the monitor's: bit 1 set, no IOPL,
@@ -203,7 +205,16 @@ impl Shell {
     /// after it, oldest first: each one's base is the one before it (by
     /// digest), and their pages are laid over each other in that order;
     /// the vCPU, devices and page tables are the last one's.
-    pub fn restore_chain(mut self, chain: &[(&Snapshot, BorrowedFd<'_>)], devices: Vec<Box<dyn Device>>) -> Result<Vm> {
+    pub fn restore_chain(self, chain: &[(&Snapshot, BorrowedFd<'_>)], devices: Vec<Box<dyn Device>>) -> Result<Vm> {
+        self.begin_restore(chain, devices)?.finish()
+    }
+
+    /// [`Shell::restore_chain`] up to the VM itself: RAM holds the chain's
+    /// pages and the devices are placed (not started). More increments can
+    /// be laid over it ([`Restoring::over`]) before it becomes the VM
+    /// ([`Restoring::finish`]): a migration's destination restores the
+    /// whole snapshot while the source takes the last increment.
+    pub fn begin_restore(mut self, chain: &[(&Snapshot, BorrowedFd<'_>)], devices: Vec<Box<dyn Device>>) -> Result<Restoring> {
         let t = Instant::now();
         let Some(&(snap, _)) = chain.last() else {
             return Err(snapshot::Error::Malformed("no snapshot to restore".into()).into());
@@ -213,23 +224,14 @@ impl Shell {
             match i {
                 0 if incremental => return Err(snapshot::Error::Malformed("an incremental snapshot needs its base restored with it".into()).into()),
                 0 => {}
-                _ if !incremental => return Err(snapshot::Error::Malformed(format!("snapshot {} of the chain is a full one, not laid over another", i + 1)).into()),
-                _ if s.header.base_digest != chain[i - 1].0.header.digest => {
-                    return Err(snapshot::Error::Malformed(format!("snapshot {} of the chain was not made over the one before it", i + 1)).into())
-                }
-                _ if s.header.mem_size != chain[0].0.header.mem_size => {
-                    return Err(snapshot::Error::Malformed(format!("snapshot {} of the chain is of another RAM size", i + 1)).into())
-                }
-                _ => {}
+                _ => laid_over(s, chain[i - 1].0, i + 1)?,
             }
         }
         let h = &snap.header;
         if h.mem_size != self.ram.size() {
             return Err(snapshot::Error::Memory { want: h.mem_size >> 20, have: self.ram.size() >> 20 }.into());
         }
-        if h.features & !super::FEATURES != 0 {
-            return Err(Error::Unsupported(format!("the snapshot's guest uses features {:#x} this monitor lacks", h.features & !super::FEATURES)));
-        }
+        features_known(h.features)?;
         let mut devices = Devices::new(devices)?;
         devices.place(self.ram.size());
         devices.restore_state(&snap.devices)?;
@@ -247,22 +249,79 @@ impl Shell {
             self.ram.map_runs(*file, &runs)?;
         }
         self.stats.phase("restore_map", t2);
+        Ok(Restoring { shell: self, devices, last: snap.clone(), began: t })
+    }
+}
+
+/// Snapshot `s` (number `n` of a chain) must be an increment made over
+/// `base`, of the same RAM size.
+fn laid_over(s: &Snapshot, base: &Snapshot, n: usize) -> Result<()> {
+    let why = if s.header.flags & snapshot::flags::INCREMENTAL == 0 {
+        format!("snapshot {n} of the chain is a full one, not laid over another")
+    } else if s.header.base_digest != base.header.digest {
+        format!("snapshot {n} of the chain was not made over the one before it")
+    } else if s.header.mem_size != base.header.mem_size {
+        format!("snapshot {n} of the chain is of another RAM size")
+    } else {
+        return Ok(());
+    };
+    Err(snapshot::Error::Malformed(why).into())
+}
+
+/// A guest's features must all be this monitor's.
+fn features_known(features: u64) -> Result<()> {
+    if features & !super::FEATURES != 0 {
+        return Err(Error::Unsupported(format!("the snapshot's guest uses features {:#x} this monitor lacks", features & !super::FEATURES)));
+    }
+    Ok(())
+}
+
+/// A restore under way ([`Shell::begin_restore`]): guest RAM holds the
+/// pages restored so far; the vCPU, page tables and devices' parameters
+/// will be the last snapshot's.
+pub struct Restoring {
+    shell: Shell,
+    devices: Devices,
+    /// The last snapshot laid (the next one's base).
+    last: Snapshot,
+    began: Instant,
+}
+
+impl Restoring {
+    /// Lay increment `inc` (read and checked from `file`) over what is
+    /// restored: it must have been made over the last snapshot laid.
+    pub fn over(&mut self, inc: &Snapshot, file: BorrowedFd<'_>) -> Result<()> {
+        laid_over(inc, &self.last, 2)?;
+        features_known(inc.header.features)?;
+        self.devices.restore_state(&inc.devices)?;
+        let t = Instant::now();
+        let runs: Vec<(u64, u64, u64)> = inc.runs.iter().map(|r| (r.gpa, r.len, r.offset)).collect();
+        self.shell.ram.map_runs(file, &runs)?;
+        self.shell.stats.phase("restore_map", t);
+        self.last = inc.clone();
+        Ok(())
+    }
+
+    /// The VM: the last snapshot's page tables (checked against what the
+    /// monitor writes), vCPU and clock; its devices start.
+    pub fn finish(self) -> Result<Vm> {
+        let Restoring { mut shell, devices, last: snap, began } = self;
         let t2 = Instant::now();
-        let user = arch::restore_tables(&self.ram, &snap.pt0, &snap.pd).map_err(snapshot::Error::Malformed)?;
-        self.stats.phase("restore_tables", t2);
+        let user = arch::restore_tables(&shell.ram, &snap.pt0, &snap.pd).map_err(snapshot::Error::Malformed)?;
+        shell.stats.phase("restore_tables", t2);
         let t2 = Instant::now();
         // The monitor's own special registers (set with the rest below:
         // loading CR3 again drops KVM's translations of the old tables).
-        let mut sregs = self.vcpu.get_sregs().map_err(|e| Error::Kvm("get sregs", e.into()))?;
+        let mut sregs = shell.vcpu.get_sregs().map_err(|e| Error::Kvm("get sregs", e.into()))?;
         arch::set_sregs(&mut sregs);
         let mut regs = snap.vcpu.regs;
         regs.rflags = (regs.rflags & USER_FLAGS) | 0x2;
-        state::restore_vcpu(&self.vcpu, &VcpuState { regs, sregs, fpu: snap.vcpu.fpu, tsc: snap.vcpu.tsc })?;
-        self.stats.phase("restore_vcpu", t2);
-        self.stats.phase("restore", t);
+        state::restore_vcpu(&shell.vcpu, &VcpuState { regs, sregs, fpu: snap.vcpu.fpu, tsc: snap.vcpu.tsc })?;
+        shell.stats.phase("restore_vcpu", t2);
+        shell.stats.phase("restore", began);
         let now = Instant::now();
         let boot = now.checked_sub(Duration::from_nanos(snap.vcpu.clock_ns)).unwrap_or(now);
-        Vm::assemble(self, devices, h.features, user, boot)
+        Vm::assemble(shell, devices, snap.header.features, user, boot)
     }
 }
 

@@ -27,16 +27,23 @@ use crate::forward::Forward;
 /// A create's volumes, opened: (file, read-only) each.
 pub(super) type Vols = Vec<(std::os::fd::OwnedFd, bool)>;
 
+/// Brings a held restore's last increment (see [`Extras::hold`]).
+pub(super) type More<'a> = Box<dyn FnOnce() -> Result<Arc<Restorable>, ActionError> + 'a>;
+
 /// What a create takes besides its request: volumes opened with the
 /// client's rights, a snapshot to restore, and where a template's
 /// snapshot goes (the write end of the daemon's pipe).
 #[derive(Default)]
-pub(super) struct Extras {
+pub(super) struct Extras<'a> {
     pub vols: Vols,
     pub restore: Option<Arc<Restorable>>,
     /// The bases `restore` is laid over, oldest first.
     pub bases: Vec<Arc<Restorable>>,
     pub template: Option<std::os::fd::OwnedFd>,
+    /// Hold the restore once its pages are mapped, ask this for one more
+    /// increment (made over `restore`), lay it over and only then run the
+    /// VM: a migration's destination takes the last increment so.
+    pub hold: Option<More<'a>>,
 }
 
 pub(super) fn valid_name(n: &str) -> bool {
@@ -114,7 +121,7 @@ impl Drop for Rollback<'_> {
 
 impl Daemon {
     /// Create and start a VM.
-    pub(super) fn create(&self, req: CreateVm, arrived: Instant, extras: Extras) -> Result<VmInfo, ActionError> {
+    pub(super) fn create(&self, req: CreateVm, arrived: Instant, extras: Extras<'_>) -> Result<VmInfo, ActionError> {
         self.create_inner(req, Attach::No, arrived, extras).map(|(info, _)| info)
     }
 
@@ -124,7 +131,7 @@ impl Daemon {
     /// id, then the console as HTTP chunks until the VM ends) with no hop
     /// through the daemon. On an error nothing has been written to
     /// `client`: the caller answers it.
-    pub(super) fn create_handed_over(&self, req: CreateVm, arrived: Instant, client: &UnixStream, extras: Extras) -> Result<VmInfo, ActionError> {
+    pub(super) fn create_handed_over(&self, req: CreateVm, arrived: Instant, client: &UnixStream, extras: Extras<'_>) -> Result<VmInfo, ActionError> {
         self.create_inner(req, Attach::Client(client), arrived, extras).map(|(info, _)| info)
     }
 
@@ -136,7 +143,7 @@ impl Daemon {
     /// until it comes, the VM ends (its end of the stream closes) or
     /// [`FIRST_LINE_DEADLINE`] after `arrived` passes; the stream is then
     /// closed, which the VMM process takes as a reader gone.
-    pub(super) fn create_wait_line(&self, req: CreateVm, arrived: Instant, extras: Extras) -> Result<VmInfo, ActionError> {
+    pub(super) fn create_wait_line(&self, req: CreateVm, arrived: Instant, extras: Extras<'_>) -> Result<VmInfo, ActionError> {
         // The pool's refill waits for the first line too.
         let _busy = self.pool.busy();
         let (info, stream) = self.create_inner(req, Attach::Daemon, arrived, extras)?;
@@ -168,8 +175,11 @@ impl Daemon {
 
     /// A create: of `req.image`, or of the snapshot `restore` (read and
     /// checked from `req.restore`).
-    fn create_inner(&self, req: CreateVm, attach: Attach<'_>, arrived: Instant, extras: Extras) -> Result<(VmInfo, Option<BufReader<UnixStream>>), ActionError> {
-        let Extras { vols, restore, bases, template } = extras;
+    fn create_inner(&self, req: CreateVm, attach: Attach<'_>, arrived: Instant, extras: Extras<'_>) -> Result<(VmInfo, Option<BufReader<UnixStream>>), ActionError> {
+        let Extras { vols, restore, bases, template, hold } = extras;
+        if hold.is_some() && restore.is_none() {
+            return Err(ActionError::Snapshot { path: req.image.clone(), why: "only a restore is held".into() });
+        }
         let mem = match &restore {
             Some(r) => r.snap.header.mem_size,
             None => req.mem.unwrap_or(DEFAULT_MEM),
@@ -336,6 +346,7 @@ impl Daemon {
                 data: data.is_some(),
                 stdin: req.stdin,
                 volumes: vols.iter().map(|(_, ro)| *ro).collect(),
+                hold: hold.is_some(),
             },
         };
         // A group's VM: its files and control socket's listener first.
@@ -383,6 +394,15 @@ impl Daemon {
             }
         }
         let (reply, stream) = answer.map_err(ActionError::Vmm)?;
+        // A held restore said it holds the pages mapped: its last increment
+        // goes on the same connection, and the answer is then the start's.
+        let (reply, stream) = match hold {
+            Some(more) if reply.ok => {
+                let inc = more()?;
+                proto::send_on(stream.into_inner(), &Request::Continue, &[inc.memfd.as_fd()]).and_then(proto::read_reply).map_err(ActionError::Vmm)?
+            }
+            _ => (reply, stream),
+        };
         let Reply { ok: true, boot_us, received_ns, entered_ns, preloaded: held, .. } = reply else {
             return Err(ActionError::StartRefused(reply.error.unwrap_or_else(|| "start failed".into())));
         };

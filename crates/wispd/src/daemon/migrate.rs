@@ -38,7 +38,8 @@ use wisp_api::{CreateVm, MigrateInfo, MigrateVm, VmState};
 use wisp_vmm::snapshot;
 use wisp_vmm_process::proto::Request;
 
-use super::create::Extras;
+use super::create::{Extras, More};
+use super::snapshot::Restorable;
 use super::error::ActionError;
 use super::Daemon;
 
@@ -219,33 +220,56 @@ impl Daemon {
     }
 
     /// The snapshots of a migration, checked as they come, and the VM
-    /// restored from them (its id).
+    /// restored from them (its id). Each snapshot but the last is answered
+    /// once checked and sealed, the one before the last once it is restored
+    /// in a pooled shell and held there: the source stops the VM then, and
+    /// the last increment only has to be laid over it.
     fn receive_vm(&self, r: &mut impl Read, w: &mut impl Write, header: &Header) -> Result<String, ActionError> {
         let fail = |why: String| ActionError::Snapshot { path: "migration".into(), why };
-        let mut chain = Vec::new();
-        let mut base = None;
-        for i in 0..header.parts {
-            let mut len = [0u8; 8];
-            r.read_exact(&mut len).map_err(|e| fail(format!("snapshot {i}: {e}")))?;
-            let len = u64::from_le_bytes(len);
-            if len > MAX_PART {
-                return Err(fail(format!("snapshot {i} of {len} bytes")));
-            }
-            let file = File::from(memfd_create("wisp-migrated", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).map_err(|e| fail(e.to_string()))?);
-            let snap = snapshot::receive_over(&mut (&mut *r).take(len), &file, wisp_abi::layout::MAX_MEM, base).map_err(|e| fail(format!("snapshot {i}: {e}")))?;
-            base = Some(snap.header.digest);
-            // Checked as it came, its digest computed here: sealed where it is.
-            chain.push(Arc::new(super::snapshot::sealed(file, snap, "migration")?));
-            if i + 1 < header.parts {
-                let taken = Answer { ok: true, id: String::new(), error: String::new() };
-                writeln!(w, "{}", serde_json::to_string(&taken).unwrap_or_default()).map_err(|e| fail(e.to_string()))?;
-            }
-        }
-        let last = chain.pop().ok_or_else(|| fail("no snapshot".into()))?;
         let req = CreateVm { image: header.image.clone(), name: header.name.clone(), ..Default::default() };
-        let info = self.create(req, Instant::now(), Extras { restore: Some(last), bases: chain, ..Default::default() })?;
+        let mut chain: Vec<Arc<Restorable>> = Vec::new();
+        for i in 0..header.parts - 1 {
+            if i > 0 {
+                taken(w).map_err(|e| fail(e.to_string()))?;
+            }
+            chain.push(receive_part(r, i, chain.last())?);
+        }
+        let Some(restore) = chain.pop() else {
+            // A single snapshot: restored as it is.
+            let last = receive_part(r, 0, None)?;
+            return Ok(self.create(req, Instant::now(), Extras { restore: Some(last), ..Default::default() })?.id);
+        };
+        let base = restore.clone();
+        let last = header.parts - 1;
+        let more: More<'_> = Box::new(move || {
+            taken(w).map_err(|e| fail(e.to_string()))?;
+            receive_part(r, last, Some(&base))
+        });
+        let info = self.create(req, Instant::now(), Extras { restore: Some(restore), bases: chain, hold: Some(more), ..Default::default() })?;
         Ok(info.id)
     }
+}
+
+/// Snapshot `i` of a migration from `r` (its length, then its bytes),
+/// checked as it comes (an increment over `base`) and sealed where it is.
+fn receive_part(r: &mut impl Read, i: u32, base: Option<&Arc<Restorable>>) -> Result<Arc<Restorable>, ActionError> {
+    let fail = |why: String| ActionError::Snapshot { path: "migration".into(), why };
+    let mut len = [0u8; 8];
+    r.read_exact(&mut len).map_err(|e| fail(format!("snapshot {i}: {e}")))?;
+    let len = u64::from_le_bytes(len);
+    if len > MAX_PART {
+        return Err(fail(format!("snapshot {i} of {len} bytes")));
+    }
+    let file = File::from(memfd_create("wisp-migrated", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).map_err(|e| fail(e.to_string()))?);
+    let base = base.map(|b| b.snap.header.digest);
+    let snap = snapshot::receive_over(&mut r.take(len), &file, wisp_abi::layout::MAX_MEM, base).map_err(|e| fail(format!("snapshot {i}: {e}")))?;
+    // Checked as it came, its digest computed here: sealed where it is.
+    Ok(Arc::new(super::snapshot::sealed(file, snap, "migration")?))
+}
+
+/// The destination's answer to a snapshot it has taken.
+fn taken(w: &mut impl Write) -> std::io::Result<()> {
+    writeln!(w, "{}", serde_json::to_string(&Answer { ok: true, id: String::new(), error: String::new() }).unwrap_or_default())
 }
 
 /// The destination's answer: its id there (empty for a snapshot taken), or

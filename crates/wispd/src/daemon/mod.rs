@@ -238,7 +238,7 @@ impl Daemon {
                     (None, None) => None,
                 };
                 let bases = vm.bases.iter().map(|p| self.restorable(p, client)).collect::<Result<Vec<_>, _>>()?;
-                let extras = create::Extras { vols, restore, bases, template: None };
+                let extras = create::Extras { vols, restore, bases, template: None, hold: None };
                 match (attach, wait_line) {
                     (false, false) => Outcome::Created(self.create(vm, arrived, extras)?),
                     (false, true) => Outcome::Created(self.create_wait_line(vm, arrived, extras)?),
