@@ -245,7 +245,6 @@ impl CreateVm {
                 (self.mem.is_some(), "mem"),
                 (self.wants_nic(), "NIC (net, ports)"),
                 (!self.env.is_empty() || !self.files.is_empty(), "environment or files"),
-                (!self.volumes.is_empty(), "volumes"),
                 (!self.args.is_empty(), "arguments"),
                 (self.stdin, "stdin"),
             ];
@@ -444,6 +443,9 @@ mod tests {
         assert!(bad(&|c| c.net = true).contains("no NIC"));
         assert!(bad(&|c| c.env = vec!["A=1".into()]).contains("no environment"));
         assert!(bad(&|c| c.args = vec!["x".into()]).contains("no arguments"));
+        // A disk's contents are not in a snapshot: its volume is given again.
+        let with_disk = CreateVm { volumes: vec![crate::Volume { path: "/v.img".into(), read_only: false }], ..r.clone() };
+        assert_eq!(with_disk.check(), Ok(()));
         // Through the router: a 400.
         let e = parse("POST", "/v1/vms", r#"{"image":"s","restore":"/s","mem":33554432}"#).unwrap_err();
         assert_eq!(e.status, 400);

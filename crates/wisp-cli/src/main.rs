@@ -248,6 +248,11 @@ enum Cmd {
         /// base first, then each increment before FILE (repeatable).
         #[arg(long = "base", value_name = "SNAPSHOT")]
         bases: Vec<PathBuf>,
+        /// The volume of the saved VM's next disk, FILE[:ro] as it was
+        /// given (a disk's contents are not in a snapshot; repeatable, in
+        /// the disks' order).
+        #[arg(long = "volume", value_parser = guestio::parse_volume)]
+        volumes: Vec<(PathBuf, bool)>,
         /// The snapshot file.
         file: PathBuf,
     },

@@ -369,11 +369,13 @@ pub fn manage(socket: &Path, cmd: Cmd) -> Result<u8, String> {
             println!("{} -> {} at {}: {} KiB in {:.1} ms, {:.2} ms down", m.vm, m.there, m.to, m.bytes >> 10, m.took_us as f64 / 1e3, m.downtime_us as f64 / 1e3);
             Ok(0)
         }
-        Cmd::Restore { name, bases, file } => {
+        Cmd::Restore { name, bases, volumes, file } => {
             let abs = |f: &std::path::PathBuf| std::path::absolute(f).map(|p| p.display().to_string()).map_err(|e| format!("{}: {e}", f.display()));
             let path = abs(&file)?;
             let bases = bases.iter().map(abs).collect::<Result<Vec<_>, _>>()?;
-            let req = CreateVm { image: path.clone(), name, restore: Some(path), bases, ..Default::default() };
+            // The daemon opens them with this user's rights: absolute paths.
+            let volumes = volumes.iter().map(|(p, ro)| Ok(wisp_api::Volume { path: abs(p)?, read_only: *ro })).collect::<Result<Vec<_>, String>>()?;
+            let req = CreateVm { image: path.clone(), name, restore: Some(path), bases, volumes, ..Default::default() };
             let vm = c.create(&req).map_err(err)?;
             println!("{}", vm.id);
             Ok(0)

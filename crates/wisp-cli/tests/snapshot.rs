@@ -295,3 +295,45 @@ fn a_vm_with_a_nic_is_restored_with_its_address_and_answers() {
     assert!(!o.status.success() && out(&o).contains(&format!("address {ip} is in use")), "{}", out(&o));
     assert!(d.wisp(&["rm", "-f", "--all"]).status.success());
 }
+
+#[test]
+fn a_vm_with_a_disk_and_an_environment_is_restored_on_its_volume() {
+    let d = Daemon::start("snapshot-disk", &[]);
+    let mut c = d.client();
+    // A volume whose first sector says "first".
+    let vol = d.dir.join("vol.img");
+    let f = std::fs::File::create(&vol).unwrap();
+    f.set_len(64 << 10).unwrap();
+    f.write_all_at(b"first\n", 0).unwrap();
+    let v = vol.to_str().unwrap();
+    let o = d.wisp(&["run", "-d", "--name", "w", "--volume", v, "-e", "GREETING=hi", "disk", "--", "watch", "100000", "20ms"]);
+    assert!(o.status.success(), "{}", out(&o));
+    wait_console(&mut c, "w", "disk: tick 3 first first");
+    // Saved with its disk's ring held still, and its environment's region.
+    let snap = d.dir.join("w.snap");
+    let o = d.wisp(&["snapshot", "--stop", "w", snap.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", out(&o));
+    c.wait("w").unwrap();
+    let ticks = |text: &str| text.lines().filter_map(|l| l.strip_prefix("disk: tick ")).filter_map(|l| l.split(' ').next()?.parse::<u64>().ok()).collect::<Vec<_>>();
+    let saved_at = *ticks(&console(&mut c, "w")).last().unwrap();
+    c.remove("w", true).unwrap();
+    // The disk's contents are not in the snapshot: the volume is given
+    // again, as it was given (read-write); it changed meanwhile.
+    f.write_all_at(b"second\n", 0).unwrap();
+    let s = snap.to_str().unwrap();
+    let o = d.wisp(&["restore", s]);
+    assert!(!o.status.success() && out(&o).contains("its restore needs its volume"), "{}", out(&o));
+    let o = d.wisp(&["restore", "--volume", &format!("{v}:ro"), s]);
+    assert!(!o.status.success() && out(&o).contains("the saved disk was read-write"), "{}", out(&o));
+    let o = d.wisp(&["restore", "--volume", v, "--volume", v, s]);
+    assert!(!o.status.success() && out(&o).contains("more volumes"), "{}", out(&o));
+    let o = d.wisp(&["restore", "--name", "w2", "--volume", v, s]);
+    assert!(o.status.success(), "{}", out(&o));
+    // On from its tick, reading the volume as it is now.
+    wait_console(&mut c, "w2", "first second");
+    let text = console(&mut c, "w2");
+    let k = ticks(&text)[0];
+    assert!(k > saved_at, "restored at tick {k}, saved at {saved_at}: {text}");
+    assert!(!text.contains("first first"), "{text}");
+    assert!(d.wisp(&["kill", "w2"]).status.success());
+}

@@ -5,7 +5,8 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 
-use wisp_vmm::{open_kvm, BlockConfig, DataDevice, Device, Disk, FamilyOptions, Image, NetConfig, Nic, Shell, Vm};
+use wisp_abi::DeviceKind;
+use wisp_vmm::{open_kvm, BlockConfig, DataDevice, Device, DeviceState, Disk, FamilyOptions, Image, NetConfig, Nic, Shell, Vm};
 
 /// What a VM is booted with.
 pub struct Boot<'a> {
@@ -42,18 +43,24 @@ pub fn load(shell: Shell, boot: Boot<'_>) -> wisp_vmm::Result<Vm> {
 /// Restore the snapshot chain in `chain` (sealed memfds from the daemon,
 /// oldest first: a full snapshot and the incremental ones over it; read
 /// and checked again here: the daemon is not trusted blindly) into the
-/// prepared `shell`, with `devices` (the snapshot's: same kinds, same
-/// order); the VM is ready to run on from where it was saved.
-pub fn restore(shell: Shell, chain: &[OwnedFd], devices: Vec<Box<dyn Device>>, family: FamilyOptions) -> wisp_vmm::Result<Vm> {
-    restore_held(shell, chain, devices, family, None)
-}
-
-/// [`restore`], held with `more` before the VM is made: once the chain's
-/// pages are mapped, `more` is asked for one more increment (made over the
-/// chain's last snapshot; a migration's destination waits for it there,
-/// while the source takes it), which is laid over them.
-pub fn restore_held(shell: Shell, chain: &[OwnedFd], devices: Vec<Box<dyn Device>>, family: FamilyOptions, more: Option<Box<dyn FnOnce() -> Result<OwnedFd, String> + '_>>) -> wisp_vmm::Result<Vm> {
+/// prepared `shell`, with the devices the snapshot had ([`saved_devices`]:
+/// its NIC on `net`, its disks on `disks`); the VM is ready to run on from
+/// where it was saved. With `more`, the restore is held before the VM is
+/// made: once the chain's pages are mapped, `more` is asked for one more
+/// increment (made over the chain's last snapshot; a migration's
+/// destination waits for it there, while the source takes it), which is
+/// laid over them.
+pub fn restore_held(
+    shell: Shell,
+    chain: &[OwnedFd],
+    net: Option<NetConfig>,
+    disks: Vec<BlockConfig>,
+    family: FamilyOptions,
+    more: Option<Box<dyn FnOnce() -> Result<OwnedFd, String> + '_>>,
+) -> wisp_vmm::Result<Vm> {
     let snaps = chain.iter().map(read_head).collect::<wisp_vmm::Result<Vec<_>>>()?;
+    let last = snaps.last().ok_or_else(|| wisp_vmm::Error::Devices("no snapshot to restore".into()))?;
+    let devices = saved_devices(&last.devices, net, disks)?;
     let pairs: Vec<_> = snaps.iter().zip(chain).map(|(s, fd)| (s, fd.as_fd())).collect();
     let mut restoring = shell.begin_restore(&pairs, devices)?;
     if let Some(more) = more {
@@ -63,6 +70,32 @@ pub fn restore_held(shell: Shell, chain: &[OwnedFd], devices: Vec<Box<dyn Device
     let mut vm = restoring.finish()?;
     vm.set_family_options(family);
     Ok(vm)
+}
+
+/// The devices of a restored VM, in the snapshot's order: a NIC on `net`,
+/// environment and files already in the saved pages, and a disk for each
+/// saved one from `disks`, in order (the contents of a disk are not in a
+/// snapshot: the restore is given its volume). What the snapshot had and
+/// what the restore was given must match, one for one.
+pub fn saved_devices(saved: &[DeviceState], net: Option<NetConfig>, disks: Vec<BlockConfig>) -> wisp_vmm::Result<Vec<Box<dyn Device>>> {
+    let err = |m: String| wisp_vmm::Error::Devices(m);
+    let (mut net, mut disks) = (net, disks.into_iter());
+    let mut out: Vec<Box<dyn Device>> = Vec::with_capacity(saved.len());
+    for (i, d) in saved.iter().enumerate() {
+        out.push(match DeviceKind::from_u32(d.kind) {
+            Some(DeviceKind::Net) => Box::new(Nic::new(net.take().ok_or_else(|| err("the saved VM had a NIC: its restore needs one".into()))?)),
+            Some(DeviceKind::Data) if d.size > 0 && d.size <= wisp_abi::layout::MAX_MEM => Box::new(DataDevice::restored(d.size)),
+            Some(DeviceKind::Block) => Box::new(Disk::new(disks.next().ok_or_else(|| err(format!("the saved VM had a disk (device {i}): its restore needs its volume (--volume)")))?)),
+            _ => return Err(err(format!("saved device {i} is of kind {} with a {}-byte region: not one a VM here can have", d.kind, d.size))),
+        });
+    }
+    if net.is_some() {
+        return Err(err("the saved VM had no NIC".into()));
+    }
+    if disks.next().is_some() {
+        return Err(err("the restore was given more volumes than the saved VM had disks".into()));
+    }
+    Ok(out)
 }
 
 /// A snapshot's head from the daemon's sealed memfd `fd` (the daemon
@@ -101,4 +134,46 @@ pub fn daemon_family(uplink: bool, limit: Option<u32>) -> FamilyOptions {
 /// `limit` VMs.
 pub fn direct_family(limit: u32) -> FamilyOptions {
     FamilyOptions { fork: true, limit, orphans_die: true, spares: true, recycle: true }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(kind: DeviceKind, size: u64) -> DeviceState {
+        DeviceState { kind: kind as u32, base: 0, size, params: [0; 5] }
+    }
+
+    fn volume() -> BlockConfig {
+        let f = tempfile_in_tmp();
+        f.set_len(64 << 10).unwrap();
+        BlockConfig::from_file(f, false, "test").unwrap()
+    }
+
+    fn tempfile_in_tmp() -> std::fs::File {
+        let p = std::env::temp_dir().join(format!("wisp-boot-test-{}-{:?}", std::process::id(), std::thread::current().id()));
+        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&p).unwrap();
+        let _ = std::fs::remove_file(&p);
+        f
+    }
+
+    fn refused(saved: &[DeviceState], disks: Vec<BlockConfig>) -> String {
+        match saved_devices(saved, None, disks) {
+            Ok(_) => panic!("restored with {saved:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_restore_gets_the_devices_its_snapshot_lists() {
+        let ok = saved_devices(&[dev(DeviceKind::Data, 8192), dev(DeviceKind::Block, 0)], None, vec![volume()]).unwrap();
+        assert_eq!(ok.iter().map(|d| d.kind()).collect::<Vec<_>>(), [DeviceKind::Data, DeviceKind::Block]);
+        assert_eq!(ok[0].region_size(), 8192, "the saved region's size");
+        assert!(refused(&[dev(DeviceKind::Net, 0)], vec![]).contains("its restore needs one"));
+        assert!(refused(&[dev(DeviceKind::Block, 0)], vec![]).contains("needs its volume"));
+        assert!(refused(&[], vec![volume()]).contains("more volumes"));
+        assert!(refused(&[dev(DeviceKind::Data, 0)], vec![]).contains("not one a VM here can have"));
+        assert!(refused(&[dev(DeviceKind::Data, u64::MAX)], vec![]).contains("not one a VM here can have"));
+        assert!(refused(&[DeviceState { kind: 77, base: 0, size: 4096, params: [0; 5] }], vec![]).contains("kind 77"));
+    }
 }

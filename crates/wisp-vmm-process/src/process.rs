@@ -145,12 +145,13 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
                 let mut chain = std::mem::take(&mut cmd.bases);
                 chain.push(fd);
                 // The snapshot's NIC on the tap the daemon made (its saved
-                // identity is checked against it and taken over).
-                let devices = cmd.net.take().map(|c| Box::new(wisp_vmm::Nic::new(c)) as Box<dyn wisp_vmm::Device>).into_iter().collect();
+                // identity is checked against it and taken over), its disks
+                // on the volumes given.
+                let (net, disks) = (cmd.net.take(), std::mem::take(&mut cmd.disks));
                 // A held restore says so once its pages are mapped, and
                 // waits on the start's connection for the last increment.
                 let more = cmd.hold.then(|| Box::new(|| wait_held(&conn)) as Box<dyn FnOnce() -> Result<OwnedFd, String>>);
-                boot::restore_held(shell, &chain, devices, family, more)
+                boot::restore_held(shell, &chain, net, disks, family, more)
             }
             (None, None) => unreachable!("an image or a snapshot"),
         };

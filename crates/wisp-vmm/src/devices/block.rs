@@ -10,11 +10,17 @@
 //! the ring once more after setting it, so no request is left behind. A
 //! guest that breaks the ring rules loses its disk (`stopped`, the reason
 //! on stderr); the VM goes on. A forked child has no disk (as no NIC).
+//!
+//! A snapshot holds the I/O thread between passes (`serving`): every
+//! request taken is done and its completion published, so the ring in
+//! guest RAM is whole. The disk's contents are not in the snapshot: a
+//! restored disk is the volume given to the restore, and its I/O thread
+//! starts from the indices the ring holds (checked as any index is).
 
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use rustix::event::{eventfd, EventfdFlags};
@@ -78,6 +84,11 @@ pub struct Disk {
     capacity: u64,
     read_only: bool,
     state: State,
+    /// Held by the I/O thread for each pass over the ring, and by a
+    /// snapshot while it reads guest RAM.
+    serving: Arc<Mutex<()>>,
+    /// Restored from a snapshot: the ring in guest RAM is under way.
+    restored: bool,
 }
 
 enum State {
@@ -97,7 +108,7 @@ struct Running {
 impl Disk {
     /// The disk on `cfg.file`.
     pub fn new(cfg: BlockConfig) -> Disk {
-        Disk { capacity: cfg.capacity, read_only: cfg.read_only, state: State::Ready(cfg.file) }
+        Disk { capacity: cfg.capacity, read_only: cfg.read_only, state: State::Ready(cfg.file), serving: Arc::new(Mutex::new(())), restored: false }
     }
 }
 
@@ -122,6 +133,14 @@ impl Device for Disk {
         let kick = Arc::new(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
         let stop = Arc::new(AtomicBool::new(false));
         let file_raw = file.as_raw_fd();
+        // A restored ring goes on from the indices the monitor published
+        // (the guest could have changed them: they are checked as any index).
+        let (req_cons, comp_prod) = if self.restored {
+            let at = |off| ram.load_u32(base + off).map_err(std::io::Error::other);
+            (at(hdr::REQ_CONS)?, at(hdr::COMP_PROD)?)
+        } else {
+            (0, 0)
+        };
         let io = Io {
             ram,
             base,
@@ -132,8 +151,9 @@ impl Device for Disk {
             control,
             kick: kick.clone(),
             stop: stop.clone(),
-            req_cons: 0,
-            comp_prod: 0,
+            serving: self.serving.clone(),
+            req_cons,
+            comp_prod,
         };
         let thread = std::thread::Builder::new().name("disk".into()).stack_size(128 << 10).spawn(move || {
             crate::sys::thread_started(crate::sys::ThreadRole::Io);
@@ -171,9 +191,11 @@ impl Device for Disk {
         }
     }
 
-    fn quiesced(&self, _f: &mut dyn FnMut()) -> crate::error::Result<()> {
-        // Its I/O thread moves data into guest RAM with no lock to hold.
-        Err(crate::error::Error::Devices("snapshots of VMs with disks are not supported yet".into()))
+    fn quiesced(&self, f: &mut dyn FnMut()) -> crate::error::Result<()> {
+        // Between two passes of the I/O thread: no request half done.
+        let _held = self.serving.lock().unwrap_or_else(|p| p.into_inner());
+        f();
+        Ok(())
     }
 
     fn restore_state(&mut self, state: &DeviceState) -> VmmResult<()> {
@@ -183,6 +205,13 @@ impl Device for Disk {
                 state.params[0], self.capacity
             )));
         }
+        // The guest read its disk's mode at boot.
+        let saved_ro = state.params[1] & blk::flags::READ_ONLY != 0;
+        if saved_ro != self.read_only {
+            let mode = |ro| if ro { "read-only" } else { "read-write" };
+            return Err(crate::error::Error::Devices(format!("the saved disk was {}; this volume is given {}", mode(saved_ro), mode(self.read_only))));
+        }
+        self.restored = true;
         Ok(())
     }
 }
@@ -214,6 +243,8 @@ struct Io {
     control: Arc<Control>,
     kick: Arc<OwnedFd>,
     stop: Arc<AtomicBool>,
+    /// Held for each pass (see [`Disk::quiesced`]).
+    serving: Arc<Mutex<()>>,
     /// The monitor's own indices (the guest's copies are never read back).
     req_cons: u32,
     comp_prod: u32,
@@ -221,10 +252,15 @@ struct Io {
 
 impl Io {
     fn run(mut self) {
+        let serving = self.serving.clone();
         loop {
             if self.stop.load(Ordering::Acquire) {
                 return;
             }
+            // A pass: requests done, then the flag set, under the lock a
+            // snapshot takes.
+            let pass = serving.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = self.ram.store_u32(self.base + hdr::MONITOR_IDLE, 0);
             match self.serve() {
                 Ok(0) => {}
                 Ok(_) => self.control.post_events(wisp_abi::events::DISK),
@@ -234,14 +270,13 @@ impl Io {
             // queued before the flag was seen is looked for once more.
             let _ = self.ram.store_u32(self.base + hdr::MONITOR_IDLE, 1);
             if self.pending().unwrap_or(true) {
-                let _ = self.ram.store_u32(self.base + hdr::MONITOR_IDLE, 0);
                 continue;
             }
+            drop(pass);
             let mut fds = [rustix::event::PollFd::new(&*self.kick, rustix::event::PollFlags::IN)];
             let _ = rustix::event::poll(&mut fds, None);
             let mut b = [0u8; 8];
             let _ = rustix::io::read(&*self.kick, &mut b);
-            let _ = self.ram.store_u32(self.base + hdr::MONITOR_IDLE, 0);
         }
     }
 

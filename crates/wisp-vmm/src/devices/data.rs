@@ -99,6 +99,13 @@ impl DataDevice {
         DataDevice::new(&env, &files)
     }
 
+    /// The device of a restored VM, whose region (of `size` bytes, the
+    /// saved device's) is in the snapshot's pages already: nothing is
+    /// written at activation.
+    pub fn restored(size: u64) -> DataDevice {
+        DataDevice { bytes: Vec::new(), size }
+    }
+
     /// The encoded region (until the device is activated).
     pub fn bytes(&self) -> &[u8] {
         &self.bytes

@@ -233,6 +233,10 @@ impl Shell {
         }
         features_known(h.features)?;
         let mut devices = Devices::new(devices)?;
+        // (Sizes from a snapshot's devices are the snapshot's word.)
+        if devices.ram_taken() >= self.ram.size() {
+            return Err(Error::Devices(format!("the saved devices take {} bytes of a {}-byte RAM", devices.ram_taken(), self.ram.size())));
+        }
         devices.place(self.ram.size());
         devices.restore_state(&snap.devices)?;
         // RAM as a new shell has it (a pooled shell ran its warm-up code or

@@ -206,16 +206,13 @@ impl Daemon {
 }
 
 /// A checked snapshot in a memfd of the daemon's own (made with
-/// `ALLOW_SEALING`), sealed against every change, if the daemon can
-/// restore what it holds.
+/// `ALLOW_SEALING`), sealed against every change.
 pub(super) fn sealed(memfd: File, snap: Snapshot, path: &str) -> Result<Restorable, ActionError> {
     let fail = |why: String| ActionError::Snapshot { path: path.to_string(), why };
     let memfd = OwnedFd::from(memfd);
     fcntl_add_seals(memfd.as_fd(), SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL).map_err(|e| fail(format!("seal: {e}")))?;
-    // A NIC comes back (with the address its guest has); disks,
-    // environment and files not yet.
-    if snap.devices.iter().any(|d| d.kind != wisp_abi::DeviceKind::Net as u32) {
-        return Err(fail("its VM had a disk, or environment and files: restoring those is not supported yet".into()));
-    }
+    // A NIC comes back with the address its guest has, environment and
+    // files with the saved pages, disks on the volumes the restore is given
+    // (the VMM process matches them to the saved devices).
     Ok(Restorable { memfd, snap })
 }

@@ -1,9 +1,12 @@
-//! `disk info | read OFFSET LEN | write OFFSET | sum`: the VM's first disk
-//! (`wisp run --volume FILE[:ro]`). `read` prints LEN bytes at OFFSET (a
-//! whole sector) as they are; `write` writes standard input (`wisp run -i`) at OFFSET,
-//! padded with zeros to whole 4 KiB sectors, and flushes; `sum` prints the
-//! FNV-1a 64-bit hash of the whole disk. Offsets and lengths are whole
-//! sectors.
+//! `disk info | read OFFSET LEN | write OFFSET | sum | watch TICKS INTERVAL`:
+//! the VM's first disk (`wisp run --volume FILE[:ro]`). `read` prints LEN
+//! bytes at OFFSET (a whole sector) as they are; `write` writes standard
+//! input (`wisp run -i`) at OFFSET, padded with zeros to whole 4 KiB
+//! sectors, and flushes; `sum` prints the FNV-1a 64-bit hash of the whole
+//! disk; `watch` reads the first sector once each INTERVAL, TICKS times,
+//! and prints `disk: tick K first TEXT` (its text up to the first NUL or
+//! newline: a VM snapshotted and restored part way reads its disk anew).
+//! Offsets and lengths are whole sectors.
 #![no_std]
 #![no_main]
 
@@ -32,10 +35,11 @@ fn main() -> i32 {
         (Some("read"), Some(offset), Some(len)) => read(&disk, offset, len),
         (Some("write"), Some(offset), _) => write(&disk, offset),
         (Some("sum"), _, _) => sum(&disk),
-        _ => {
-            wisp::eprintln!("usage: disk info | read OFFSET LEN | write OFFSET | sum");
-            return 2;
-        }
+        (Some("watch"), Some(ticks), _) => match wisp::env::arg(3).and_then(wisp::time::parse_duration) {
+            Some(interval) => watch(&disk, ticks, interval),
+            None => return usage(),
+        },
+        _ => return usage(),
     };
     match r {
         Ok(()) => 0,
@@ -44,6 +48,22 @@ fn main() -> i32 {
             1
         }
     }
+}
+
+fn usage() -> i32 {
+    wisp::eprintln!("usage: disk info | read OFFSET LEN | write OFFSET | sum | watch TICKS INTERVAL");
+    2
+}
+
+fn watch(disk: &Disk, ticks: u64, interval: core::time::Duration) -> Result<(), wisp::blk::Error> {
+    let mut sector = vec![0u8; 4096];
+    for k in 1..=ticks {
+        disk.read(0, &mut sector)?;
+        let end = sector.iter().position(|&b| b == 0 || b == b'\n').unwrap_or(sector.len());
+        wisp::println!("disk: tick {} first {}", k, core::str::from_utf8(&sector[..end]).unwrap_or("(not UTF-8)"));
+        wisp::time::sleep(interval);
+    }
+    Ok(())
 }
 
 fn read(disk: &Disk, offset: u64, len: u64) -> Result<(), wisp::blk::Error> {
