@@ -197,9 +197,18 @@ fn a_hundred_vms_from_one_template_share_its_pages() {
     // The template's pages, mapped from one sealed memfd by every VMM
     // process: resident in each, but each one's proportional share is a
     // fraction of it.
+    assert_shared(&vms.iter().map(|v| v.pid).collect::<Vec<_>>());
+    let o = d.wisp(&["rm", "-f", "--all"]);
+    assert!(o.status.success(), "{}", out(&o));
+}
+
+/// The pages of the snapshot memfd that the VMM processes `pids` map:
+/// most resident ones are shared (not copied), and each process's
+/// proportional share of them is a sliver.
+fn assert_shared(pids: &[u32]) {
     let (mut rss, mut pss, mut private) = (0u64, 0u64, 0u64);
-    for v in &vms {
-        let smaps = std::fs::read_to_string(format!("/proc/{}/smaps", v.pid)).unwrap_or_default();
+    for pid in pids {
+        let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
         let mut in_snapshot = false;
         for line in smaps.lines() {
             // A mapping's header: "start-end perms offset dev inode [path]".
@@ -221,8 +230,45 @@ fn a_hundred_vms_from_one_template_share_its_pages() {
     // What each guest wrote is its own (copy-on-write); the rest, most of
     // the snapshot, is one copy: its proportional share is a sliver.
     let shared = rss - private;
-    assert!(shared > rss / 2, "most snapshot pages copied: {private} KiB private of {rss} KiB");
+    assert!(rss > 0 && shared > rss / 2, "most snapshot pages copied: {private} KiB private of {rss} KiB");
     assert!((pss - private) * 20 < shared, "snapshot pages not shared: Pss {pss} KiB, private {private} KiB, Rss {rss} KiB");
+}
+
+#[test]
+fn the_same_snapshot_restored_a_hundred_times_at_once_shares_its_pages() {
+    let d = Daemon::start("snapshot-many", &["--pool", "16M=4"]);
+    let mut c = d.client();
+    // Asleep between ticks a minute apart: the copies stay.
+    assert!(d.wisp(&["run", "-d", "--name", "c", "counter", "--", "1000", "60s"]).status.success());
+    wait_console(&mut c, "c", "count 1 ");
+    let snap = d.dir.join("c.snap");
+    assert!(d.wisp(&["snapshot", "--stop", "c", snap.to_str().unwrap()]).status.success());
+    // A hundred restores of one file, from 20 clients at once.
+    let path = snap.to_str().unwrap().to_string();
+    let ids: Vec<String> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..20)
+            .map(|_| {
+                let (d, path) = (&d, &path);
+                s.spawn(move || {
+                    let mut c = d.client();
+                    (0..5).map(|_| c.create(&wisp_api::CreateVm { image: "copy".into(), restore: Some(path.clone()), ..Default::default() }).map(|v| v.id)).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        threads.into_iter().flat_map(|t| t.join().unwrap()).map(|r| r.expect("restored")).collect()
+    });
+    assert_eq!(ids.len(), 100);
+    let vms: Vec<_> = c.list().unwrap().into_iter().filter(|v| ids.contains(&v.id)).collect();
+    assert!(vms.iter().all(|v| v.state == wisp_api::VmState::Running), "{vms:?}");
+    assert_eq!(vms.len(), 100);
+    let pids: Vec<u32> = vms.iter().map(|v| v.pid).collect();
+    // One copy of the file, checked once: every VM maps the same memfd.
+    let inodes: std::collections::HashSet<String> = pids
+        .iter()
+        .flat_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default().lines().filter(|l| l.contains("/memfd:wisp-snapshot")).filter_map(|l| l.split_whitespace().nth(4).map(str::to_string)).collect::<Vec<_>>())
+        .collect();
+    assert_eq!(inodes.len(), 1, "the snapshot copied more than once: memfds {inodes:?}");
+    assert_shared(&pids);
     let o = d.wisp(&["rm", "-f", "--all"]);
     assert!(o.status.success(), "{}", out(&o));
 }

@@ -60,9 +60,13 @@ const CACHE_BYTES: u64 = 1 << 30;
 type Entries = std::collections::HashMap<FileKey, (Arc<Restorable>, u64)>;
 
 /// Checked snapshots by file identity, the least recently used going first.
+/// A file being checked has a gate: restores of it meanwhile wait for that
+/// one check (a hundred restores of one file at once make one copy, whose
+/// pages they all share), not for checks of other files.
 #[derive(Default)]
 pub(super) struct SnapshotCache {
     inner: std::sync::Mutex<(u64, Entries)>,
+    gates: std::sync::Mutex<std::collections::HashMap<FileKey, Arc<std::sync::Mutex<()>>>>,
 }
 
 impl SnapshotCache {
@@ -74,6 +78,16 @@ impl SnapshotCache {
             *used = tick;
             r.clone()
         })
+    }
+
+    /// The gate of file `key` (made if there is none).
+    fn gate(&self, key: FileKey) -> Arc<std::sync::Mutex<()>> {
+        self.gates.lock().unwrap().entry(key).or_default().clone()
+    }
+
+    /// The check of file `key` is over (cached or failed): its gate goes.
+    fn ungate(&self, key: &FileKey) {
+        self.gates.lock().unwrap().remove(key);
     }
 
     fn put(&self, key: FileKey, r: Arc<Restorable>) {
@@ -188,20 +202,36 @@ impl Daemon {
         if let Some(hit) = self.snapshots.get(&key) {
             return Ok(hit);
         }
+        // One check per file at a time; whoever waited finds it cached.
+        let gate = self.snapshots.gate(key);
+        let _checking = gate.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(hit) = self.snapshots.get(&key) {
+            return Ok(hit);
+        }
+        let r = self.check_copy(&file, path);
+        if let Ok(r) = &r {
+            self.snapshots.put(key, r.clone());
+        }
+        self.snapshots.ungate(&key);
+        r
+    }
+
+    /// [`Daemon::checked_file`]'s check: `file` copied into a sealed memfd
+    /// and checked whole there.
+    fn check_copy(&self, file: &File, path: &str) -> Result<Arc<Restorable>, ActionError> {
+        let fail = |why: String| ActionError::Snapshot { path: path.to_string(), why };
         // The head, to know its length; the whole file is checked on the
         // copy the client cannot change under the VM (hashed once).
-        let snap = Snapshot::read(&file, false).map_err(|e| fail(e.to_string()))?;
+        let snap = Snapshot::read(file, false).map_err(|e| fail(e.to_string()))?;
         let memfd = memfd_create("wisp-snapshot", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).map_err(|e| fail(format!("memfd: {e}")))?;
         let copy = File::from(memfd);
         copy.set_len(snap.header.file_len).map_err(|e| fail(format!("memfd: {e}")))?;
-        let n = std::io::copy(&mut std::io::Read::take(&file, snap.header.file_len), &mut &copy).map_err(|e| fail(e.to_string()))?;
+        let n = std::io::copy(&mut std::io::Read::take(file, snap.header.file_len), &mut &copy).map_err(|e| fail(e.to_string()))?;
         if n != snap.header.file_len {
             return Err(fail("it changed while it was read".into()));
         }
         let snap = Snapshot::read(&copy, true).map_err(|e| fail(e.to_string()))?;
-        let r = Arc::new(sealed(copy, snap, path)?);
-        self.snapshots.put(key, r.clone());
-        Ok(r)
+        Ok(Arc::new(sealed(copy, snap, path)?))
     }
 }
 
