@@ -9,7 +9,7 @@ TEST_IMAGES := hostile hostile-lone
 IMAGES := build/images
 WISP := target/release/wisp
 
-.PHONY: all deps host guest run test fuzz bench-boot bench-net bench-density bench-fork bench-app bench-cache bench-cdnsim bench-snapshot demo-cache clean
+.PHONY: all deps host guest run test fuzz bench-boot bench-net bench-density bench-fork bench-app bench-cache bench-cdnsim bench-snapshot demo-cache demo-migrate clean
 N ?= 10000
 
 all: host guest
@@ -81,6 +81,9 @@ bench-snapshot: all
 # The content cache in one command: a volume from docs/, a cache VM, curl.
 demo-cache: all
 	scripts/demo-cache.sh
+
+demo-migrate: all
+	scripts/demo-migrate.sh
 
 bench-app: all
 	python3 bench/app.py --wisp $(WISP) --out bench/results/app.json

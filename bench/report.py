@@ -364,6 +364,9 @@ def snapshot_section(s):
             "| `restore_vs_warm_boot` | %s | — | — | |" % ratio(r["restore_vs_warm_boot"]),
             "| `template_vs_warm_boot` | %s | — | — | |" % ratio(r.get("template_vs_warm_boot")),
     ]
+    if "template_vs_fork" in r:
+        out.append("| `template_vs_fork` (a VM's own fork: %.3f ms, guest clock until fork returns; not the template start's"
+                   " stop points: no API, no daemon) | %s | — | — | |" % (s["fork_ms"]["median"], ratio(r["template_vs_fork"])))
     if "migrate_ms" in r:
         out += ["| `migrate_ms` (to a second daemon over the loopback) | %.2f ms | ≤ %d ms | %d ms | %s |" % (
                     r["migrate_ms"], t["migrate_ms"], t["lightvm_migrate_ms"], met(r["migrate_ms"], t["migrate_ms"])),

@@ -16,6 +16,13 @@ client clock, median:
 - warm boot: `POST /v1/vms` of `counter` from the pool (the image loaded
   ahead) until the answer (201), which the VMM process sends at the
   guest's first exit: the same start and stop points;
+- fork (beside the template start, issue 16 item 2): a VM forking itself,
+  `wisp run family -- bench 200` in direct mode as bench/fork.py runs it:
+  the guest's clock from its fork call until fork returns in the parent
+  (the child VM exists and runs), mean of 200 per run, median of the runs.
+  Not the same start and stop points as the template start (no API, no
+  daemon, no answer): `template_vs_fork` says how far apart the two ways
+  of getting a VM from a ready one are, not which path is slower;
 - migrate: `POST /v1/vms/{id}/migrate` of a counter to a second daemon on
   this host over the loopback, until its answer (the VM runs there), and
   the downtime the source measured (its pause to the destination's
@@ -97,6 +104,22 @@ def measure(d, api, snap_dir, reps):
             "snapshot_bytes": os.path.getsize(path)}
 
 
+def vm_fork_ms(wisp, reps):
+    """REPS runs of `wisp run family -- bench 200` (direct mode): the
+    guest's mean fork time per run, ms."""
+    import subprocess
+    import fork as forkbench
+    env = dict(os.environ, WISP_SOCKET="/nonexistent/no-daemon.sock")
+    out = []
+    for _ in range(reps):
+        r = subprocess.run([wisp, "run", "--timeout", "300s", "family", "--", "bench", "200"], capture_output=True, text=True,
+                           env=env, timeout=600)
+        if r.returncode != 0:
+            raise RuntimeError("family bench failed (%d): %s%s" % (r.returncode, r.stdout, r.stderr))
+        out.append(forkbench.parse(r.stdout)["fork"] / 1e6)
+    return out
+
+
 def free_port():
     import socket
     s = socket.socket()
@@ -162,6 +185,9 @@ def main():
     if args is None:
         return
     wispd = os.path.join(os.path.dirname(os.path.abspath(args.wisp)), "wispd")
+    # Before any daemon runs (nothing beside it).
+    fork_ms = vm_fork_ms(args.wisp, 7)
+    log("[snapshot] a VM's own fork: %.3f ms (median of 7 runs' means)" % statistics.median(fork_ms))
     counts = [int(x) for x in args.vms.split(",")]
     top = max(counts)
     key = os.path.join(tempfile.mkdtemp(prefix="wisp-bench-key-"), "migrate.key")
@@ -204,15 +230,20 @@ def main():
         "method": __doc__.strip(),
         "reps": args.reps,
         "by_vms": rows,
+        "fork_ms": common.summary(fork_ms),
         "ratios": {
             "save_ms": worst("save_ms"),
             "restore_ms": worst("restore_ms"),
             "restore_vs_warm_boot": max(r["restore_ms"]["median"] / r["warm_boot_ms"]["median"] for r in rows),
             "template_vs_warm_boot": max(r["template_ms"]["median"] / r["warm_boot_ms"]["median"] for r in rows),
+            "template_vs_fork": worst("template_ms") / statistics.median(fork_ms),
             "migrate_ms": worst("migrate_ms"),
             "migrate_downtime_ms": worst("migrate_downtime_ms"),
         },
-        "ratios_note": "the worst median over the VM counts (N VMs run at the source of a migration)",
+        "ratios_note": "the worst median over the VM counts (N VMs run at the source of a migration); template_vs_fork:"
+                       " an API start from a template (client clock, until the instance's first exit) over a VM's own fork"
+                       " (guest clock, until fork returns in the parent): other start and stop points, the fork has no API"
+                       " and no daemon in it",
         "targets": {"save_ms": 3, "restore_ms": 1, "migrate_ms": 10, "migrate_downtime_ms": 2,
                     "lightvm_save_ms": 30, "lightvm_restore_ms": 20, "lightvm_migrate_ms": 60},
         "machine": common.machine_info(),
