@@ -232,7 +232,8 @@ enum Cmd {
     /// with the same --migrate-key): it goes on there with its address,
     /// and here it ends. On any failure it runs on here.
     Migrate {
-        /// The other daemon's migration address, ADDRESS:PORT.
+        /// The other daemon's migration address: ADDRESS:PORT, or the
+        /// absolute path of its Unix socket.
         #[arg(long)]
         to: String,
         /// VM id or name.

@@ -76,7 +76,19 @@ fn a_vm_moves_to_another_daemon_and_goes_on_there() {
     let k = counts(&text)[0];
     assert!(k >= before + 2, "restored at {k}, had counted to {}", before + 2);
     wait_console(&mut cd, "c", &format!("count {} sum {}", k + 2, sum_after(k + 2)));
-    assert!(dst.wisp(&["kill", "c"]).status.success());
+
+    // On again, to a daemon of this host taking migrations on a Unix socket.
+    let sock = keys.join("migrate.sock");
+    let third = Daemon::start("mig-unix", &["--migrate-key", &key, "--migrate-listen", sock.to_str().unwrap()]);
+    let before = counts(&console(&mut cd, "c")).last().copied().unwrap_or(k);
+    let o = dst.wisp(&["migrate", "c", "--to", sock.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", out(&o));
+    let mut ct = third.client();
+    assert!(cd.get("c").is_err(), "still at the second daemon");
+    wait_console(&mut ct, "c", &format!("count {} sum {}", before + 2, sum_after(before + 2)));
+    let o = third.wisp(&["migrate", "c", "--to", "relative.sock"]);
+    assert!(!o.status.success() && out(&o).contains("expected ADDRESS:PORT or the absolute path of a Unix socket"), "{}", out(&o));
+    assert!(third.wisp(&["kill", "c"]).status.success());
     let _ = std::fs::remove_dir_all(&keys);
 }
 

@@ -99,9 +99,10 @@ struct Cli {
     /// to take them.
     #[arg(long)]
     migrate_key: Option<PathBuf>,
-    /// Take migrating VMs on this TCP address (needs --migrate-key).
+    /// Take migrating VMs on this TCP address, ADDRESS:PORT, or Unix
+    /// socket, an absolute path (needs --migrate-key).
     #[arg(long)]
-    migrate_listen: Option<std::net::SocketAddr>,
+    migrate_listen: Option<daemon::migrate::Addr>,
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
@@ -281,7 +282,7 @@ fn run(cli: Cli) -> Result<(), String> {
     std::thread::Builder::new().name("pool".into()).spawn(move || p.refill_loop(dd)).map_err(|e| e.to_string())?;
     if let Some(addr) = cli.migrate_listen {
         if has_key {
-            let l = std::net::TcpListener::bind(addr).map_err(|e| format!("--migrate-listen {addr}: {e}"))?;
+            let l = daemon::migrate::Listener::bind(&addr).map_err(|e| format!("--migrate-listen {addr}: {e}"))?;
             let dd = d.clone();
             std::thread::Builder::new().name("migrate".into()).spawn(move || dd.serve_migrations(l)).map_err(|e| e.to_string())?;
         } else {

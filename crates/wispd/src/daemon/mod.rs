@@ -47,7 +47,7 @@ mod family;
 mod group;
 mod guestdata;
 mod lifecycle;
-mod migrate;
+pub mod migrate;
 mod net;
 pub mod process;
 mod quota;

@@ -27,10 +27,13 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod conn;
+
+pub use conn::{Addr, Listener};
+use conn::Conn;
 use hmac::{Hmac, Mac};
 use rustix::fs::{memfd_create, MemfdFlags};
 use sha2::Sha256;
@@ -137,10 +140,8 @@ impl Daemon {
         }
         let fail = |why: String| ActionError::Migrate { to: body.to.clone(), why };
         let secret = self.cfg.migrate_key.clone().ok_or_else(|| fail("this daemon has no migration key (wispd --migrate-key FILE)".into()))?;
-        let addr: SocketAddr = body.to.parse().map_err(|_| fail("expected ADDRESS:PORT".into()))?;
-        let conn = TcpStream::connect_timeout(&addr, IO_TIMEOUT).map_err(|e| fail(e.to_string()))?;
-        let _ = conn.set_nodelay(true);
-        conn.set_read_timeout(Some(IO_TIMEOUT)).and_then(|_| conn.set_write_timeout(Some(IO_TIMEOUT))).map_err(|e| fail(e.to_string()))?;
+        let addr: Addr = body.to.parse().map_err(fail)?;
+        let conn = Conn::connect(&addr, IO_TIMEOUT).map_err(|e| fail(e.to_string()))?;
         let mut r = BufReader::new(conn.try_clone().map_err(|e| fail(e.to_string()))?);
         let mut w = &conn;
         prove_source(&mut r, &mut w, &secret).map_err(fail)?;
@@ -193,18 +194,18 @@ impl Daemon {
 
     /// Take migrations on `listener` (`wispd --migrate-listen`), one at a
     /// time, each on this thread.
-    pub fn serve_migrations(self: Arc<Self>, listener: TcpListener) {
-        for conn in listener.incoming().flatten() {
+    pub fn serve_migrations(self: Arc<Self>, listener: Listener) {
+        loop {
+            let Ok(conn) = listener.accept() else { continue };
             if let Err(e) = self.take_migration(&conn) {
-                eprintln!("wispd: migration from {}: {e}", conn.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string()));
+                eprintln!("wispd: migration from {}: {e}", conn.peer());
             }
         }
     }
 
-    fn take_migration(&self, conn: &TcpStream) -> Result<(), String> {
+    fn take_migration(&self, conn: &Conn) -> Result<(), String> {
         let key = self.cfg.migrate_key.clone().ok_or("no migration key")?;
-        conn.set_read_timeout(Some(IO_TIMEOUT)).and_then(|_| conn.set_write_timeout(Some(IO_TIMEOUT))).map_err(|e| e.to_string())?;
-        let _ = conn.set_nodelay(true);
+        conn.set_timeouts(IO_TIMEOUT).map_err(|e| e.to_string())?;
         let mut r = BufReader::new(conn.try_clone().map_err(|e| e.to_string())?);
         let mut w = conn;
         prove_destination(&mut r, &mut w, &key)?;
