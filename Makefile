@@ -7,12 +7,18 @@ GUEST_APPS := $(sort $(patsubst guest/apps/%/Cargo.toml,%,$(wildcard guest/apps/
 TEST_PACKAGES := hostile
 TEST_IMAGES := hostile hostile-lone
 IMAGES := build/images
+# Every crate under guest/libs is a guest shared library: build/libs/NAME.so.
+GUEST_LIBS := $(sort $(patsubst guest/libs/%/Cargo.toml,%,$(wildcard guest/libs/*/Cargo.toml)))
+LIBS := build/libs
+# rustc's own linker (x86_64-unknown-none makes no cdylib: a library is a
+# staticlib of position-independent objects linked -shared here).
+RUST_LLD = $(shell rustc --print sysroot)/lib/rustlib/$(shell rustc -vV | sed -n 's/^host: //p')/bin/rust-lld
 WISP := target/release/wisp
 
-.PHONY: all deps host guest run test fuzz bench-boot bench-net bench-density bench-fork bench-app bench-cache bench-cdnsim bench-snapshot demo-cache demo-migrate clean
+.PHONY: all deps host guest libs run test fuzz bench-boot bench-net bench-density bench-fork bench-app bench-cache bench-cdnsim bench-snapshot demo-cache demo-migrate clean
 N ?= 10000
 
-all: host guest
+all: host guest libs
 
 # Toolchain pieces and Debian packages the build and tests need.
 deps:
@@ -27,6 +33,18 @@ guest: deps
 	@for i in $(GUEST_APPS) $(TEST_IMAGES); do rm -f $(IMAGES)/$$i; done
 	$(CARGO) build --profile guest --target $(GUEST_TARGET) $(addprefix -p ,$(GUEST_APPS) $(TEST_PACKAGES))
 	@for i in $(GUEST_APPS) $(TEST_IMAGES); do cp target/$(GUEST_TARGET)/guest/$$i $(IMAGES)/$$i; done
+
+# A library links against nothing (--no-undefined), exports what its
+# exports.map names, and is stripped; a failed link leaves no library.
+libs: deps
+	@mkdir -p $(LIBS)
+	@for l in $(GUEST_LIBS); do rm -f $(LIBS)/$$l.so; done
+	$(CARGO) build --profile guest --target $(GUEST_TARGET) $(addprefix -p wisplib-,$(GUEST_LIBS))
+	@for l in $(GUEST_LIBS); do \
+	    $(RUST_LLD) -flavor gnu -shared --no-undefined --gc-sections --strip-all -z max-page-size=4096 -z separate-code \
+	        --hash-style=both --version-script guest/libs/$$l/exports.map -soname $$l.so \
+	        --whole-archive target/$(GUEST_TARGET)/guest/libwisplib_$$l.a -o $(LIBS)/$$l.so || exit 1; \
+	done
 
 run: all
 	$(WISP) run --stats hello -- from make run

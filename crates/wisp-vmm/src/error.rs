@@ -59,6 +59,9 @@ pub enum Error {
     /// A snapshot was refused.
     #[error("{0}")]
     Snapshot(#[from] SnapshotError),
+    /// A guest shared library was refused.
+    #[error("library: {0}")]
+    Library(#[from] LibraryError),
     /// A guest-physical range lies outside guest RAM.
     #[error("guest range {addr:#x}+{len:#x} is outside guest RAM")]
     OutOfRange {
@@ -88,4 +91,30 @@ pub enum SnapshotError {
     Malformed(String),
     #[error("snapshot: {0}")]
     Io(String),
+}
+
+/// Why a guest shared library was refused (`crate::library`), each with
+/// what it is.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LibraryError {
+    #[error("not an ELF64 file")]
+    NotElf,
+    #[error("not a library for this monitor: {0}")]
+    Format(String),
+    #[error("not a shared object (ELF type {0}; an image is run, not loaded as a library)")]
+    NotShared(u16),
+    #[error("it asks for an interpreter (PT_INTERP): a guest library is loaded by the monitor")]
+    Interpreter,
+    #[error("it needs library {0}: a guest library links against nothing")]
+    Needs(String),
+    #[error("symbol {0} is undefined: a guest library links against nothing")]
+    Undefined(String),
+    #[error("segment {0} is writable and executable")]
+    WritableCode(usize),
+    #[error("relocation type {0} (a library takes RELATIVE, 64, GLOB_DAT and JUMP_SLOT only)")]
+    Relocation(u32),
+    #[error("its segments span {0:#x} bytes, more than the 64 MiB a library may")]
+    TooBig(u64),
+    #[error("malformed: {0}")]
+    Malformed(String),
 }

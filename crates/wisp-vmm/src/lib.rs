@@ -21,6 +21,7 @@ pub mod error;
 pub mod family;
 pub mod fault;
 pub mod image;
+pub mod library;
 mod loader;
 pub mod memory;
 mod preload;

@@ -1,0 +1,119 @@
+//! The bundled `build/libs/hello.so` (`make libs`) is read; each refusal is
+//! made by changing that file where the check looks.
+
+use super::*;
+
+fn hello() -> Vec<u8> {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../build/libs/hello.so");
+    std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e} (`make libs` builds it)", p.display()))
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes(b[at..at + 2].try_into().unwrap())
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+fn put16(b: &mut [u8], at: usize, v: u16) {
+    b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+}
+fn put32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+fn put64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+/// File offsets of the program headers of type `ty`.
+fn phdrs(b: &[u8], ty: u32) -> Vec<usize> {
+    let (off, n) = (u64_at(b, 32) as usize, u16_at(b, 56) as usize);
+    (0..n).map(|i| off + i * 56).filter(|&p| u32::from_le_bytes(b[p..p + 4].try_into().unwrap()) == ty).collect()
+}
+
+/// A file offset of address `addr` (from the base), through the segments.
+fn file_at(lib: &Library, addr: u64) -> usize {
+    let s = lib.segments.iter().find(|s| addr >= s.vaddr && addr < s.vaddr + s.file_size).expect("in a segment");
+    (s.offset + addr - s.vaddr) as usize
+}
+
+/// The dynamic table's entries: (file offset of the entry, tag, value).
+fn dynamic(b: &[u8]) -> Vec<(usize, u64, u64)> {
+    let p = phdrs(b, elf::PT_DYNAMIC)[0];
+    let (off, size) = (u64_at(b, p + 8) as usize, u64_at(b, p + 32) as usize);
+    (0..size / 16).map(|i| off + i * 16).map(|e| (e, u64_at(b, e), u64_at(b, e + 8))).collect()
+}
+
+fn tag(b: &[u8], t: u32) -> (usize, u64) {
+    dynamic(b).into_iter().find(|&(_, tag, _)| tag == t as u64).map(|(e, _, v)| (e, v)).expect("tag present")
+}
+
+fn refused(b: &[u8]) -> String {
+    match Library::parse(b) {
+        Ok(_) => panic!("taken"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn the_bundled_library_is_read() {
+    let lib = Library::parse(&hello()).expect("hello.so");
+    let greet = lib.export("hello_greet").expect("hello_greet");
+    assert_eq!(greet.kind, Kind::Function);
+    assert_eq!(lib.export("hello_version").map(|e| e.kind), Some(Kind::Function));
+    let calls = lib.export("hello_calls").expect("hello_calls");
+    assert_eq!((calls.kind, calls.size), (Kind::Variable, 8));
+    assert_eq!(lib.exports.len(), 3, "only what exports.map names: {:?}", lib.exports);
+    assert!(lib.segments.iter().any(|s| s.exec && !s.write && greet.value >= s.vaddr && greet.value < s.vaddr + s.mem_size));
+    assert!(lib.segments.iter().any(|s| s.write && calls.value >= s.vaddr && calls.value < s.vaddr + s.mem_size));
+    // The counter's GOT entry: a relocation to the counter.
+    assert!(lib.relocations.iter().any(|&(_, k)| k == calls.value), "{:?}", lib.relocations);
+    assert!(lib.span > 0 && lib.span % 4096 == 0 && lib.span <= MAX_SPAN);
+}
+
+#[test]
+fn what_is_not_a_library_for_a_guest_is_refused() {
+    let good = hello();
+    let lib = Library::parse(&good).unwrap();
+    let with = |f: &dyn Fn(&mut Vec<u8>)| {
+        let mut b = good.clone();
+        f(&mut b);
+        refused(&b)
+    };
+    assert_eq!(refused(b"hello, not an ELF file at all, but long enough to be read as a header..."), "not an ELF64 file");
+    assert!(refused(&good[..100]).starts_with("malformed: program headers"), "{}", refused(&good[..100]));
+    assert_eq!(with(&|b| put16(b, 18, 3)), "not a library for this monitor: machine 3 (not x86-64)");
+    assert!(with(&|b| put16(b, 16, elf::ET_EXEC)).starts_with("not a shared object (ELF type 2"));
+    // Its stack note made an interpreter, or thread-local storage.
+    let stack = phdrs(&good, elf::PT_GNU_STACK)[0];
+    assert!(with(&|b| put32(b, stack, elf::PT_INTERP)).contains("interpreter"));
+    assert!(with(&|b| put32(b, stack, elf::PT_TLS)).contains("thread-local storage"));
+    // Its code segment made writable.
+    let code = phdrs(&good, elf::PT_LOAD).into_iter().find(|&p| u32::from_le_bytes(good[p + 4..p + 8].try_into().unwrap()) & elf::PF_X != 0).unwrap();
+    assert!(with(&|b| put32(b, code + 4, elf::PF_R | elf::PF_W | elf::PF_X)).contains("writable and executable"));
+    // A segment past the file's end, or spanning more than a library may.
+    assert!(with(&|b| put64(b, code + 32, 1 << 30)).starts_with("malformed: segment"));
+    let last = *phdrs(&good, elf::PT_LOAD).last().unwrap();
+    assert!(with(&|b| put64(b, last + 40, 128 << 20)).contains("more than the 64 MiB"));
+    // Its soname made a needed library.
+    let (soname, _) = tag(&good, elf::DT_SONAME);
+    assert_eq!(with(&|b| put64(b, soname, elf::DT_NEEDED as u64)), "it needs library hello.so: a guest library links against nothing");
+    assert!(with(&|b| put64(b, soname, elf::DT_TEXTREL as u64)).contains("text relocations"));
+    // The counter made undefined (an import).
+    let (_, symtab) = tag(&good, elf::DT_SYMTAB);
+    let calls = (1..8).map(|i| file_at(&lib, symtab) + i * 24).find(|&s| {
+        let name = u32::from_le_bytes(good[s..s + 4].try_into().unwrap()) as u64;
+        let (_, strtab) = tag(&good, elf::DT_STRTAB);
+        good[file_at(&lib, strtab + name)..].starts_with(b"hello_calls\0")
+    });
+    let calls = calls.expect("hello_calls in the symbol table");
+    assert_eq!(with(&|b| put16(b, calls + 6, elf::SHN_UNDEF)), "symbol hello_calls is undefined: a guest library links against nothing");
+    // Its relocation made another kind, or aimed at its code.
+    let (_, rela) = tag(&good, elf::DT_RELA);
+    let r = file_at(&lib, rela);
+    assert_eq!(with(&|b| put32(b, r + 8, elf::R_X86_64_IRELATIVE)), "relocation type 37 (a library takes RELATIVE, 64, GLOB_DAT and JUMP_SLOT only)");
+    let text = lib.segments.iter().find(|s| s.exec).unwrap().vaddr;
+    assert!(with(&|b| put64(b, r, text)).contains("outside the writable segments"));
+    // No symbol hash table.
+    let (hash, _) = tag(&good, elf::DT_HASH);
+    assert!(with(&|b| put64(b, hash, elf::DT_DEBUG as u64)).contains("no DT_HASH"));
+}
