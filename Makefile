@@ -35,15 +35,20 @@ guest: deps
 	@for i in $(GUEST_APPS) $(TEST_IMAGES); do cp target/$(GUEST_TARGET)/guest/$$i $(IMAGES)/$$i; done
 
 # A library links against nothing (--no-undefined), exports what its
-# exports.map names, and is stripped; a failed link leaves no library.
-libs: deps
+# exports.map names, is stripped, and is signed as its crate's version
+# with the repository's test key (guest/libs/test.key: public, for tests
+# and demos); a failed link leaves no library.
+libs: deps host
 	@mkdir -p $(LIBS)
 	@for l in $(GUEST_LIBS); do rm -f $(LIBS)/$$l.so; done
 	$(CARGO) build --profile guest --target $(GUEST_TARGET) $(addprefix -p wisplib-,$(GUEST_LIBS))
 	@for l in $(GUEST_LIBS); do \
 	    $(RUST_LLD) -flavor gnu -shared --no-undefined --gc-sections --strip-all -z max-page-size=4096 -z separate-code \
 	        --hash-style=both --version-script guest/libs/$$l/exports.map -soname $$l.so \
-	        --whole-archive target/$(GUEST_TARGET)/guest/libwisplib_$$l.a -o $(LIBS)/$$l.so || exit 1; \
+	        --whole-archive target/$(GUEST_TARGET)/guest/libwisplib_$$l.a -o $(LIBS)/$$l.so.unsigned || exit 1; \
+	    chmod 600 guest/libs/test.key; \
+	    $(WISP) lib sign --key guest/libs/test.key --version $$(sed -n 's/^version = "\(.*\)"/\1/p' guest/libs/$$l/Cargo.toml) \
+	        --out $(LIBS)/$$l.so $(LIBS)/$$l.so.unsigned >/dev/null && rm $(LIBS)/$$l.so.unsigned || exit 1; \
 	done
 
 run: all

@@ -10,6 +10,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 mod app;
 mod direct;
 mod guestio;
+mod libs;
 mod remote;
 mod shfs;
 mod units;
@@ -277,6 +278,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: shfs::ShfsCmd,
     },
+    /// Guest shared libraries: keys, signing, inspection (docs/libraries.md).
+    Lib {
+        #[command(subcommand)]
+        cmd: libs::LibCmd,
+    },
     /// Show or set the pool of prepared shells.
     Pool {
         /// Keep COUNT shells of MEM ready, as MEM=COUNT (e.g. 16M=8).
@@ -372,6 +378,7 @@ fn main() -> ExitCode {
             (0, None)
         }),
         Cmd::Shfs { cmd } => shfs::run(cmd).map(|c| (c, None)),
+        Cmd::Lib { cmd } => libs::run(cmd).map(|c| (c, None)),
         Cmd::Build { path } => app::build(&path).map(|image| {
             println!("{}", image.display());
             (0, None)

@@ -380,7 +380,7 @@ pub fn manage(socket: &Path, cmd: Cmd) -> Result<u8, String> {
             println!("{}", vm.id);
             Ok(0)
         }
-        Cmd::Run(_) | Cmd::Inspect { .. } | Cmd::New { .. } | Cmd::Build { .. } | Cmd::Shfs { .. } => unreachable!("handled in main"),
+        Cmd::Run(_) | Cmd::Inspect { .. } | Cmd::New { .. } | Cmd::Build { .. } | Cmd::Shfs { .. } | Cmd::Lib { .. } => unreachable!("handled in main"),
     }
 }
 

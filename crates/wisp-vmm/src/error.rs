@@ -117,4 +117,8 @@ pub enum LibraryError {
     TooBig(u64),
     #[error("malformed: {0}")]
     Malformed(String),
+    #[error("signature: {0}")]
+    Signature(String),
+    #[error("refused by the image's policy: {0}")]
+    Policy(String),
 }

@@ -25,8 +25,11 @@ use object::{Endianness, Pod};
 
 use crate::error::LibraryError as Refused;
 
+pub mod sign;
 #[cfg(test)]
 mod tests;
+
+pub use sign::{Policy, Signed, Version};
 
 /// Most bytes of address space a library's segments may span.
 pub const MAX_SPAN: u64 = 64 << 20;
@@ -133,7 +136,7 @@ impl Library {
         let dynamic = dynamic.flatten().ok_or_else(|| Refused::Malformed("no dynamic table".into()))?;
         let mut tags = Tags::default();
         for d in dynamic {
-            let (tag, val) = (d.d_tag(endian) as u64, d.d_val(endian));
+            let (tag, val) = (d.d_tag(endian), d.d_val(endian));
             match tag as u32 {
                 elf::DT_NULL => break,
                 elf::DT_NEEDED => tags.needed = Some(val),
@@ -211,6 +214,14 @@ impl Library {
             }
         }
         Ok(Library { segments, span, exports, relocations })
+    }
+
+    /// A library file as it is kept (ELF bytes, then a signature trailer
+    /// if it is signed): the signature checked first, then the ELF; the
+    /// library, and who signed it.
+    pub fn read(file: &[u8]) -> Result<(Library, Option<Signed>), Refused> {
+        let (elf, signed) = sign::split(file)?;
+        Ok((Library::parse(elf)?, signed))
     }
 
     /// The export named `name`.

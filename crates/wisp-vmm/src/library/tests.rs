@@ -3,9 +3,16 @@
 
 use super::*;
 
-fn hello() -> Vec<u8> {
+/// The bundled library as `make libs` leaves it (signed).
+fn bundled() -> Vec<u8> {
     let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../build/libs/hello.so");
     std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e} (`make libs` builds it)", p.display()))
+}
+
+/// Its ELF bytes (the signature's trailer cut off).
+fn hello() -> Vec<u8> {
+    let b = bundled();
+    sign::split(&b).expect("a good trailer").0.to_vec()
 }
 
 fn u16_at(b: &[u8], at: usize) -> u16 {
@@ -116,4 +123,61 @@ fn what_is_not_a_library_for_a_guest_is_refused() {
     // No symbol hash table.
     let (hash, _) = tag(&good, elf::DT_HASH);
     assert!(with(&|b| put64(b, hash, elf::DT_DEBUG as u64)).contains("no DT_HASH"));
+}
+
+/// The test key the repository signs its bundled libraries with
+/// (`guest/libs/test.key`, the seed of sevens): public, for tests and
+/// demos only.
+fn test_key() -> ed25519_dalek::SigningKey {
+    sign::key_from_seed(&[7u8; 32])
+}
+
+#[test]
+fn the_bundled_library_is_signed_with_the_test_key() {
+    let (_, who) = Library::read(&bundled()).expect("hello.so");
+    assert_eq!(who, Some(Signed { version: "1.0.0".parse().unwrap(), key: test_key().verifying_key().to_bytes() }));
+}
+
+#[test]
+fn a_signature_and_version_are_checked_before_the_library() {
+    let elf = hello();
+    let v: Version = "1.2.3".parse().unwrap();
+    let signed = sign::sign(&elf, v, &test_key()).unwrap();
+    let (lib, who) = Library::read(&signed).expect("a signed library");
+    assert_eq!(who, Some(Signed { version: v, key: test_key().verifying_key().to_bytes() }));
+    assert!(lib.export("hello_greet").is_some());
+    assert_eq!(Library::read(&elf).unwrap().1, None, "unsigned");
+    assert!(sign::sign(&signed, v, &test_key()).unwrap_err().to_string().contains("signed already"));
+    // A byte of the library, or its version, changed after signing.
+    let mut b = signed.clone();
+    b[0x1000] ^= 1;
+    assert!(Library::read(&b).unwrap_err().to_string().contains("does not verify"));
+    let mut b = signed.clone();
+    let at = elf.len() + 8;
+    b[at] ^= 1;
+    assert!(Library::read(&b).unwrap_err().to_string().contains("does not verify"));
+    // The length field not matching the file.
+    let mut b = signed.clone();
+    let n = b.len();
+    b[n - 8] ^= 1;
+    assert!(Library::read(&b).unwrap_err().to_string().contains("does not fit the file"));
+    assert!("1.2".parse::<Version>().is_err() && "a.b.c".parse::<Version>().is_err());
+}
+
+#[test]
+fn an_image_policy_takes_only_the_keys_and_versions_it_names() {
+    let ours = test_key().verifying_key().to_bytes();
+    let theirs = sign::key_from_seed(&[9u8; 32]).verifying_key().to_bytes();
+    let signed = |key, v: &str| Signed { version: v.parse().unwrap(), key };
+    let open = Policy::default();
+    assert_eq!(open.check(None), Ok(()), "no keys: unsigned libraries too");
+    let strict = Policy { keys: vec![ours], min_version: Some("1.1.0".parse().unwrap()) };
+    assert_eq!(strict.check(Some(&signed(ours, "1.2.0"))), Ok(()));
+    assert_eq!(strict.check(Some(&signed(ours, "1.1.0"))), Ok(()));
+    let refused = |p: &Policy, s: Option<&Signed>| p.check(s).unwrap_err().to_string();
+    assert!(refused(&strict, None).contains("not signed"));
+    assert!(refused(&strict, Some(&signed(theirs, "2.0.0"))).contains("does not trust"));
+    assert!(refused(&strict, Some(&signed(ours, "1.0.9"))).contains("older than the 1.1.0"));
+    let versioned = Policy { keys: vec![], min_version: Some("1.0.0".parse().unwrap()) };
+    assert!(refused(&versioned, None).contains("states no version"));
 }

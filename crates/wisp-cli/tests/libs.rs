@@ -1,0 +1,60 @@
+//! `wisp lib`: a key made, a library signed with it as a version and
+//! inspected as the monitor checks it; what is refused on the way.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Output};
+
+fn wisp(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_wisp")).args(args).output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+#[test]
+fn a_library_is_signed_with_a_new_key_and_inspected() {
+    let dir = common::fresh_dir("libs");
+    let bundled = std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../build/libs/hello.so")).expect("make libs");
+    // Signed already (by `make libs`): shown, and not signed twice.
+    let lib = dir.join("hello.so");
+    std::fs::write(&lib, &bundled).unwrap();
+    let o = wisp(&["lib", "inspect", lib.to_str().unwrap()]);
+    assert!(o.status.success() && text(&o).starts_with("version 1.0.0, signed by ea4a6c63"), "{}", text(&o));
+    assert!(text(&o).contains("fn  hello_greet") && text(&o).contains("var hello_calls 0x") && text(&o).contains(" 8\n"), "{}", text(&o));
+    let key = dir.join("k");
+    let o = wisp(&["lib", "keygen", key.to_str().unwrap()]);
+    let public = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    assert!(o.status.success() && public.len() == 64, "{}", text(&o));
+    assert_eq!(std::fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600);
+    let o = wisp(&["lib", "keygen", key.to_str().unwrap()]);
+    assert!(!o.status.success(), "a key made over another");
+    let o = wisp(&["lib", "sign", "--key", key.to_str().unwrap(), "--version", "2.0.0", lib.to_str().unwrap()]);
+    assert!(!o.status.success() && text(&o).contains("signed already"), "{}", text(&o));
+    // The ELF alone (the 120-byte trailer cut), signed with the new key.
+    std::fs::write(&lib, &bundled[..bundled.len() - 120]).unwrap();
+    assert_eq!(text(&wisp(&["lib", "inspect", lib.to_str().unwrap()])).lines().next(), Some("unsigned"));
+    let out = dir.join("signed.so");
+    let o = wisp(&["lib", "sign", "--key", key.to_str().unwrap(), "--version", "2.0.0", "-o", out.to_str().unwrap(), lib.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = wisp(&["lib", "inspect", out.to_str().unwrap()]);
+    assert!(text(&o).starts_with(&format!("version 2.0.0, signed by {public}")), "{}", text(&o));
+    // Changed after signing: refused.
+    let mut b = std::fs::read(&out).unwrap();
+    b[0x1000] ^= 0xff;
+    std::fs::write(&out, &b).unwrap();
+    let o = wisp(&["lib", "inspect", out.to_str().unwrap()]);
+    assert!(!o.status.success() && text(&o).contains("does not verify"), "{}", text(&o));
+    // A key others can read, a bad version, a file that is no library.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = wisp(&["lib", "sign", "--key", key.to_str().unwrap(), "--version", "2.0.1", lib.to_str().unwrap()]);
+    assert!(!o.status.success() && text(&o).contains("readable by its owner only"), "{}", text(&o));
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let o = wisp(&["lib", "sign", "--key", key.to_str().unwrap(), "--version", "2.0", lib.to_str().unwrap()]);
+    assert!(!o.status.success() && text(&o).contains("MAJOR.MINOR.PATCH"), "{}", text(&o));
+    let o = wisp(&["lib", "sign", "--key", key.to_str().unwrap(), "--version", "2.0.1", key.to_str().unwrap()]);
+    assert!(!o.status.success() && text(&o).contains("not an ELF64 file"), "{}", text(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}
