@@ -35,7 +35,10 @@ guest: deps
 	@for i in $(GUEST_APPS) $(TEST_IMAGES); do cp target/$(GUEST_TARGET)/guest/$$i $(IMAGES)/$$i; done
 
 # A library links against nothing (--no-undefined), exports what its
-# exports.map names, is stripped, and is signed as its crate's version
+# exports.map names, puts each segment in 2 MiB pages of its own (the
+# monitor maps it with 2 MiB pages, each with its segment's permissions;
+# the file stays small: segments are congruent, not padded), is stripped,
+# and is signed as its crate's version
 # with the repository's test key (guest/libs/test.key: public, for tests
 # and demos); a failed link leaves no library.
 libs: deps host
@@ -43,7 +46,7 @@ libs: deps host
 	@for l in $(GUEST_LIBS); do rm -f $(LIBS)/$$l.so; done
 	$(CARGO) build --profile guest --target $(GUEST_TARGET) $(addprefix -p wisplib-,$(GUEST_LIBS))
 	@for l in $(GUEST_LIBS); do \
-	    $(RUST_LLD) -flavor gnu -shared --no-undefined --gc-sections --strip-all -z max-page-size=4096 -z separate-code \
+	    $(RUST_LLD) -flavor gnu -shared --no-undefined --gc-sections --strip-all -z max-page-size=0x200000 -z common-page-size=0x1000 -z noseparate-code \
 	        --hash-style=both --version-script guest/libs/$$l/exports.map -soname $$l.so \
 	        --whole-archive target/$(GUEST_TARGET)/guest/libwisplib_$$l.a -o $(LIBS)/$$l.so.unsigned || exit 1; \
 	    chmod 600 guest/libs/test.key; \

@@ -111,6 +111,8 @@ pub enum LibraryError {
     Undefined(String),
     #[error("segment {0} is writable and executable")]
     WritableCode(usize),
+    #[error("segments {0} and {1} have other permissions and share a 2 MiB page (link with -z max-page-size=0x200000)")]
+    SharedPage(usize, usize),
     #[error("relocation type {0} (a library takes RELATIVE, 64, GLOB_DAT and JUMP_SLOT only)")]
     Relocation(u32),
     #[error("its segments span {0:#x} bytes, more than the 64 MiB a library may")]

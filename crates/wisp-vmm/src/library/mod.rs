@@ -13,8 +13,9 @@
 //! interpreter, no needed libraries (it links against nothing: a guest
 //! library carries what it uses), no thread-local storage, no text
 //! relocations; loadable segments page-congruent, inside the file, not
-//! overlapping, none writable and executable, spanning at most
-//! [`MAX_SPAN`]; a `DT_HASH` symbol table whose symbols are all defined in
+//! overlapping, none writable and executable, those with other permissions
+//! in 2 MiB pages of their own (`rust-lld -z max-page-size=0x200000`; the
+//! monitor maps a library with 2 MiB pages), spanning at most [`MAX_SPAN`]; a `DT_HASH` symbol table whose symbols are all defined in
 //! it; relocations only of the kinds that resolve to an address inside it
 //! (`RELATIVE`, `64`, `GLOB_DAT`, `JUMP_SLOT`), each landing in a writable
 //! segment. So once placed at a base, every relocation is `base + k`.
@@ -36,6 +37,8 @@ pub const MAX_SPAN: u64 = 64 << 20;
 /// Most symbols and relocations a library may have.
 const MAX_ENTRIES: usize = 1 << 20;
 const PAGE: u64 = 4096;
+/// The pages a library is mapped with in a guest.
+const LARGE_PAGE: u64 = 2 << 20;
 /// Packed relative relocations (not among `object`'s constants).
 const DT_RELR: u32 = 36;
 
@@ -130,6 +133,15 @@ impl Library {
         }
         if segments.is_empty() {
             return Err(Refused::Malformed("no loadable segment".into()));
+        }
+        // A guest maps a library with 2 MiB pages, each with one segment's
+        // permissions: segments that differ may not share one.
+        for (i, w) in segments.windows(2).enumerate() {
+            let (a, b) = (&w[0], &w[1]);
+            let shared = (a.vaddr + a.mem_size).saturating_sub(1) / LARGE_PAGE >= b.vaddr / LARGE_PAGE;
+            if shared && (a.write, a.exec) != (b.write, b.exec) {
+                return Err(Refused::SharedPage(i, i + 1));
+            }
         }
         let span = segments.last().map(|s| (s.vaddr + s.mem_size).next_multiple_of(PAGE)).unwrap_or(0);
         let lib = Layout { b, segments: &segments };

@@ -97,6 +97,11 @@ fn what_is_not_a_library_for_a_guest_is_refused() {
     // Its code segment made writable.
     let code = phdrs(&good, elf::PT_LOAD).into_iter().find(|&p| u32::from_le_bytes(good[p + 4..p + 8].try_into().unwrap()) & elf::PF_X != 0).unwrap();
     assert!(with(&|b| put32(b, code + 4, elf::PF_R | elf::PF_W | elf::PF_X)).contains("writable and executable"));
+    // Its data moved into its code's 2 MiB page (congruent, above it).
+    let loads = phdrs(&good, elf::PT_LOAD);
+    let (code_vaddr, data) = (u64_at(&good, code + 16), loads[loads.iter().position(|&p| p == code).unwrap() + 1]);
+    let moved = (code_vaddr & !0x1f_ffff) + 0x10_0000 + (u64_at(&good, data + 8) & 0xfff);
+    assert!(with(&|b| put64(b, data + 16, moved)).contains("share a 2 MiB page"), "{}", with(&|b| put64(b, data + 16, moved)));
     // A segment past the file's end, or spanning more than a library may.
     assert!(with(&|b| put64(b, code + 32, 1 << 30)).starts_with("malformed: segment"));
     let last = *phdrs(&good, elf::PT_LOAD).last().unwrap();
@@ -150,7 +155,7 @@ fn a_signature_and_version_are_checked_before_the_library() {
     assert!(sign::sign(&signed, v, &test_key()).unwrap_err().to_string().contains("signed already"));
     // A byte of the library, or its version, changed after signing.
     let mut b = signed.clone();
-    b[0x1000] ^= 1;
+    b[elf.len() / 2] ^= 1;
     assert!(Library::read(&b).unwrap_err().to_string().contains("does not verify"));
     let mut b = signed.clone();
     let at = elf.len() + 8;
