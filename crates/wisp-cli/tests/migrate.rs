@@ -93,9 +93,11 @@ fn a_vm_moves_to_another_daemon_and_goes_on_there() {
 }
 
 /// A destination that proves the key, then fails at `phase`: "header" (it
-/// closes once it has read the header), "first" (once it has read the
+/// closes once it has read the header), "stall" (it says `header` and waits
+/// for a line on its input before it closes), "first" (once it has read the
 /// whole snapshot), "refuse" (it refuses the whole snapshot), "answer" (it
-/// takes the whole, reads the increment and refuses). Listens on
+/// takes the whole, reads the increment and refuses), "silent" (it takes
+/// both and closes without an answer). Listens on
 /// a port it prints first.
 const FAKE_DESTINATION: &str = r#"
 import hashlib, hmac, os, socket, struct, sys
@@ -109,11 +111,13 @@ assert hmac.compare_digest(bytes.fromhex(proof), hmac.new(key, b'src' + n, hashl
 c.sendall(hmac.new(key, b'dst' + bytes.fromhex(theirs), hashlib.sha256).hexdigest().encode() + b'\n')
 f.readline()
 if phase == 'header': c.close(); sys.exit(0)
+if phase == 'stall': print('header', flush=True); sys.stdin.readline(); c.close(); sys.exit(0)
 size = struct.unpack('<Q', f.read(8))[0]; f.read(size)
 if phase == 'first': c.close(); sys.exit(0)
 if phase == 'refuse': c.sendall(b'{"ok": false, "error": "no room for its pages"}\n'); c.close(); sys.exit(0)
 c.sendall(b'{"ok": true}\n')
 size = struct.unpack('<Q', f.read(8))[0]; f.read(size)
+if phase == 'silent': c.close(); sys.exit(0)
 c.sendall(b'{"ok": false, "error": "no room here"}\n'); c.close()
 "#;
 
@@ -247,5 +251,63 @@ fn a_tcp_stream_goes_on_through_a_move_between_namespaces() {
     assert_eq!((there.ip.as_deref(), there.state), (Some(ip.as_str()), wisp_api::VmState::Running));
     assert!(ca.get("e").is_err(), "still at the source");
     drop(client);
+    let _ = std::fs::remove_dir_all(&keys);
+}
+
+/// The fake destination for `phase`, and the port it listens on.
+fn fake_destination(key: &str, phase: &str) -> (std::process::Child, u16) {
+    let mut fake = std::process::Command::new("python3")
+        .args(["-c", FAKE_DESTINATION, key, phase])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(fake.stdout.take().unwrap());
+    let mut port = String::new();
+    std::io::BufRead::read_line(&mut out, &mut port).unwrap();
+    fake.stdout = Some(out.into_inner());
+    (fake, port.trim().parse().unwrap())
+}
+
+#[test]
+fn a_vm_being_moved_is_not_paused_or_saved_meanwhile_and_an_unanswered_move_leaves_it_paused() {
+    use std::io::{BufRead, Write};
+    let keys = common::fresh_dir("migrate-busy");
+    let key = key_file(&keys, "k", "a shared migration key 0123456789");
+    let src = Daemon::start("mig-busy", &["--migrate-key", &key]);
+    let mut cs = src.client();
+    assert!(src.wisp(&["run", "-d", "--name", "c", "counter", "--", "100000", "20ms"]).status.success());
+    wait_console(&mut cs, "c", "count 2 ");
+    // While a move is under way (the destination holds it after the header):
+    let (mut fake, port) = fake_destination(&key, "stall");
+    let to = format!("127.0.0.1:{port}");
+    let moving = std::thread::scope(|s| {
+        let m = s.spawn(|| src.wisp(&["migrate", "c", "--to", &to]));
+        let mut said = String::new();
+        std::io::BufReader::new(fake.stdout.as_mut().unwrap()).read_line(&mut said).unwrap();
+        assert_eq!(said.trim(), "header");
+        for (what, o) in [("pause", src.wisp(&["pause", "c"])), ("snapshot", src.wisp(&["snapshot", "c", keys.join("c.snap").to_str().unwrap()])), ("migrate", src.wisp(&["migrate", "c", "--to", &to]))] {
+            assert!(!o.status.success() && out(&o).contains("is being migrated"), "{what}: {}", out(&o));
+        }
+        writeln!(fake.stdin.as_mut().unwrap(), "go").unwrap();
+        m.join().unwrap()
+    });
+    let _ = fake.wait();
+    assert!(!moving.status.success() && out(&moving).contains("the VM runs on here"), "{}", out(&moving));
+    assert_eq!(cs.get("c").unwrap().state, wisp_api::VmState::Running);
+    // Pausing works again once it is over.
+    assert!(src.wisp(&["pause", "c"]).status.success() && src.wisp(&["resume", "c"]).status.success());
+
+    // The increment went and no answer came: where the VM runs is not known
+    // here, so it stays paused here, and the error says so.
+    let (mut fake, port) = fake_destination(&key, "silent");
+    let o = src.wisp(&["migrate", "c", "--to", &format!("127.0.0.1:{port}")]);
+    let _ = fake.wait();
+    assert!(!o.status.success() && out(&o).contains("the VM is left paused here"), "{}", out(&o));
+    assert_eq!(cs.get("c").unwrap().state, wisp_api::VmState::Paused);
+    assert!(src.wisp(&["resume", "c"]).status.success());
+    let last = *counts(&console(&mut cs, "c")).last().unwrap();
+    wait_console(&mut cs, "c", &format!("count {} ", last + 2));
+    assert!(src.wisp(&["kill", "c"]).status.success());
     let _ = std::fs::remove_dir_all(&keys);
 }

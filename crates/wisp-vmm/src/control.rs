@@ -109,9 +109,13 @@ impl Control {
             slot.job = Some((sink, incremental));
             slot.done = None;
         }
-        // A paused vCPU waits on the condition variable; a running one is
-        // kicked out of the guest, an idle one woken.
-        self.cv.notify_all();
+        // A paused vCPU waits on the condition variable (notified under its
+        // lock: one between its look and its wait sees the job); a running
+        // one is kicked out of the guest, an idle one woken.
+        {
+            let _p = self.paused.lock().unwrap();
+            self.cv.notify_all();
+        }
         self.interrupt();
         let deadline = Instant::now() + timeout;
         loop {

@@ -178,6 +178,9 @@ impl Device for Disk {
     }
 
     fn on_fork_child(&mut self) {
+        // The parent's I/O thread may have held the lock at the fork: the
+        // child's is its own (it has no I/O thread to take it).
+        self.serving = Arc::new(Mutex::new(()));
         match std::mem::replace(&mut self.state, State::Detached) {
             State::Running(r) => {
                 // SAFETY: the thread owning the file exists only in the

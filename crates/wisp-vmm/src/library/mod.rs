@@ -107,7 +107,9 @@ impl Library {
             match ph.p_type(endian) {
                 elf::PT_INTERP => return Err(Refused::Interpreter),
                 elf::PT_TLS => return Err(Refused::Format("thread-local storage (PT_TLS)".into())),
-                elf::PT_DYNAMIC => dynamic = Some(ph.dynamic(endian, b).map_err(|e| Refused::Malformed(format!("dynamic table: {e}")))?),
+                elf::PT_DYNAMIC => {
+                    dynamic = Some((ph.dynamic(endian, b).map_err(|e| Refused::Malformed(format!("dynamic table: {e}")))?, offset, vaddr, filesz));
+                }
                 elf::PT_LOAD => {
                     let flags = ph.p_flags(endian);
                     let (write, exec) = (flags & elf::PF_W != 0, flags & elf::PF_X != 0);
@@ -145,11 +147,18 @@ impl Library {
         }
         let span = segments.last().map(|s| (s.vaddr + s.mem_size).next_multiple_of(PAGE)).unwrap_or(0);
         let lib = Layout { b, segments: &segments };
-        let dynamic = dynamic.flatten().ok_or_else(|| Refused::Malformed("no dynamic table".into()))?;
+        let (dynamic, dyn_off, dyn_vaddr, dyn_size) = dynamic.and_then(|(d, o, v, s)| d.map(|d| (d, o, v, s))).ok_or_else(|| Refused::Malformed("no dynamic table".into()))?;
+        // Where a loader finds it (by address) is where it was read (by
+        // file offset).
+        if !segments.iter().any(|s| dyn_vaddr >= s.vaddr && dyn_vaddr.checked_add(dyn_size).is_some_and(|e| e <= s.vaddr + s.file_size) && dyn_vaddr - s.vaddr == dyn_off.wrapping_sub(s.offset)) {
+            return Err(Refused::Malformed("the dynamic table is not where its segment puts it".into()));
+        }
         let mut tags = Tags::default();
         for d in dynamic {
             let (tag, val) = (d.d_tag(endian), d.d_val(endian));
-            match tag as u32 {
+            // Every tag this reads is below 2^32: a wider one is none of them.
+            let Ok(tag) = u32::try_from(tag) else { continue };
+            match tag {
                 elf::DT_NULL => break,
                 elf::DT_NEEDED => tags.needed = Some(val),
                 elf::DT_TEXTREL => return Err(Refused::Format("text relocations (DT_TEXTREL)".into())),
@@ -216,12 +225,20 @@ impl Library {
                 let k = match r.r_type(endian, false) {
                     elf::R_X86_64_RELATIVE => addend,
                     t @ (elf::R_X86_64_64 | elf::R_X86_64_GLOB_DAT | elf::R_X86_64_JUMP_SLOT) => {
-                        let s = syms.get(r.r_sym(endian, false) as usize).filter(|_| r.r_sym(endian, false) != 0).ok_or_else(|| Refused::Malformed(format!("relocation at {off:#x}: symbol {}", r.r_sym(endian, false))))?;
-                        let base = s.st_value(endian);
-                        if t == elf::R_X86_64_64 { base.wrapping_add(addend) } else { base }
+                        let n = r.r_sym(endian, false) as usize;
+                        let s = syms.get(n).filter(|_| n != 0).ok_or_else(|| Refused::Malformed(format!("relocation at {off:#x}: symbol {n}")))?;
+                        if s.st_shndx(endian) == elf::SHN_ABS {
+                            return Err(Refused::Malformed(format!("relocation at {off:#x}: an absolute symbol")));
+                        }
+                        let value = s.st_value(endian);
+                        if t == elf::R_X86_64_64 { value.wrapping_add(addend) } else { value }
                     }
                     t => return Err(Refused::Relocation(t)),
                 };
+                // base + k is an address inside the library.
+                if k >= span {
+                    return Err(Refused::Malformed(format!("a relocation at {off:#x} points at {k:#x}, outside the library")));
+                }
                 relocations.push((off, k));
             }
         }

@@ -11,7 +11,7 @@
 //! failing. A trailer is checked before anything else of the file is
 //! used; a file without one is unsigned (a policy may refuse it).
 
-use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use sha2::{Digest, Sha256};
 
 use crate::error::LibraryError as Refused;
@@ -103,7 +103,7 @@ pub fn split(file: &[u8]) -> Result<(&[u8], Option<Signed>), Refused> {
     let key: [u8; 32] = t[16..48].try_into().expect("32 bytes");
     let sig = Signature::from_bytes(&t[48..112].try_into().expect("64 bytes"));
     let vk = VerifyingKey::from_bytes(&key).map_err(|_| Refused::Signature("its key is not an Ed25519 public key".into()))?;
-    vk.verify(&digest(elf, &version), &sig).map_err(|_| Refused::Signature("it does not verify: the library or its version was changed after signing".into()))?;
+    vk.verify_strict(&digest(elf, &version), &sig).map_err(|_| Refused::Signature("it does not verify: the library or its version was changed after signing".into()))?;
     Ok((elf, Some(Signed { version, key })))
 }
 
@@ -127,6 +127,11 @@ impl Policy {
             _ => {}
         }
         if let Some(min) = self.min_version {
+            // A version is only the signer's word: with no signer trusted,
+            // anyone may state any version.
+            if self.keys.is_empty() {
+                return Err(Refused::Policy(format!("a lowest version ({min}) means nothing without trusted keys")));
+            }
             match signed {
                 Some(s) if s.version >= min => {}
                 Some(s) => return Err(Refused::Policy(format!("version {} is older than the {min} the image takes", s.version))),

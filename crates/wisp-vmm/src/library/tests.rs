@@ -125,6 +125,15 @@ fn what_is_not_a_library_for_a_guest_is_refused() {
     assert_eq!(with(&|b| put32(b, r + 8, elf::R_X86_64_IRELATIVE)), "relocation type 37 (a library takes RELATIVE, 64, GLOB_DAT and JUMP_SLOT only)");
     let text = lib.segments.iter().find(|s| s.exec).unwrap().vaddr;
     assert!(with(&|b| put64(b, r, text)).contains("outside the writable segments"));
+    // Its symbol made absolute, or its target moved past the library's end.
+    assert!(with(&|b| put16(b, calls + 6, elf::SHN_ABS)).contains("an absolute symbol"));
+    assert!(with(&|b| put64(b, calls + 8, lib.span + 0x1000)).contains("outside"), "{}", with(&|b| put64(b, calls + 8, lib.span + 0x1000)));
+    // The dynamic table's address not where its file offset is.
+    let dynp = phdrs(&good, elf::PT_DYNAMIC)[0];
+    assert!(with(&|b| put64(b, dynp + 16, u64_at(&good, dynp + 16) + 8)).contains("dynamic table is not where"));
+    // A tag wider than 32 bits is no tag this reads (not the end of the table).
+    let (soname, _) = tag(&good, elf::DT_SONAME);
+    assert!(Library::parse(&{ let mut b = good.clone(); put64(&mut b, soname, 1 << 32); b }).is_ok());
     // No symbol hash table.
     let (hash, _) = tag(&good, elf::DT_HASH);
     assert!(with(&|b| put64(b, hash, elf::DT_DEBUG as u64)).contains("no DT_HASH"));
@@ -183,6 +192,9 @@ fn an_image_policy_takes_only_the_keys_and_versions_it_names() {
     assert!(refused(&strict, None).contains("not signed"));
     assert!(refused(&strict, Some(&signed(theirs, "2.0.0"))).contains("does not trust"));
     assert!(refused(&strict, Some(&signed(ours, "1.0.9"))).contains("older than the 1.1.0"));
-    let versioned = Policy { keys: vec![], min_version: Some("1.0.0".parse().unwrap()) };
-    assert!(refused(&versioned, None).contains("states no version"));
+    assert!(refused(&Policy { keys: vec![ours], ..strict.clone() }, Some(&Signed { version: "0.9.0".parse().unwrap(), key: ours })).contains("older"));
+    let versioned = Policy { keys: vec![ours], min_version: Some("1.0.0".parse().unwrap()) };
+    assert!(refused(&versioned, None).contains("not signed"));
+    let unsigned_versioned = Policy { keys: vec![], min_version: Some("1.0.0".parse().unwrap()) };
+    assert!(refused(&unsigned_versioned, Some(&signed(theirs, "9.0.0"))).contains("means nothing without trusted keys"));
 }

@@ -123,6 +123,14 @@ pub enum ActionError {
     /// A migration did not happen (the VM goes on where it was).
     #[error("migration to {to} failed, the VM runs on here: {why}")]
     Migrate { to: String, why: String },
+    /// A migration whose end is not known here: the increment went, and no
+    /// answer came. The VM stays paused here (it may run there).
+    #[error("migration to {to}: no answer after the last increment ({why}); the VM is left paused here: see whether it runs there, then resume or remove it here")]
+    MigrateUnknown { to: String, why: String },
+    /// The VM is being migrated: nothing else may pause, resume, save or
+    /// move it meanwhile.
+    #[error("VM {0} is being migrated")]
+    Migrating(String),
     /// No template has this name.
     #[error("no such template: {0}")]
     NoTemplate(String),

@@ -88,9 +88,25 @@ impl Daemon {
 
     /// Pause or resume.
     pub(super) fn pause(&self, key: &str, pause: bool) -> Result<VmInfo, ActionError> {
-        let (id, r) = self.call_worker(key, if pause { &Request::Pause } else { &Request::Resume })?;
+        let id = self.not_migrating(key)?;
+        self.set_paused(&id, pause)
+    }
+
+    /// [`Daemon::pause`] of VM `id`, migrating or not (a migration's own).
+    pub(super) fn set_paused(&self, id: &str, pause: bool) -> Result<VmInfo, ActionError> {
+        let (id, r) = self.call_worker(id, if pause { &Request::Pause } else { &Request::Resume })?;
         self.set_state(&id, &r);
         self.get(&id)
+    }
+
+    /// The id of VM `key`, unless it is being migrated.
+    pub(super) fn not_migrating(&self, key: &str) -> Result<String, ActionError> {
+        let t = self.vms.lock();
+        let (id, e) = t.find(key)?;
+        if e.migrating {
+            return Err(ActionError::Migrating(id));
+        }
+        Ok(id)
     }
 
     /// Ask the guest to stop; kill it after `grace`.

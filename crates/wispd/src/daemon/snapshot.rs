@@ -85,9 +85,13 @@ impl SnapshotCache {
         self.gates.lock().unwrap().entry(key).or_default().clone()
     }
 
-    /// The check of file `key` is over (cached or failed): its gate goes.
-    fn ungate(&self, key: &FileKey) {
-        self.gates.lock().unwrap().remove(key);
+    /// The check of file `key` is over (cached or failed): its gate goes
+    /// (if it is still `gate`: a later check may have made its own).
+    fn ungate(&self, key: &FileKey, gate: &Arc<std::sync::Mutex<()>>) {
+        let mut g = self.gates.lock().unwrap();
+        if g.get(key).is_some_and(|held| Arc::ptr_eq(held, gate)) {
+            g.remove(key);
+        }
     }
 
     fn put(&self, key: FileKey, r: Arc<Restorable>) {
@@ -106,7 +110,7 @@ impl SnapshotCache {
 impl Daemon {
     /// Save VM `key` into `body.path` (then stop it, with `body.stop`).
     pub(super) fn snapshot(&self, key: &str, body: SnapshotVm, client: &UnixStream, arrived: Instant) -> Result<SnapshotInfo, ActionError> {
-        let (id, dir, info) = self.dir_of(key)?;
+        let (id, dir, info) = self.dir_of(&self.not_migrating(key)?)?;
         if info.state == VmState::Exited {
             return Err(ActionError::Exited(id));
         }
@@ -205,14 +209,11 @@ impl Daemon {
         // One check per file at a time; whoever waited finds it cached.
         let gate = self.snapshots.gate(key);
         let _checking = gate.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(hit) = self.snapshots.get(&key) {
-            return Ok(hit);
-        }
-        let r = self.check_copy(&file, path);
-        if let Ok(r) = &r {
-            self.snapshots.put(key, r.clone());
-        }
-        self.snapshots.ungate(&key);
+        let r = match self.snapshots.get(&key) {
+            Some(hit) => Ok(hit),
+            None => self.check_copy(&file, path).inspect(|r| self.snapshots.put(key, r.clone())),
+        };
+        self.snapshots.ungate(&key, &gate);
         r
     }
 

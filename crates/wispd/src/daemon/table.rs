@@ -46,12 +46,16 @@ pub struct Entry {
     /// Moved to another daemon and being removed here: not found by any
     /// name, id or prefix, nor listed (see [`Table::hide`]).
     hidden: bool,
+    /// Being migrated: pauses, resumes, snapshots and other migrations are
+    /// refused meanwhile (a snapshot would take the dirty log the
+    /// migration's increment is made of).
+    pub migrating: bool,
 }
 
 impl Entry {
     /// A fresh entry for a VM.
     pub fn new(info: VmInfo, dir: PathBuf, child: Option<Child>, pidfd: Option<OwnedFd>) -> Entry {
-        Entry { info, dir, child, pidfd, ctl: None, forwards: Vec::new(), uplink: None, ns_pid: None, uid: None, removing: false, last_snapshot: None, hidden: false }
+        Entry { info, dir, child, pidfd, ctl: None, forwards: Vec::new(), uplink: None, ns_pid: None, uid: None, removing: false, last_snapshot: None, hidden: false, migrating: false }
     }
 }
 

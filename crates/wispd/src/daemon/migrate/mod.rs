@@ -138,6 +138,9 @@ impl Daemon {
         if info.state == VmState::Exited {
             return Err(ActionError::Exited(id));
         }
+        // One migration at a time, and no pause, resume or snapshot of the
+        // VM meanwhile (until this returns).
+        let _moving = Moving::start(self, &id)?;
         let fail = |why: String| ActionError::Migrate { to: body.to.clone(), why };
         let secret = self.cfg.migrate_key.clone().ok_or_else(|| fail("this daemon has no migration key (wispd --migrate-key FILE)".into()))?;
         let addr: Addr = body.to.parse().map_err(fail)?;
@@ -153,20 +156,27 @@ impl Daemon {
         answer(&mut r).map_err(fail)?;
         // Stop-and-copy, in one request: paused, the pages written since.
         let down = Instant::now();
+        // Once the increment has gone, only the destination's answer says
+        // where the VM runs: without one, it is left paused here.
         let moved = self.save_part(&id, &dir, info.mem, Request::Snapshot { incremental: true, pause: true }).and_then(|inc| {
             send_part(&mut w, &inc).map_err(|e| fail(e.to_string()))?;
-            Ok((answer(&mut r).map_err(fail)?, whole.metadata().map(|m| m.len()).unwrap_or(0) + inc.metadata().map(|m| m.len()).unwrap_or(0)))
+            let there = match read_answer(&mut r) {
+                Err(why) => return Err(ActionError::MigrateUnknown { to: body.to.clone(), why }),
+                Ok(Err(refused)) => return Err(fail(refused)),
+                Ok(Ok(there)) => there,
+            };
+            Ok((there, whole.metadata().map(|m| m.len()).unwrap_or(0) + inc.metadata().map(|m| m.len()).unwrap_or(0)))
         });
         match moved {
             Ok((there, bytes)) => {
                 let id_shown = id.clone();
                 let downtime_us = down.elapsed().as_micros() as u64;
-                // It runs there: this copy is killed now (a signal; the
-                // paused vCPU never runs again), hidden (its name is free,
-                // no key finds it) and removed off the request's path once
-                // its process has ended.
-                self.kill_process(&id);
+                // It runs there: this copy is hidden (its name is free, no
+                // key finds it, its end goes unrecorded), killed now (a
+                // signal; the paused vCPU never runs again) and removed off
+                // the request's path once its process has ended.
                 self.vms.lock().hide(&id);
+                self.kill_process(&id);
                 let d = self.clone();
                 std::thread::spawn(move || {
                     if let Err(e) = d.remove_found(id.clone(), &dir, &info, true) {
@@ -175,9 +185,14 @@ impl Daemon {
                 });
                 Ok(MigrateInfo { vm: id_shown, to: body.to, there, bytes, downtime_us, took_us: arrived.elapsed().as_micros() as u64 })
             }
+            // No answer after the increment: it may run there.
+            Err(e @ ActionError::MigrateUnknown { .. }) => Err(e),
             Err(e) => {
-                // Nothing moved: the VM goes on here.
-                let _ = self.pause(&id, false);
+                // Nothing moved: the VM goes on here (as it was: a VM paused
+                // before stays paused).
+                if info.state == VmState::Running {
+                    let _ = self.set_paused(&id, false);
+                }
                 Err(e)
             }
         }
@@ -217,7 +232,13 @@ impl Daemon {
             Ok(id) => Answer { ok: true, id, error: String::new() },
             Err(e) => Answer { ok: false, id: String::new(), error: e.to_string() },
         };
-        writeln!(w, "{}", serde_json::to_string(&answer).unwrap_or_default()).map_err(|e| e.to_string())
+        let told = writeln!(w, "{}", serde_json::to_string(&answer).unwrap_or_default());
+        if told.is_err() && answer.ok {
+            // The source cannot learn that it runs here, and may resume its
+            // copy: this one goes.
+            let _ = self.remove(&answer.id, true);
+        }
+        told.map_err(|e| e.to_string())
     }
 
     /// The snapshots of a migration, checked as they come, and the VM
@@ -276,11 +297,40 @@ fn taken(w: &mut impl Write) -> std::io::Result<()> {
 /// The destination's answer: its id there (empty for a snapshot taken), or
 /// the error it gave.
 fn answer(r: &mut impl BufRead) -> Result<String, String> {
+    read_answer(r).and_then(|a| a)
+}
+
+/// The destination's answer as it came (`Ok`: its id there, or the error
+/// it refused with), or why none came (`Err`).
+fn read_answer(r: &mut impl BufRead) -> Result<Result<String, String>, String> {
     let a: Answer = serde_json::from_str(&line(r).map_err(|e| format!("no answer: {e}"))?).map_err(|e| format!("a malformed answer: {e}"))?;
-    if a.ok {
-        Ok(a.id)
-    } else {
-        Err(a.error)
+    Ok(if a.ok { Ok(a.id) } else { Err(a.error) })
+}
+
+/// A VM being migrated ([`Entry::migrating`](super::table::Entry)), until
+/// this is dropped.
+struct Moving<'a> {
+    d: &'a Daemon,
+    id: String,
+}
+
+impl<'a> Moving<'a> {
+    fn start(d: &'a Daemon, id: &str) -> Result<Moving<'a>, ActionError> {
+        let mut t = d.vms.lock();
+        let e = t.by_id.get_mut(id).ok_or_else(|| ActionError::NotFound(id.to_string()))?;
+        if e.migrating {
+            return Err(ActionError::Migrating(id.to_string()));
+        }
+        e.migrating = true;
+        Ok(Moving { d, id: id.to_string() })
+    }
+}
+
+impl Drop for Moving<'_> {
+    fn drop(&mut self) {
+        if let Some(e) = self.d.vms.lock().by_id.get_mut(&self.id) {
+            e.migrating = false;
+        }
     }
 }
 
