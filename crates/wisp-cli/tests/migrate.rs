@@ -97,7 +97,8 @@ fn a_vm_moves_to_another_daemon_and_goes_on_there() {
 /// for a line on its input before it closes), "first" (once it has read the
 /// whole snapshot), "refuse" (it refuses the whole snapshot), "answer" (it
 /// takes the whole, reads the increment and refuses), "silent" (it takes
-/// both and closes without an answer). Listens on
+/// both and closes without an answer), "forged" (it answers the whole with
+/// a message whose tag does not verify: as one changed on the way would). Listens on
 /// a port it prints first.
 const FAKE_DESTINATION: &str = r#"
 import hashlib, hmac, os, socket, struct, sys
@@ -105,20 +106,30 @@ key, phase = open(sys.argv[1], 'rb').read().strip(), sys.argv[2]
 l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen(1)
 print(l.getsockname()[1], flush=True)
 c, _ = l.accept(); f = c.makefile('rb')
-n = os.urandom(32); c.sendall(b'WISPMIG2 ' + n.hex().encode() + b'\n')
+n = os.urandom(32); c.sendall(b'WISPMIG3 ' + n.hex().encode() + b'\n')
 proof, theirs = f.readline().decode().split()
 assert hmac.compare_digest(bytes.fromhex(proof), hmac.new(key, b'src' + n, hashlib.sha256).digest())
 c.sendall(hmac.new(key, b'dst' + bytes.fromhex(theirs), hashlib.sha256).hexdigest().encode() + b'\n')
-f.readline()
+# Every message after the handshake carries its tag (channel.rs).
+session = hmac.new(key, b'session' + n + bytes.fromhex(theirs), hashlib.sha256).digest()
+sent = [0]
+def say(text):
+    sent[0] += 1
+    tag = hmac.new(session, b'd>s' + struct.pack('<Q', sent[0]) + text, hashlib.sha256).hexdigest()
+    c.sendall(text + b'\n' + tag.encode() + b'\n')
+def part():
+    size = struct.unpack('<Q', f.read(8))[0]; f.read(size); f.read(32)
+f.readline(); f.readline()
 if phase == 'header': c.close(); sys.exit(0)
 if phase == 'stall': print('header', flush=True); sys.stdin.readline(); c.close(); sys.exit(0)
-size = struct.unpack('<Q', f.read(8))[0]; f.read(size)
+part()
 if phase == 'first': c.close(); sys.exit(0)
-if phase == 'refuse': c.sendall(b'{"ok": false, "error": "no room for its pages"}\n'); c.close(); sys.exit(0)
-c.sendall(b'{"ok": true}\n')
-size = struct.unpack('<Q', f.read(8))[0]; f.read(size)
+if phase == 'refuse': say(b'{"ok": false, "error": "no room for its pages"}'); c.close(); sys.exit(0)
+if phase == 'forged': c.sendall(b'{"ok": true}\n' + b'00' * 32 + b'\n'); c.close(); sys.exit(0)
+say(b'{"ok": true}')
+part()
 if phase == 'silent': c.close(); sys.exit(0)
-c.sendall(b'{"ok": false, "error": "no room here"}\n'); c.close()
+say(b'{"ok": false, "error": "no room here"}'); c.close()
 "#;
 
 #[test]
@@ -129,7 +140,7 @@ fn a_migration_that_fails_at_any_phase_leaves_the_vm_running_here() {
     let mut cs = src.client();
     assert!(src.wisp(&["run", "-d", "--name", "c", "counter", "--", "100000", "20ms"]).status.success());
     wait_console(&mut cs, "c", "count 2 ");
-    for (phase, says) in [("header", "the VM runs on here"), ("first", "the VM runs on here"), ("refuse", "no room for its pages"), ("answer", "no room here")] {
+    for (phase, says) in [("header", "the VM runs on here"), ("first", "the VM runs on here"), ("refuse", "no room for its pages"), ("forged", "does not verify"), ("answer", "no room here")] {
         let mut fake = std::process::Command::new("python3")
             .args(["-c", FAKE_DESTINATION, &key, phase])
             .stdout(std::process::Stdio::piped())

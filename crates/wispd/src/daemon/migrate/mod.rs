@@ -30,9 +30,11 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod channel;
 mod conn;
 
 pub use conn::{Addr, Listener};
+use channel::{Channel, Tee};
 use conn::Conn;
 use hmac::{Hmac, Mac};
 use rustix::fs::{memfd_create, MemfdFlags};
@@ -48,8 +50,9 @@ use super::Daemon;
 
 /// How long each step of a migration may take on the wire.
 const IO_TIMEOUT: Duration = Duration::from_secs(20);
-/// The protocol's greeting (2: each snapshot but the last is answered).
-const GREETING: &str = "WISPMIG2";
+/// The protocol's greeting (2: each snapshot but the last is answered; 3:
+/// every message after the handshake authenticated, `channel.rs`).
+const GREETING: &str = "WISPMIG3";
 /// Most bytes of one snapshot a destination takes.
 const MAX_PART: u64 = wisp_abi::layout::MAX_MEM + (64 << 20);
 
@@ -103,8 +106,8 @@ fn line(r: &mut impl BufRead) -> std::io::Result<String> {
     Ok(s.trim_end().to_string())
 }
 
-/// The source's side of the handshake.
-fn prove_source(r: &mut impl BufRead, w: &mut impl Write, key: &[u8]) -> Result<(), String> {
+/// The source's side of the handshake: the channel its messages go on.
+fn prove_source(r: &mut impl BufRead, w: &mut impl Write, key: &[u8]) -> Result<Channel, String> {
     let greet = line(r).map_err(|e| format!("no greeting: {e}"))?;
     let their = greet.strip_prefix(GREETING).map(str::trim).and_then(unhex).filter(|n| n.len() == 32).ok_or("not a wisp daemon's migration port")?;
     let mine = nonce().map_err(|e| e.to_string())?;
@@ -114,11 +117,12 @@ fn prove_source(r: &mut impl BufRead, w: &mut impl Write, key: &[u8]) -> Result<
         return Err(e.to_string());
     }
     let proof = unhex(&answer).ok_or("a malformed proof")?;
-    mac(key, b"dst", &mine).verify_slice(&proof).map_err(|_| "the destination does not hold the migration key".to_string())
+    mac(key, b"dst", &mine).verify_slice(&proof).map_err(|_| "the destination does not hold the migration key".to_string())?;
+    Ok(Channel::source(key, &their, &mine))
 }
 
-/// The destination's side of the handshake.
-fn prove_destination(r: &mut impl BufRead, w: &mut impl Write, key: &[u8]) -> Result<(), String> {
+/// The destination's side of the handshake: the channel its messages go on.
+fn prove_destination(r: &mut impl BufRead, w: &mut impl Write, key: &[u8]) -> Result<Channel, String> {
     let mine = nonce().map_err(|e| e.to_string())?;
     writeln!(w, "{GREETING} {}", hex(&mine)).map_err(|e| e.to_string())?;
     let reply = line(r).map_err(|e| e.to_string())?;
@@ -128,7 +132,8 @@ fn prove_destination(r: &mut impl BufRead, w: &mut impl Write, key: &[u8]) -> Re
         let _ = writeln!(w, "error: the migration key does not match");
         return Err("a source without the migration key".into());
     }
-    writeln!(w, "{}", hex(&mac(key, b"dst", &theirs).finalize().into_bytes())).map_err(|e| e.to_string())
+    writeln!(w, "{}", hex(&mac(key, b"dst", &theirs).finalize().into_bytes())).map_err(|e| e.to_string())?;
+    Ok(Channel::destination(key, &mine, &theirs))
 }
 
 impl Daemon {
@@ -147,20 +152,20 @@ impl Daemon {
         let conn = Conn::connect(&addr, IO_TIMEOUT).map_err(|e| fail(e.to_string()))?;
         let mut r = BufReader::new(conn.try_clone().map_err(|e| fail(e.to_string()))?);
         let mut w = &conn;
-        prove_source(&mut r, &mut w, &secret).map_err(fail)?;
+        let mut ch = prove_source(&mut r, &mut w, &secret).map_err(fail)?;
         let header = Header { name: info.name.clone(), image: info.image.clone(), parts: 2 };
-        writeln!(w, "{}", serde_json::to_string(&header).unwrap_or_default()).map_err(|e| fail(e.to_string()))?;
+        ch.send_line(&mut w, &serde_json::to_string(&header).unwrap_or_default()).map_err(|e| fail(e.to_string()))?;
         // Pre-copy: the whole VM while it runs.
         let whole = self.save_part(&id, &dir, info.mem, Request::Snapshot { incremental: false, pause: false }).map_err(|e| fail(e.to_string()))?;
-        send_part(&mut w, &whole).map_err(|e| fail(e.to_string()))?;
-        answer(&mut r).map_err(fail)?;
+        send_part(&mut w, &mut ch, &whole).map_err(|e| fail(e.to_string()))?;
+        answer(&mut r, &mut ch).map_err(fail)?;
         // Stop-and-copy, in one request: paused, the pages written since.
         let down = Instant::now();
         // Once the increment has gone, only the destination's answer says
         // where the VM runs: without one, it is left paused here.
         let moved = self.save_part(&id, &dir, info.mem, Request::Snapshot { incremental: true, pause: true }).and_then(|inc| {
-            send_part(&mut w, &inc).map_err(|e| fail(e.to_string()))?;
-            let there = match read_answer(&mut r) {
+            send_part(&mut w, &mut ch, &inc).map_err(|e| fail(e.to_string()))?;
+            let there = match read_answer(&mut r, &mut ch) {
                 Err(why) => return Err(ActionError::MigrateUnknown { to: body.to.clone(), why }),
                 Ok(Err(refused)) => return Err(fail(refused)),
                 Ok(Ok(there)) => there,
@@ -223,16 +228,16 @@ impl Daemon {
         conn.set_timeouts(IO_TIMEOUT).map_err(|e| e.to_string())?;
         let mut r = BufReader::new(conn.try_clone().map_err(|e| e.to_string())?);
         let mut w = conn;
-        prove_destination(&mut r, &mut w, &key)?;
-        let header: Header = serde_json::from_str(&line(&mut r).map_err(|e| e.to_string())?).map_err(|e| format!("a malformed header: {e}"))?;
+        let mut ch = prove_destination(&mut r, &mut w, &key)?;
+        let header: Header = serde_json::from_str(&ch.recv_line(&mut r)?).map_err(|e| format!("a malformed header: {e}"))?;
         if !(1..=64).contains(&header.parts) {
             return Err(format!("{} snapshots announced", header.parts));
         }
-        let answer = match self.receive_vm(&mut r, &mut w, &header) {
+        let answer = match self.receive_vm(&mut r, &mut w, &mut ch, &header) {
             Ok(id) => Answer { ok: true, id, error: String::new() },
             Err(e) => Answer { ok: false, id: String::new(), error: e.to_string() },
         };
-        let told = writeln!(w, "{}", serde_json::to_string(&answer).unwrap_or_default());
+        let told = ch.send_line(&mut w, &serde_json::to_string(&answer).unwrap_or_default());
         if told.is_err() && answer.ok {
             // The source cannot learn that it runs here, and may resume its
             // copy: this one goes.
@@ -246,64 +251,71 @@ impl Daemon {
     /// once checked and sealed, the one before the last once it is restored
     /// in a pooled shell and held there: the source stops the VM then, and
     /// the last increment only has to be laid over it.
-    fn receive_vm(&self, r: &mut impl Read, w: &mut impl Write, header: &Header) -> Result<String, ActionError> {
+    fn receive_vm(&self, r: &mut impl Read, w: &mut impl Write, ch: &mut Channel, header: &Header) -> Result<String, ActionError> {
         let fail = |why: String| ActionError::Snapshot { path: "migration".into(), why };
         let req = CreateVm { image: header.image.clone(), name: header.name.clone(), ..Default::default() };
         let mut chain: Vec<Arc<Restorable>> = Vec::new();
         for i in 0..header.parts - 1 {
             if i > 0 {
-                taken(w).map_err(|e| fail(e.to_string()))?;
+                taken(w, ch).map_err(|e| fail(e.to_string()))?;
             }
-            chain.push(receive_part(r, i, chain.last())?);
+            chain.push(receive_part(r, ch, i, chain.last())?);
         }
         let Some(restore) = chain.pop() else {
             // A single snapshot: restored as it is.
-            let last = receive_part(r, 0, None)?;
+            let last = receive_part(r, ch, 0, None)?;
             return Ok(self.create(req, Instant::now(), Extras { restore: Some(last), ..Default::default() })?.id);
         };
         let base = restore.clone();
         let last = header.parts - 1;
         let more: More<'_> = Box::new(move || {
-            taken(w).map_err(|e| fail(e.to_string()))?;
-            receive_part(r, last, Some(&base))
+            taken(w, ch).map_err(|e| fail(e.to_string()))?;
+            receive_part(r, ch, last, Some(&base))
         });
         let info = self.create(req, Instant::now(), Extras { restore: Some(restore), bases: chain, hold: Some(more), ..Default::default() })?;
         Ok(info.id)
     }
 }
 
-/// Snapshot `i` of a migration from `r` (its length, then its bytes),
-/// checked as it comes (an increment over `base`) and sealed where it is.
-fn receive_part(r: &mut impl Read, i: u32, base: Option<&Arc<Restorable>>) -> Result<Arc<Restorable>, ActionError> {
+/// Snapshot `i` of a migration from `r` (its length, its bytes, its tag on
+/// `ch`), checked as it comes (an increment over `base`), its tag verified
+/// before it is used, and sealed where it is.
+fn receive_part(r: &mut impl Read, ch: &mut Channel, i: u32, base: Option<&Arc<Restorable>>) -> Result<Arc<Restorable>, ActionError> {
     let fail = |why: String| ActionError::Snapshot { path: "migration".into(), why };
     let mut len = [0u8; 8];
     r.read_exact(&mut len).map_err(|e| fail(format!("snapshot {i}: {e}")))?;
+    let mut mac = ch.next_in();
+    mac.update(&len);
     let len = u64::from_le_bytes(len);
     if len > MAX_PART {
         return Err(fail(format!("snapshot {i} of {len} bytes")));
     }
     let file = File::from(memfd_create("wisp-migrated", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).map_err(|e| fail(e.to_string()))?);
     let base = base.map(|b| b.snap.header.digest);
-    let snap = snapshot::receive_over(&mut r.take(len), &file, wisp_abi::layout::MAX_MEM, base).map_err(|e| fail(format!("snapshot {i}: {e}")))?;
+    let snap = snapshot::receive_over(&mut Tee { inner: (&mut *r).take(len), mac: &mut mac }, &file, wisp_abi::layout::MAX_MEM, base)
+        .map_err(|e| fail(format!("snapshot {i}: {e}")))?;
+    let mut tag = [0u8; 32];
+    r.read_exact(&mut tag).map_err(|e| fail(format!("snapshot {i}'s tag: {e}")))?;
+    mac.verify_slice(&tag).map_err(|_| fail(format!("snapshot {i} does not verify (changed on the way?)")))?;
     // Checked as it came, its digest computed here: sealed where it is.
     Ok(Arc::new(super::snapshot::sealed(file, snap, "migration")?))
 }
 
 /// The destination's answer to a snapshot it has taken.
-fn taken(w: &mut impl Write) -> std::io::Result<()> {
-    writeln!(w, "{}", serde_json::to_string(&Answer { ok: true, id: String::new(), error: String::new() }).unwrap_or_default())
+fn taken(w: &mut impl Write, ch: &mut Channel) -> std::io::Result<()> {
+    ch.send_line(w, &serde_json::to_string(&Answer { ok: true, id: String::new(), error: String::new() }).unwrap_or_default())
 }
 
 /// The destination's answer: its id there (empty for a snapshot taken), or
 /// the error it gave.
-fn answer(r: &mut impl BufRead) -> Result<String, String> {
-    read_answer(r).and_then(|a| a)
+fn answer(r: &mut impl BufRead, ch: &mut Channel) -> Result<String, String> {
+    read_answer(r, ch).and_then(|a| a)
 }
 
 /// The destination's answer as it came (`Ok`: its id there, or the error
 /// it refused with), or why none came (`Err`).
-fn read_answer(r: &mut impl BufRead) -> Result<Result<String, String>, String> {
-    let a: Answer = serde_json::from_str(&line(r).map_err(|e| format!("no answer: {e}"))?).map_err(|e| format!("a malformed answer: {e}"))?;
+fn read_answer(r: &mut impl BufRead, ch: &mut Channel) -> Result<Result<String, String>, String> {
+    let a: Answer = serde_json::from_str(&ch.recv_line(r).map_err(|e| format!("no answer: {e}"))?).map_err(|e| format!("a malformed answer: {e}"))?;
     Ok(if a.ok { Ok(a.id) } else { Err(a.error) })
 }
 
@@ -334,11 +346,23 @@ impl Drop for Moving<'_> {
     }
 }
 
-/// One snapshot on the wire: its length, then its bytes.
-fn send_part(w: &mut impl Write, f: &File) -> std::io::Result<()> {
-    let len = f.metadata()?.len();
-    w.write_all(&len.to_le_bytes())?;
-    std::io::copy(&mut Read::take(f, len), w)?;
+/// One snapshot on the wire: its length, its bytes, and its tag on `ch`.
+fn send_part(w: &mut impl Write, ch: &mut Channel, f: &File) -> std::io::Result<()> {
+    let len = f.metadata()?.len().to_le_bytes();
+    let mut mac = ch.next_out();
+    mac.update(&len);
+    w.write_all(&len)?;
+    let mut buf = vec![0u8; 64 << 10];
+    let mut rd = Read::take(f, u64::from_le_bytes(len));
+    loop {
+        let n = rd.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        mac.update(&buf[..n]);
+        w.write_all(&buf[..n])?;
+    }
+    w.write_all(&mac.finalize().into_bytes())?;
     w.flush()
 }
 
@@ -354,13 +378,17 @@ mod tests {
             let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
             let dst = std::thread::spawn(move || {
                 let mut r = BufReader::new(b.try_clone().unwrap());
-                prove_destination(&mut r, &mut &b, dst_key)
+                let mut ch = prove_destination(&mut r, &mut &b, dst_key)?;
+                // The first message after the handshake, authenticated.
+                ch.recv_line(&mut r)
             });
             let mut r = BufReader::new(a.try_clone().unwrap());
-            let src = prove_source(&mut r, &mut &a, src_key);
+            let src = prove_source(&mut r, &mut &a, src_key).and_then(|mut ch| ch.send_line(&mut &a, "header").map_err(|e| e.to_string()));
             let dst = dst.join().unwrap();
             assert_eq!((src.is_ok(), dst.is_ok()), (ok, ok), "{src:?} {dst:?}");
-            if !ok {
+            if ok {
+                assert_eq!(dst.unwrap(), "header", "both sides derived the same session");
+            } else {
                 assert_eq!(src.unwrap_err(), "the migration key does not match");
             }
         }
