@@ -141,14 +141,8 @@ fn a_migration_that_fails_at_any_phase_leaves_the_vm_running_here() {
     assert!(src.wisp(&["run", "-d", "--name", "c", "counter", "--", "100000", "20ms"]).status.success());
     wait_console(&mut cs, "c", "count 2 ");
     for (phase, says) in [("header", "the VM runs on here"), ("first", "the VM runs on here"), ("refuse", "no room for its pages"), ("forged", "does not verify"), ("answer", "no room here")] {
-        let mut fake = std::process::Command::new("python3")
-            .args(["-c", FAKE_DESTINATION, &key, phase])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut port = String::new();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(fake.stdout.take().unwrap()), &mut port).unwrap();
-        let o = src.wisp(&["migrate", "c", "--to", &format!("127.0.0.1:{}", port.trim())]);
+        let (mut fake, port) = fake_destination(&key, phase);
+        let o = src.wisp(&["migrate", "c", "--to", &format!("127.0.0.1:{port}")]);
         assert!(!o.status.success() && out(&o).contains(says), "{phase}: {}", out(&o));
         let _ = fake.wait();
         // Still here, running (not left paused), counting on.
