@@ -27,6 +27,12 @@ pub enum DeviceKind {
     Data = 2,
     /// A virtual disk (see [`crate::blk`]).
     Block = 3,
+    /// A shared library the monitor mapped in the library window
+    /// ([`crate::layout::LIB_BASE`]): no region in RAM; `params[0..3]` its
+    /// name (NUL-padded UTF-8), `params[3]` the guest address of its base,
+    /// `params[4]` the bytes from there to its last segment's end. Its
+    /// segments are where its program headers put them from that base.
+    Library = 4,
 }
 
 impl DeviceKind {
@@ -37,6 +43,7 @@ impl DeviceKind {
             1 => Some(DeviceKind::Net),
             2 => Some(DeviceKind::Data),
             3 => Some(DeviceKind::Block),
+            4 => Some(DeviceKind::Library),
             _ => None,
         }
     }
@@ -48,6 +55,7 @@ impl DeviceKind {
             DeviceKind::Net => "net",
             DeviceKind::Data => "data",
             DeviceKind::Block => "block",
+            DeviceKind::Library => "library",
         }
     }
 }

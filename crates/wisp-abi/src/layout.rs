@@ -20,6 +20,9 @@
 //!              segments a VM attached (`shmat`) are backed, the rest faults
 //! 0x1_1000_0000 family IPC page       user, read/write, no-exec, 2 MiB; backed
 //!              once the guest asked for it (`family::rings`)
+//! 0x1_4000_0000 library window         shared libraries the monitor mapped, each
+//!              in a slot of [`LIB_SLOT`] bytes, its 2 MiB pages with its
+//!              segments' permissions (page directory at [`LIB_PD`])
 //! ```
 //!
 //! The first 2 MiB are mapped with 4 KiB pages so each system page and each
@@ -68,6 +71,16 @@ pub const PREFAULT_LIST: u64 = PREFAULT_PAGE + 0x40;
 pub const SHM_BASE: u64 = 1 << 32;
 /// Size of the shared-memory window (all of a family's segments together).
 pub const SHM_SIZE: u64 = 256 << 20;
+/// Guest address of the library window (`DeviceKind::Library`).
+pub const LIB_BASE: u64 = 5 << 30;
+/// Size of the library window (one page directory).
+pub const LIB_SIZE: u64 = 1 << 30;
+/// Address space each library gets in the window (the most a library's
+/// segments may span).
+pub const LIB_SLOT: u64 = 64 << 20;
+/// Page directory of the library window (2 MiB pages), written by the
+/// monitor when it maps a library.
+pub const LIB_PD: u64 = 0xF000;
 /// Lowest address of the unmapped stack guard region.
 pub const STACK_GUARD: u64 = 0x1_0000;
 /// Lowest address of the stack (the stack grows down towards it).

@@ -25,9 +25,10 @@ pub fn run(a: &RunArgs, t_main: u64) -> Result<(u8, Option<Vm>), String> {
     let (env, files) = (guestio::env(a)?, guestio::files(a, wisp_abi::layout::MAX_MEM, &over)?);
     let data = if env.is_empty() && files.is_empty() { None } else { Some(DataDevice::new(&env, &files).map_err(|e| e.to_string())?) };
     let disks = a.volumes.iter().map(|(p, ro)| wisp_vmm::BlockConfig::open(p, *ro)).collect::<Result<Vec<_>, _>>()?;
+    let libraries = a.libs.iter().map(|p| crate::libs::device(p)).collect::<Result<Vec<_>, _>>()?;
     let shell = boot::prepare(mem.unwrap_or(DEFAULT_MEM)).map_err(|e| e.to_string())?;
     let family = boot::direct_family(a.family_limit.unwrap_or(wisp_api::MAX_FAMILY));
-    let mut vm = boot::load(shell, Boot { image: &img, args, net, data, disks, family }).map_err(|e| e.to_string())?;
+    let mut vm = boot::load(shell, Boot { image: &img, args, net, data, disks, libraries, family }).map_err(|e| e.to_string())?;
     if a.interactive {
         guestio::feed_stdin(vm.attach_stdin());
     }

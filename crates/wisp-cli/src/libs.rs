@@ -77,6 +77,16 @@ pub fn run(cmd: LibCmd) -> Result<u8, String> {
     }
 }
 
+/// The library at `path` as a device for a direct run: read once into a
+/// sealed memfd (what is mapped is what was checked), its signature
+/// verified and the ELF checked; named by the file's stem (`hello.so`:
+/// `hello`).
+pub fn device(path: &Path) -> Result<wisp_vmm::devices::library::LibraryDevice, String> {
+    let name = path.file_stem().and_then(|s| s.to_str()).ok_or_else(|| format!("--lib {}: no name", path.display()))?;
+    let bytes = std::fs::read(path).map_err(|e| format!("--lib {}: {e}", path.display()))?;
+    wisp_vmm::devices::library::LibraryDevice::from_bytes(name, &bytes).map_err(|e| format!("--lib {}: {e}", path.display()))
+}
+
 fn public_hex(k: &ed25519_dalek::SigningKey) -> String {
     k.verifying_key().as_bytes().iter().map(|b| format!("{b:02x}")).collect()
 }

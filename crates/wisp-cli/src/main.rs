@@ -112,6 +112,12 @@ pub struct RunArgs {
     /// share one volume read-only.
     #[arg(long = "volume", value_parser = guestio::parse_volume)]
     pub volumes: Vec<(PathBuf, bool)>,
+    /// Map the shared library FILE (NAME.so, from `make libs`) for the
+    /// guest, which finds it by NAME (`wisp::lib`); checked and its
+    /// signature verified first (repeatable; without wispd for now;
+    /// docs/libraries.md).
+    #[arg(long = "lib", value_name = "FILE")]
+    pub libs: Vec<PathBuf>,
     /// Keep standard input open: the guest reads what this process reads
     /// (`wisp::stdin`); without it the guest's input is empty.
     #[arg(short = 'i', long)]

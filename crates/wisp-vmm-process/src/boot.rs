@@ -20,6 +20,8 @@ pub struct Boot<'a> {
     pub data: Option<DataDevice>,
     /// Its disks, in order.
     pub disks: Vec<BlockConfig>,
+    /// Shared libraries mapped for it (`docs/libraries.md`).
+    pub libraries: Vec<wisp_vmm::devices::library::LibraryDevice>,
     /// How its family behaves ([`daemon_family`] or [`direct_family`]).
     pub family: FamilyOptions,
 }
@@ -35,6 +37,7 @@ pub fn load(shell: Shell, boot: Boot<'_>) -> wisp_vmm::Result<Vm> {
     let mut devices: Vec<Box<dyn Device>> = boot.net.into_iter().map(|c| Box::new(Nic::new(c)) as Box<dyn Device>).collect();
     devices.extend(boot.data.map(|d| Box::new(d) as Box<dyn Device>));
     devices.extend(boot.disks.into_iter().map(|c| Box::new(Disk::new(c)) as Box<dyn Device>));
+    devices.extend(boot.libraries.into_iter().map(|l| Box::new(l) as Box<dyn Device>));
     let mut vm = shell.load_devices(boot.image, boot.args, devices)?;
     vm.set_family_options(boot.family);
     Ok(vm)

@@ -325,7 +325,7 @@ fn run_vm(shell: wisp_vmm::Result<Shell>, job: Job) {
     let Job { shared, image, args, timeout, conn, attach, client, received_ns, data, stdin } = job;
     let t = Instant::now();
     let family = boot::daemon_family(false, Some(1));
-    let loaded = shell.and_then(|s| boot::load(s, Boot { image: &image, args: &args, net: None, data, disks: Vec::new(), family }));
+    let loaded = shell.and_then(|s| boot::load(s, Boot { image: &image, args: &args, net: None, data, disks: Vec::new(), libraries: Vec::new(), family }));
     drop(image);
     let mut vm = match loaded {
         Ok(vm) => vm,

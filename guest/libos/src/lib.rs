@@ -42,6 +42,8 @@ pub mod family;
 pub mod fs;
 mod global;
 pub mod heap;
+#[path = "library.rs"]
+pub mod lib;
 pub mod hypercall;
 pub mod net;
 pub mod process;

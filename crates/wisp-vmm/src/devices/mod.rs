@@ -13,6 +13,7 @@
 
 pub mod block;
 pub mod data;
+pub mod library;
 pub mod net;
 
 use std::sync::Arc;
@@ -68,6 +69,10 @@ pub trait Device: Send {
     /// Take over saved parameters (a restored or migrated VM keeps its
     /// identity, e.g. a NIC its MAC and addresses).
     fn restore_state(&mut self, state: &DeviceState) -> Result<()>;
+    /// A shared library (mapped in the library window, not in RAM).
+    fn as_library(&mut self) -> Option<&mut library::LibraryDevice> {
+        None
+    }
     /// Run `f` while the device touches no guest RAM (a snapshot copying
     /// it): its own threads wait meanwhile. A device with no thread of its
     /// own just runs it; one that cannot be held says so.
@@ -123,7 +128,12 @@ impl Devices {
     /// guest's own RAM ends.
     pub(crate) fn place(&mut self, ram_end: u64) -> u64 {
         let mut top = ram_end;
+        let mut libraries = 0;
         for (d, base) in &mut self.list {
+            if let Some(l) = d.as_library() {
+                l.place(libraries);
+                libraries += 1;
+            }
             top -= align_up(d.region_size(), PAGE_SIZE);
             *base = top;
         }
@@ -180,6 +190,11 @@ impl Devices {
     /// with no exit. Where KVM cannot, the doorbell exits and is served by
     /// [`Devices::notify`] — slower, the same for the guest.
     pub(crate) fn activate(&mut self, ram: &crate::memory::GuestRam, control: &Arc<Control>, vm: &kvm_ioctls::VmFd, user: &UserMap) -> Result<()> {
+        for (d, _) in self.list.iter_mut() {
+            if let Some(l) = d.as_library() {
+                l.map(vm, ram)?;
+            }
+        }
         for (i, (d, base)) in self.list.iter_mut().enumerate() {
             d.activate(ram.view(), *base, control.clone(), user).map_err(|e| Error::Host("start a device", e))?;
             if let Some(fd) = d.kick_eventfd() {
