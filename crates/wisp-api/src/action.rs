@@ -34,6 +34,9 @@ pub enum LimitError {
     /// More than [`crate::MAX_VOLUMES`] volumes, or one not named by an
     /// absolute path.
     Volumes(String),
+    /// More than [`crate::MAX_LIBS`] libraries, or one not named by an
+    /// absolute path of a `NAME.so` file.
+    Libs(String),
 }
 
 impl fmt::Display for LimitError {
@@ -48,6 +51,7 @@ impl fmt::Display for LimitError {
                 crate::MAX_FILE_BYTES >> 10
             ),
             LimitError::Volumes(m) => write!(f, "volumes: {m}"),
+            LimitError::Libs(m) => write!(f, "libs: {m}"),
         }
     }
 }
@@ -80,6 +84,12 @@ pub fn check_limits(vm: &CreateVm) -> Result<(), LimitError> {
     }
     if let Some(v) = vm.volumes.iter().find(|v| !v.path.starts_with('/') || v.path.contains('\0')) {
         return Err(LimitError::Volumes(format!("'{}' is not an absolute path", v.path)));
+    }
+    if vm.libs.len() > crate::MAX_LIBS {
+        return Err(LimitError::Libs(format!("{} given, at most {}", vm.libs.len(), crate::MAX_LIBS)));
+    }
+    if let Some(l) = vm.libs.iter().find(|l| !l.starts_with('/') || l.contains('\0') || !l.ends_with(".so")) {
+        return Err(LimitError::Libs(format!("'{l}' is not an absolute path of a NAME.so file")));
     }
     Ok(())
 }
@@ -245,6 +255,7 @@ impl CreateVm {
                 (self.mem.is_some(), "mem"),
                 (self.wants_nic(), "NIC (net, ports)"),
                 (!self.env.is_empty() || !self.files.is_empty(), "environment or files"),
+                (!self.libs.is_empty(), "libraries"),
                 (!self.args.is_empty(), "arguments"),
                 (self.stdin, "stdin"),
             ];

@@ -77,6 +77,12 @@ pub struct CreateVm {
     /// or block devices the daemon opens with the client's own rights.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<Volume>,
+    /// Shared libraries mapped for the guest (`wisp::lib`), at most
+    /// [`MAX_LIBS`]: absolute paths of `NAME.so` files the daemon opens
+    /// with the client's own rights, checks (signature, ELF) and keeps one
+    /// copy of for every VM (`docs/libraries.md`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub libs: Vec<String>,
     /// Restore the snapshot at this absolute path (opened with the client's
     /// rights) instead of booting an image: the VM goes on from where it
     /// was saved, with its memory size (`image` is only its label then).
@@ -94,6 +100,8 @@ pub struct CreateVm {
 
 /// Most volumes of a VM through the API.
 pub const MAX_VOLUMES: usize = 3;
+/// Most shared libraries a create may name.
+pub const MAX_LIBS: usize = 8;
 
 /// A disk given to a guest.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -55,9 +55,6 @@ pub fn run(mut c: Client, a: &RunArgs, socket: &Path) -> Result<u8, String> {
         println!("template {}: {} KiB ({} KiB of memory), made in {:.1} ms", t.name, t.bytes >> 10, t.ram_bytes >> 10, t.made_us as f64 / 1e3);
         return Ok(0);
     }
-    if !a.libs.is_empty() {
-        return Err("--lib: shared libraries are mapped in runs without wispd for now (unset WISP_SOCKET, or stop wispd)".into());
-    }
     let over = |n| wisp_api::action::LimitError::Files(n as usize).to_string();
     let files = crate::guestio::files(a, wisp_api::MAX_FILE_BYTES as u64, &over)?.iter().map(|(p, d)| wisp_api::GuestFile::new(p, d)).collect();
     let req = CreateVm {
@@ -92,6 +89,8 @@ pub fn run(mut c: Client, a: &RunArgs, socket: &Path) -> Result<u8, String> {
             })
             .collect::<Result<_, String>>()?,
         restore: None,
+        // The daemon opens them, with this user's rights: absolute paths.
+        libs: a.libs.iter().map(|p| std::path::absolute(p).map(|p| p.display().to_string()).map_err(|e| format!("--lib {}: {e}", p.display()))).collect::<Result<_, String>>()?,
     };
     wisp_api::action::check_limits(&req).map_err(|e| e.to_string())?;
     if let Some(n) = a.count {

@@ -100,8 +100,31 @@ fn a_guest_calls_a_library_the_monitor_mapped() {
 }
 
 #[test]
-fn libraries_are_not_sent_to_wispd_yet() {
-    let d = common::daemon::Daemon::start("libs-daemon", &[]);
-    let o = d.wisp(&["run", "--lib", &bundled_path(), "libhello"]);
-    assert!(!o.status.success() && text(&o).contains("without wispd for now"), "{}", text(&o));
+fn under_wispd_vms_map_one_copy_of_a_library() {
+    let d = common::daemon::Daemon::start("libs-daemon", &["--pool", "16M=2"]);
+    let lib = bundled_path();
+    let o = d.wisp(&["run", "--lib", &lib, "libhello", "--", "2"]);
+    assert!(o.status.success() && text(&o).contains("hello from hello.so (call 2)") && text(&o).contains("counted 2 calls"), "{}", text(&o));
+    // Three VMs of it: each its own counter, one copy of the library
+    // (the daemon's sealed memfd) mapped by every VMM process.
+    let mut c = d.client();
+    let ids: Vec<String> = (0..3)
+        .map(|_| {
+            let o = d.wisp(&["run", "-d", "--lib", &lib, "libhello", "--", "1", "wait"]);
+            assert!(o.status.success(), "{}", text(&o));
+            String::from_utf8_lossy(&o.stdout).trim().to_string()
+        })
+        .collect();
+    let mut inodes = std::collections::HashSet::new();
+    for id in &ids {
+        common::wait_console(&mut c, id, "libhello: the library counted 1 calls");
+        let pid = c.get(id).unwrap().pid;
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+        inodes.extend(maps.lines().filter(|l| l.contains("/memfd:wisp-library")).filter_map(|l| l.split_whitespace().nth(4).map(str::to_string)));
+    }
+    assert_eq!(inodes.len(), 1, "one copy of the library for every VM: {inodes:?}");
+    // A path that is no library, or relative: refused before anything runs.
+    let o = d.wisp(&["run", "--lib", "/etc/hostname.so", "libhello"]);
+    assert!(!o.status.success() && text(&o).contains("library /etc/hostname.so"), "{}", text(&o));
+    assert!(d.wisp(&["rm", "-f", "--all"]).status.success());
 }

@@ -51,6 +51,8 @@ pub(crate) struct StartCmd {
     /// Hold the restore until a [`Request::Continue`] brings the last
     /// increment.
     pub hold: bool,
+    /// Shared libraries to map, checked.
+    pub libraries: Vec<wisp_vmm::devices::library::LibraryDevice>,
 }
 
 /// What a pooled shell is asked to do with itself.
@@ -72,7 +74,7 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
             Some(Err(e)) => Reply::err(e.to_string()),
             None => Reply::err("preload needs the image descriptor"),
         },
-        Request::Start { image_name, preloaded, restore, bases, args, timeout_ms, attach, net, uplink, family_limit, client_head, data, stdin, volumes, template, hold } => {
+        Request::Start { image_name, preloaded, restore, bases, args, timeout_ms, attach, net, uplink, family_limit, client_head, data, stdin, volumes, template, hold, libs } => {
             if hold && !restore {
                 let _ = send_line(&conn, &Reply::err("only a restore is held"), None);
                 return None;
@@ -142,6 +144,20 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
                     }
                 }
             }
+            // Checked again here (the daemon is not trusted blindly).
+            let mut libraries = Vec::new();
+            for name in libs {
+                let made = fds.next().ok_or_else(|| format!("library {name} needs its descriptor")).and_then(|fd| {
+                    wisp_vmm::devices::library::LibraryDevice::from_fd(&name, fd).map_err(|e| format!("library {name}: {e}"))
+                });
+                match made {
+                    Ok(l) => libraries.push(l),
+                    Err(e) => {
+                        let _ = send_line(&conn, &Reply::err(e), None);
+                        return None;
+                    }
+                }
+            }
             let template = match template.then(|| fds.next()) {
                 None => None,
                 Some(Some(fd)) => Some(fd),
@@ -173,6 +189,7 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
                         bases: chain,
                         template,
                         hold,
+                        libraries,
                     };
                     return Some((Pooled::Start(cmd), conn));
                 }

@@ -138,7 +138,7 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
         };
         let loaded = match (&image, restored) {
             (Some(image), _) => {
-                let boot = Boot { image, args: &cmd.args, net: cmd.net.take(), data: cmd.data.take(), disks: std::mem::take(&mut cmd.disks), libraries: Vec::new(), family };
+                let boot = Boot { image, args: &cmd.args, net: cmd.net.take(), data: cmd.data.take(), disks: std::mem::take(&mut cmd.disks), libraries: std::mem::take(&mut cmd.libraries), family };
                 boot::load(shell, boot)
             }
             (None, Some(fd)) => {

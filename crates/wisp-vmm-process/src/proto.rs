@@ -93,6 +93,10 @@ pub enum Request {
         /// else, or the connection's end, ends the process).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         hold: bool,
+        /// Shared libraries to map, by name: one descriptor each (a sealed
+        /// memfd of the library file) right after the volumes'.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        libs: Vec<String>,
     },
     /// On a held start's connection: lay the increment passed (a sealed
     /// memfd, made over the snapshot held) over the restore and run the VM;

@@ -77,6 +77,20 @@ impl LibraryDevice {
         LibraryDevice::new(name, OwnedFd::from(f), lib)
     }
 
+    /// The library in `fd`, a sealed memfd of its file (from the daemon):
+    /// read and checked again here.
+    pub fn from_fd(name: &str, fd: OwnedFd) -> Result<LibraryDevice> {
+        let f = std::fs::File::from(fd);
+        let len = f.metadata().map_err(|e| Error::Host("a library's size", e))?.len();
+        if len > crate::library::MAX_SPAN + 4096 {
+            return Err(Error::Devices(format!("library {name}: {len} bytes")));
+        }
+        let mut bytes = vec![0u8; len as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut bytes, 0).map_err(|e| Error::Host("read a library", e))?;
+        let (lib, _signed) = Library::read(&bytes)?;
+        LibraryDevice::new(name, OwnedFd::from(f), lib)
+    }
+
     fn guest_base(&self) -> u64 {
         LIB_BASE + self.slot.unwrap_or(0) as u64 * LIB_SLOT
     }

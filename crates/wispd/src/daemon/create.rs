@@ -44,6 +44,8 @@ pub(super) struct Extras<'a> {
     /// increment (made over `restore`), lay it over and only then run the
     /// VM: a migration's destination takes the last increment so.
     pub hold: Option<More<'a>>,
+    /// Shared libraries to map for it, checked (`libs.rs`).
+    pub libs: Vec<Arc<super::libs::LibFile>>,
 }
 
 pub(super) fn valid_name(n: &str) -> bool {
@@ -176,7 +178,7 @@ impl Daemon {
     /// A create: of `req.image`, or of the snapshot `restore` (read and
     /// checked from `req.restore`).
     fn create_inner(&self, req: CreateVm, attach: Attach<'_>, arrived: Instant, extras: Extras<'_>) -> Result<(VmInfo, Option<BufReader<UnixStream>>), ActionError> {
-        let Extras { vols, restore, bases, template, hold } = extras;
+        let Extras { vols, restore, bases, template, hold, libs } = extras;
         if hold.is_some() && restore.is_none() {
             return Err(ActionError::Snapshot { path: req.image.clone(), why: "only a restore is held".into() });
         }
@@ -347,6 +349,7 @@ impl Daemon {
                 stdin: req.stdin,
                 volumes: vols.iter().map(|(_, ro)| *ro).collect(),
                 hold: hold.is_some(),
+                libs: libs.iter().map(|l| l.name.clone()).collect(),
             },
         };
         // A group's VM: its files and control socket's listener first.
@@ -365,6 +368,7 @@ impl Daemon {
         }
         fds.extend(data.as_ref().map(|d| d.as_fd()));
         fds.extend(vols.iter().map(|(f, _)| f.as_fd()));
+        fds.extend(libs.iter().map(|l| l.memfd.as_fd()));
         fds.extend(template.as_ref().map(|t| t.as_fd()));
         let sent_ns = wisp_vmm_process::monotonic_ns();
         let arrived_ns = sent_ns.saturating_sub(arrived.elapsed().as_nanos() as u64);

@@ -222,6 +222,7 @@ pub fn groupable(req: &CreateVm, image: &CachedImage) -> bool {
     !image.image.forks()
         && !req.wants_nic()
         && req.volumes.is_empty()
+        && req.libs.is_empty()
         && req.memory.is_none()
         && req.cpus.is_none()
         && req.family_limit.is_none()

@@ -47,6 +47,7 @@ mod family;
 mod group;
 mod guestdata;
 mod lifecycle;
+mod libs;
 pub mod migrate;
 mod net;
 pub mod process;
@@ -163,6 +164,7 @@ pub struct Daemon {
     images: ImageCache,
     /// Snapshots checked for restores, by file identity.
     snapshots: snapshot::SnapshotCache,
+    libs: libs::LibCache,
     epoll: OwnedFd,
     uids: Uids,
     net: VmNet,
@@ -208,6 +210,7 @@ impl Daemon {
             pool: Arc::new(Pool::new(cfg.max_pool_shells)),
             images: ImageCache::new(cfg.image_cache_bytes),
             snapshots: snapshot::SnapshotCache::default(),
+            libs: libs::LibCache::default(),
             cfg,
             vms: VmTable::default(),
             epoll,
@@ -238,7 +241,8 @@ impl Daemon {
                     (None, None) => None,
                 };
                 let bases = vm.bases.iter().map(|p| self.restorable(p, client)).collect::<Result<Vec<_>, _>>()?;
-                let extras = create::Extras { vols, restore, bases, template: None, hold: None };
+                let libs = self.libraries(&vm, client)?;
+                let extras = create::Extras { vols, restore, bases, template: None, hold: None, libs };
                 match (attach, wait_line) {
                     (false, false) => Outcome::Created(self.create(vm, arrived, extras)?),
                     (false, true) => Outcome::Created(self.create_wait_line(vm, arrived, extras)?),

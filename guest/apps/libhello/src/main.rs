@@ -2,7 +2,8 @@
 //! (`wisp run --lib build/libs/hello.so libhello`) N times (default 3) and
 //! prints what it wrote, then the library's version and its call counter
 //! read where the library keeps it. Exits 127 if the VM was not given the
-//! library. `libhello poke`: writes to the library's code, which the
+//! library. `libhello N wait`: then sleeps an hour (for a look at it).
+//! `libhello poke`: writes to the library's code, which the
 //! monitor maps read-only and executable: the VM stops with a page fault.
 #![no_std]
 #![no_main]
@@ -35,5 +36,8 @@ fn main() -> i32 {
     let calls = lib.symbol("hello_calls").expect("hello_calls");
     // SAFETY: hello_calls is the library's u64 counter, mapped read-write.
     wisp::println!("libhello: the library counted {} calls", unsafe { core::ptr::read_volatile(calls as *const u64) });
+    if wisp::env::arg(2) == Some("wait") {
+        wisp::time::sleep(core::time::Duration::from_secs(3600));
+    }
     0
 }

@@ -1,0 +1,81 @@
+//! A create's shared libraries (`CreateVm::libs`, `docs/libraries.md`):
+//! opened with the client's rights, checked (signature, then the ELF) and
+//! copied once into a sealed memfd per file version, which every VM that
+//! uses the library maps: its code is one copy in host memory however many
+//! VMs call it. The VMM process checks the copy again before it maps it.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::sync::{Arc, Mutex};
+
+use rustix::fs::{fcntl_add_seals, memfd_create, MemfdFlags, SealFlags};
+use wisp_api::CreateVm;
+
+use super::error::ActionError;
+use super::Daemon;
+
+/// A checked library, held for VMs: its name (the file's stem) and the
+/// sealed copy they map.
+pub struct LibFile {
+    pub name: String,
+    pub memfd: OwnedFd,
+}
+
+/// A file's identity: device, inode, size, modification time (s, ns).
+type FileKey = (u64, u64, u64, i64, i64);
+
+/// Most library versions kept.
+const CACHE_ENTRIES: usize = 64;
+/// Most bytes of a library file (its span's limit and a signature).
+const MAX_FILE: u64 = wisp_vmm::library::MAX_SPAN + 4096;
+
+/// Checked libraries by file identity.
+#[derive(Default)]
+pub(super) struct LibCache {
+    inner: Mutex<HashMap<FileKey, Arc<LibFile>>>,
+}
+
+impl Daemon {
+    /// `req`'s libraries, each opened with the rights of the client on
+    /// `client`, checked, and held in a sealed memfd (once per file version).
+    pub(super) fn libraries(&self, req: &CreateVm, client: &std::os::unix::net::UnixStream) -> Result<Vec<Arc<LibFile>>, ActionError> {
+        if req.libs.is_empty() {
+            return Ok(Vec::new());
+        }
+        wisp_api::action::check_limits(req)?;
+        let peer = crate::access::peer(client.as_fd()).map_err(|e| ActionError::GuestData(format!("the client's credentials: {e}")))?;
+        req.libs
+            .iter()
+            .map(|path| {
+                let fail = |why: String| ActionError::GuestData(format!("library {path}: {why}"));
+                let f = crate::access::open_as(&peer, std::path::Path::new(path), false).map_err(|e| fail(format!("{e} (opened with the client's rights, uid {})", peer.uid)))?;
+                let m = f.metadata().map_err(|e| fail(e.to_string()))?;
+                let key = (m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec());
+                if let Some(hit) = self.libs.inner.lock().unwrap().get(&key) {
+                    return Ok(hit.clone());
+                }
+                let mut bytes = Vec::new();
+                (&f).take(MAX_FILE + 1).read_to_end(&mut bytes).map_err(|e| fail(e.to_string()))?;
+                if bytes.len() as u64 > MAX_FILE {
+                    return Err(fail(format!("more than {} MiB", MAX_FILE >> 20)));
+                }
+                wisp_vmm::library::Library::read(&bytes).map_err(|e| fail(e.to_string()))?;
+                let name = std::path::Path::new(path).file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
+                let io = |e: std::io::Error| fail(format!("memfd: {e}"));
+                let fd = memfd_create("wisp-library", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).map_err(|e| io(e.into()))?;
+                let mut copy = std::fs::File::from(fd);
+                copy.write_all(&bytes).map_err(io)?;
+                let memfd = OwnedFd::from(copy);
+                fcntl_add_seals(memfd.as_fd(), SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL).map_err(|e| io(e.into()))?;
+                let lib = Arc::new(LibFile { name, memfd });
+                let mut c = self.libs.inner.lock().unwrap();
+                if c.len() >= CACHE_ENTRIES {
+                    c.clear();
+                }
+                Ok(c.entry(key).or_insert(lib).clone())
+            })
+            .collect()
+    }
+}
