@@ -441,6 +441,17 @@ mod tests {
     }
 
     #[test]
+    fn libraries_are_absolute_so_paths_at_most_eight() {
+        let with = |libs: Vec<&str>| check_limits(&CreateVm { libs: libs.into_iter().map(String::from).collect(), ..Default::default() });
+        assert_eq!(with(vec!["/l/hello.so"]), Ok(()));
+        assert_eq!(with(vec!["hello.so"]).unwrap_err().to_string(), "libs: 'hello.so' is not an absolute path of a NAME.so file");
+        assert!(with(vec!["/l/hello"]).is_err());
+        assert_eq!(with(vec!["/l/a.so"; 9]).unwrap_err().to_string(), "libs: 9 given, at most 8");
+        let r = CreateVm { image: "snap".into(), restore: Some("/s/a.snap".into()), libs: vec!["/l/hello.so".into()], ..Default::default() };
+        assert!(r.check().unwrap_err().to_string().contains("no libraries"));
+    }
+
+    #[test]
     fn a_restore_takes_nothing_its_snapshot_carries() {
         let r = CreateVm { image: "snap".into(), restore: Some("/s/a.snap".into()), ..Default::default() };
         assert_eq!(r.check(), Ok(()));
@@ -487,6 +498,7 @@ mod tests {
             files: vec![crate::GuestFile::new("/etc/x", b"\x00\xffbytes")],
             stdin: true,
             volumes: vec![crate::Volume { path: "/v.img".into(), read_only: true }],
+            libs: vec!["/l/hello.so".into()],
             restore: None,
             from: None,
             bases: Vec::new(),
