@@ -10,15 +10,7 @@ D=$PWD/target/release/wispd
 work=$(mktemp -d)
 ns=wisp-demo-$$
 pid=
-# The VMM processes' PID namespace outlives a daemon on purpose (for a
-# restarted one): its init, of this demo's state, is ended here, and with
-# it the pooled shells still in it.
-end_pidns() {
-    for p in $(pgrep -f -- "__pidns"); do
-        tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q -- "$work" && kill -KILL "$p" 2>/dev/null
-    done
-    true
-}
+. "$PWD/scripts/demo-common.sh"
 cleanup() {
     [ -n "$pid" ] && WISP_SOCKET=$work/wispd.sock $W rm -f --all >/dev/null 2>&1 || true
     [ -n "$pid" ] && { kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; }

@@ -13,15 +13,7 @@ D=$PWD/target/release/wispd
 work=$(mktemp -d)
 a=wisp-demo-a-$$ b=wisp-demo-b-$$ c=wisp-demo-c-$$
 pids=()
-# The VMM processes' PID namespace outlives a daemon on purpose (for a
-# restarted one): its init, of this demo's state, is ended here, and with
-# it the pooled shells still in it.
-end_pidns() {
-    for p in $(pgrep -f -- "__pidns"); do
-        tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q -- "$work" && kill -KILL "$p" 2>/dev/null
-    done
-    true
-}
+. "$PWD/scripts/demo-common.sh"
 cleanup() {
     for s in a b; do WISP_SOCKET=$work/$s.sock $W rm -f --all >/dev/null 2>&1 || true; done
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null || true; done
