@@ -40,7 +40,7 @@ at $c ip addr add 10.77.9.250/24 dev cli-c && at $c ip link set cli-c up
 for s in a b; do
     n=$a; extra=(); [ $s = b ] && { n=$b; extra=(--migrate-listen 10.78.9.2:7799); }
     [ $s = b ] && for _ in $(seq 100); do at $b ip -br addr show mig-b | grep -q 10.78.9.2 && break; sleep 0.05; done
-    at "$n" "$D" --socket "$work/$s.sock" --state-dir "$work/$s" --subnet 10.77.9.0/24 --bridge wisp0 \
+    ip netns exec "$n" "$D" --socket "$work/$s.sock" --state-dir "$work/$s" --subnet 10.77.9.0/24 --bridge wisp0 \
         --pool 16M=1 --migrate-key "$work/key" "${extra[@]}" >"$work/$s.log" 2>&1 &
     pids+=($!)
     for _ in $(seq 200); do WISP_SOCKET=$work/$s.sock $W ps >/dev/null 2>&1 && break; sleep 0.05; done
