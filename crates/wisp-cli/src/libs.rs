@@ -44,9 +44,8 @@ pub fn run(cmd: LibCmd) -> Result<u8, String> {
         LibCmd::Keygen { file } => {
             let mut seed = [0u8; 32];
             std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom").map_err(|e| e.to_string())?, &mut seed).map_err(|e| e.to_string())?;
-            let hex: String = seed.iter().map(|b| format!("{b:02x}")).collect();
             let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-            std::io::Write::write_all(&mut f, format!("{hex}\n").as_bytes()).map_err(|e| e.to_string())?;
+            std::io::Write::write_all(&mut f, format!("{}\n", hex(&seed)).as_bytes()).map_err(|e| e.to_string())?;
             println!("{}", public_hex(&sign::key_from_seed(&seed)));
             Ok(0)
         }
@@ -65,7 +64,7 @@ pub fn run(cmd: LibCmd) -> Result<u8, String> {
             let bytes = std::fs::read(&lib).map_err(|e| format!("{}: {e}", lib.display()))?;
             let (l, signed) = Library::read(&bytes).map_err(|e| format!("{}: {e}", lib.display()))?;
             match signed {
-                Some(s) => println!("version {}, signed by {}", s.version, s.key.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+                Some(s) => println!("version {}, signed by {}", s.version, hex(&s.key)),
                 None => println!("unsigned"),
             }
             println!("{} KiB of address space, {} relocations", l.span >> 10, l.relocations.len());
@@ -88,7 +87,11 @@ pub fn device(path: &Path) -> Result<wisp_vmm::devices::library::LibraryDevice, 
 }
 
 fn public_hex(k: &ed25519_dalek::SigningKey) -> String {
-    k.verifying_key().as_bytes().iter().map(|b| format!("{b:02x}")).collect()
+    hex(k.verifying_key().as_bytes())
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// A key file: 64 hex digits (the secret seed), readable by its owner only.

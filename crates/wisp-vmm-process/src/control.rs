@@ -387,12 +387,8 @@ fn snapshot(shared: &Arc<Shared>, fds: Vec<OwnedFd>, incremental: bool, pause: b
     // Paused first: no guest instruction runs between the snapshot and the
     // pause (a paused vCPU serves the snapshot where it waits).
     if pause {
-        if !control.pause(Duration::from_secs(1)) {
-            return Reply::err("the vCPU did not stop within 1 s");
-        }
-        let mut st = shared.state.lock().unwrap();
-        if st.phase != WorkerState::Exited {
-            st.phase = WorkerState::Paused;
+        if let Err(e) = set_paused(shared, &control, true) {
+            return e;
         }
     }
     match control.save_with(Box::new(File::from(fd)), incremental, SNAPSHOT_TIMEOUT) {
@@ -472,6 +468,22 @@ fn probe_open(path: &str) -> Reply {
     }
 }
 
+/// Pause (its vCPU stopped, within 1 s) or resume the VM, and record it.
+fn set_paused(shared: &Arc<Shared>, c: &wisp_vmm::Control, pause: bool) -> Result<(), Reply> {
+    if pause {
+        if !c.pause(Duration::from_secs(1)) {
+            return Err(Reply::err("the vCPU did not stop within 1 s"));
+        }
+    } else {
+        c.resume();
+    }
+    let mut st = shared.state.lock().unwrap();
+    if st.phase != WorkerState::Exited {
+        st.phase = if pause { WorkerState::Paused } else { WorkerState::Running };
+    }
+    Ok(())
+}
+
 /// Serve one request once the VM has been started.
 fn serve(shared: &Arc<Shared>, conn: UnixStream, req: Request) -> io::Result<()> {
     let control = || shared.state.lock().unwrap().control.clone();
@@ -484,19 +496,10 @@ fn serve(shared: &Arc<Shared>, conn: UnixStream, req: Request) -> io::Result<()>
             let Some(c) = control() else {
                 return send_line(&conn, &Reply::err("the VM is not running"), None);
             };
-            let pause = req == Request::Pause;
-            if pause {
-                if !c.pause(Duration::from_secs(1)) {
-                    return send_line(&conn, &Reply::err("the vCPU did not stop within 1 s"), None);
-                }
-            } else {
-                c.resume();
+            match set_paused(shared, &c, req == Request::Pause) {
+                Ok(()) => shared.state.lock().unwrap().status(),
+                Err(e) => e,
             }
-            let mut st = shared.state.lock().unwrap();
-            if st.phase != WorkerState::Exited {
-                st.phase = if pause { WorkerState::Paused } else { WorkerState::Running };
-            }
-            st.status()
         }
         Request::Stop { grace_ms } => {
             if let Some(c) = control() {

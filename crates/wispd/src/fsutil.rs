@@ -9,6 +9,17 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// `bytes` in a new memfd named `name`, sealed against every change: what
+/// VMM processes map is what the daemon checked.
+pub fn sealed_memfd(name: &str, bytes: &[u8]) -> io::Result<std::os::fd::OwnedFd> {
+    use rustix::fs::{fcntl_add_seals, memfd_create, MemfdFlags, SealFlags};
+    let mut f = File::from(memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?);
+    f.write_all(bytes)?;
+    let fd = std::os::fd::OwnedFd::from(f);
+    fcntl_add_seals(&fd, SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL)?;
+    Ok(fd)
+}
+
 /// Write a file atomically (a temporary file of our own next to it, then
 /// rename), mode 0600. The temporary file is created exclusively and never
 /// through a link. Not fsynced: state must survive a crash of the daemon or

@@ -45,13 +45,7 @@ pub struct LibraryDevice {
     lib: Library,
     /// Its slot in the window, once placed.
     slot: Option<usize>,
-    /// The host memory behind it (kept for the VM's life: KVM reads it).
-    host: Option<(*mut u8, usize)>,
 }
-
-// SAFETY: the raw pointer is the device's own mapping, used only by the
-// thread that activates the VM.
-unsafe impl Send for LibraryDevice {}
 
 impl LibraryDevice {
     /// Library `lib` (checked), named `name` (at most 24 bytes), whose file
@@ -60,7 +54,7 @@ impl LibraryDevice {
         if name.is_empty() || name.len() > 24 || name.contains('\0') {
             return Err(Error::Devices(format!("library name {name:?}: 1 to 24 bytes, no NUL")));
         }
-        Ok(LibraryDevice { name: name.to_string(), file, lib, slot: None, host: None })
+        Ok(LibraryDevice { name: name.to_string(), file, lib, slot: None })
     }
 
     /// The library whose file is `bytes` (ELF, then its signature trailer
@@ -116,7 +110,6 @@ impl LibraryDevice {
             rustix::mm::mmap_anonymous(std::ptr::null_mut(), size, rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE, rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::NORESERVE)
         }
         .map_err(host_err("map a library's slot"))? as *mut u8;
-        self.host = Some((host, size));
         for s in &self.lib.segments {
             if s.file_size == 0 {
                 continue;

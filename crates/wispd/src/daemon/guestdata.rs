@@ -5,12 +5,9 @@
 //! none for it. Volumes (`CreateVm::volumes`) the daemon opens, with the
 //! client's rights (`access::open_as`), and passes open.
 
-use std::fs::File;
-use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
-use rustix::fs::{fcntl_add_seals, memfd_create, MemfdFlags, SealFlags};
 use wisp_api::CreateVm;
 
 use super::error::ActionError;
@@ -48,11 +45,5 @@ pub(super) fn memfd(req: &CreateVm) -> Result<Option<OwnedFd>, ActionError> {
         .map(|f| Ok((f.path.clone(), Arc::from(f.bytes().map_err(ActionError::GuestData)?))))
         .collect::<Result<Vec<(String, Arc<[u8]>)>, ActionError>>()?;
     let data = wisp_vmm::DataDevice::new(&req.env, &files).map_err(|e| ActionError::GuestData(e.to_string()))?;
-    let io = |e: std::io::Error| ActionError::GuestData(format!("memfd: {e}"));
-    let fd = memfd_create("wisp-data", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).map_err(|e| io(e.into()))?;
-    let mut f = File::from(fd);
-    f.write_all(data.bytes()).map_err(io)?;
-    let fd = OwnedFd::from(f);
-    fcntl_add_seals(fd.as_fd(), SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL).map_err(|e| io(e.into()))?;
-    Ok(Some(fd))
+    crate::fsutil::sealed_memfd("wisp-data", data.bytes()).map(Some).map_err(|e| ActionError::GuestData(format!("memfd: {e}")))
 }

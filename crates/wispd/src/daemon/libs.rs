@@ -5,12 +5,11 @@
 //! VMs call it. The VMM process checks the copy again before it maps it.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex};
 
-use rustix::fs::{fcntl_add_seals, memfd_create, MemfdFlags, SealFlags};
 use wisp_api::CreateVm;
 
 use super::error::ActionError;
@@ -63,12 +62,7 @@ impl Daemon {
                 }
                 wisp_vmm::library::Library::read(&bytes).map_err(|e| fail(e.to_string()))?;
                 let name = std::path::Path::new(path).file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
-                let io = |e: std::io::Error| fail(format!("memfd: {e}"));
-                let fd = memfd_create("wisp-library", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).map_err(|e| io(e.into()))?;
-                let mut copy = std::fs::File::from(fd);
-                copy.write_all(&bytes).map_err(io)?;
-                let memfd = OwnedFd::from(copy);
-                fcntl_add_seals(memfd.as_fd(), SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL).map_err(|e| io(e.into()))?;
+                let memfd = crate::fsutil::sealed_memfd("wisp-library", &bytes).map_err(|e| fail(format!("memfd: {e}")))?;
                 let lib = Arc::new(LibFile { name, memfd });
                 let mut c = self.libs.inner.lock().unwrap();
                 if c.len() >= CACHE_ENTRIES {

@@ -149,6 +149,11 @@ const DEFAULT_GRACE_MS: u64 = 2000;
 /// Longest grace period of a stop, in ms.
 const MAX_GRACE_MS: u64 = 600_000;
 
+/// Bytes as lower-case hex digits (digests, nonces, MACs).
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 /// Milliseconds since the Unix epoch.
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)

@@ -27,7 +27,7 @@ use wisp_vmm::snapshot::{self, Snapshot};
 use wisp_vmm_process::proto::{self, Request};
 
 use super::error::ActionError;
-use super::Daemon;
+use super::{hex, Daemon};
 
 /// Longest the daemon waits for a VMM process to write its snapshot.
 const SAVE_TIMEOUT: Duration = Duration::from_secs(35);
@@ -128,7 +128,6 @@ impl Daemon {
         if body.stop {
             self.kill(&id)?;
         }
-        let hex = |d: &[u8; 32]| d.iter().map(|b| format!("{b:02x}")).collect::<String>();
         Ok(SnapshotInfo {
             vm: id,
             path: body.path,

@@ -74,9 +74,7 @@ impl Channel {
 }
 
 fn session(shared: &[u8], dst: &[u8], src: &[u8]) -> [u8; 32] {
-    let mut m = Hmac::<Sha256>::new_from_slice(shared).expect("HMAC takes any key length");
-    m.update(b"session");
-    m.update(dst);
+    let mut m = super::mac(shared, b"session", dst);
     m.update(src);
     m.finalize().into_bytes().into()
 }

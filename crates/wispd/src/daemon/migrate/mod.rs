@@ -46,7 +46,7 @@ use wisp_vmm_process::proto::Request;
 use super::create::{Extras, More};
 use super::snapshot::Restorable;
 use super::error::ActionError;
-use super::Daemon;
+use super::{hex, Daemon};
 
 /// How long each step of a migration may take on the wire.
 const IO_TIMEOUT: Duration = Duration::from_secs(20);
@@ -80,10 +80,6 @@ fn mac(key: &[u8], role: &[u8], nonce: &[u8]) -> Hmac<Sha256> {
     m.update(role);
     m.update(nonce);
     m
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
