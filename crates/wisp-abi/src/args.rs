@@ -106,3 +106,25 @@ pub struct Stdio {
     /// Out: bytes written or read, or a negative [`crate::errno`] value.
     pub ret: i64,
 }
+
+/// Operations of [`crate::Hypercall::Library`] (`Library::op`).
+pub mod library_op {
+    /// The guest runs no library code (no frame of one on its stack): the
+    /// monitor switches every library whose update waits, carrying its
+    /// variables over, and rewrites its boot-info entry; `ret` = libraries
+    /// switched (0: none waited). Symbols looked up before must be looked
+    /// up again once `BootInfo::lib_state`'s generation changed.
+    pub const SWITCH: u32 = 0;
+}
+
+/// [`crate::Hypercall::Library`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct Library {
+    /// A [`library_op`] value.
+    pub op: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+    /// Out: the operation's result, or a negative [`crate::errno`] value.
+    pub ret: i64,
+}

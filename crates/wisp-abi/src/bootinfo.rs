@@ -127,8 +127,12 @@ pub struct BootInfo {
     pub args: [u8; ARGS_MAX],
     /// Number of used entries in `devices`.
     pub device_count: u32,
-    /// Reserved, zero.
-    pub reserved: u32,
+    /// Shared libraries' state, written by the monitor: bit 0 set while an
+    /// update waits for the guest to call [`crate::Hypercall::Library`]
+    /// where it runs no library code; bits 1.. a generation, bumped (by 2)
+    /// each time a library's entry changed — addresses looked up in an
+    /// older generation are stale. Zero at boot.
+    pub lib_state: u32,
     /// The device table.
     pub devices: [DeviceDesc; MAX_DEVICES],
 }

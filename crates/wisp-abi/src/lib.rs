@@ -106,6 +106,12 @@ pub enum Hypercall {
     /// instances go on from the return of this call); otherwise nothing
     /// happens. Feature [`features::READY`]. Args: [`args::Ready`].
     Ready = 8,
+    /// Shared libraries: the guest is at a point where no frame of a
+    /// library's code is on its stack, and takes the updates waiting
+    /// (`BootInfo::lib_state` bit 0). Args: [`args::Library`]. Part of
+    /// every monitor that sets that bit (no feature: a guest calls it only
+    /// when asked).
+    Library = 9,
 }
 
 impl Hypercall {
@@ -121,6 +127,7 @@ impl Hypercall {
             6 => Some(Hypercall::Family),
             7 => Some(Hypercall::Stdio),
             8 => Some(Hypercall::Ready),
+            9 => Some(Hypercall::Library),
             _ => None,
         }
     }
@@ -154,6 +161,7 @@ impl Hypercall {
             Hypercall::Family => "family",
             Hypercall::Stdio => "stdio",
             Hypercall::Ready => "ready",
+            Hypercall::Library => "library",
         }
     }
 }
@@ -174,6 +182,9 @@ pub mod events {
     pub const STDIN: u64 = 1 << 3;
     /// A disk wrote completions (see [`crate::blk`]).
     pub const DISK: u64 = 1 << 4;
+    /// A shared library's update waits for the guest
+    /// ([`crate::Hypercall::Library`], `BootInfo::lib_state`).
+    pub const LIBRARY: u64 = 1 << 5;
 }
 
 /// Error codes returned in the `ret` field of argument blocks
@@ -245,11 +256,12 @@ mod tests {
             Hypercall::Family,
             Hypercall::Stdio,
             Hypercall::Ready,
+            Hypercall::Library,
         ] {
             assert_eq!(Hypercall::from_port(hc.port()), Some(hc));
             assert!(hc.port() < HYPERCALL_PORT_BASE + HYPERCALL_PORT_COUNT);
         }
-        assert_eq!(Hypercall::from_port(HYPERCALL_PORT_BASE + 9), None);
+        assert_eq!(Hypercall::from_port(HYPERCALL_PORT_BASE + 10), None);
         assert_eq!(Hypercall::Stdio.feature(), features::STDIO);
         assert_eq!(Hypercall::Ready.feature(), features::READY);
         assert_eq!(Hypercall::from_port(0x10), None);

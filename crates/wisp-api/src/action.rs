@@ -13,7 +13,7 @@
 use std::fmt;
 
 use crate::http::{percent_encode, HttpError, Request};
-use crate::{CreateTemplate, CreateVm, MigrateVm, PoolInfo, RemoveVms, SnapshotVm, StopVm, API_PREFIX, MAX_FAMILY, MAX_REMOVE, MIN_CPUS};
+use crate::{CreateTemplate, CreateVm, MigrateVm, PoolInfo, RemoveVms, SnapshotVm, StopVm, UpdateLib, API_PREFIX, MAX_FAMILY, MAX_REMOVE, MIN_CPUS};
 
 /// Most CPUs a quota may name (the daemon also refuses more than its host has).
 pub const MAX_CPUS: f64 = 1024.0;
@@ -171,6 +171,14 @@ pub enum Action {
         vm: String,
         /// Where, and whether to stop it then.
         body: SnapshotVm,
+    },
+    /// `POST /v1/vms/{vm}/update`: replace one of the VM's shared
+    /// libraries while it runs.
+    UpdateLib {
+        /// Which VM.
+        vm: String,
+        /// The new library, and which it replaces.
+        body: UpdateLib,
     },
     /// `POST /v1/vms/{vm}/migrate`: move the VM to another daemon.
     MigrateVm {
@@ -345,6 +353,7 @@ impl Action {
             }
             Action::RemoveVms(r) => call("POST", format!("{API_PREFIX}/vms/remove"), json(r)),
             Action::SnapshotVm { vm, body } => call("POST", vm_target(vm, "/snapshot"), json(body)),
+            Action::UpdateLib { vm, body } => call("POST", vm_target(vm, "/update"), json(body)),
             Action::MigrateVm { vm, body } => call("POST", vm_target(vm, "/migrate"), json(body)),
             Action::MakeTemplate(t) => call("POST", format!("{API_PREFIX}/templates"), json(t)),
             Action::ListTemplates => call("GET", format!("{API_PREFIX}/templates"), None),
@@ -398,6 +407,16 @@ impl Action {
                     return Err(HttpError::new(400, format!("snapshot path '{}' is not absolute", body.path)));
                 }
                 Action::SnapshotVm { vm: vm(id), body }
+            }
+            ("POST", ["vms", id, "update"]) => {
+                let body: UpdateLib = req.json()?;
+                if !body.path.starts_with('/') || body.path.contains('\0') || !body.path.ends_with(".so") {
+                    return Err(HttpError::new(400, format!("library path '{}' is not an absolute path of a .so file", body.path)));
+                }
+                if body.replace.as_ref().is_some_and(|r| r.is_empty() || r.len() > 24 || r.contains('\0')) {
+                    return Err(HttpError::new(400, "replace: a library's name is 1 to 24 bytes".to_string()));
+                }
+                Action::UpdateLib { vm: vm(id), body }
             }
             ("POST", ["vms", id, "stdin"]) => Action::Stdin(vm(id)),
             ("GET", ["vms", id, "logs"]) => {
@@ -471,6 +490,10 @@ mod tests {
         // Through the router: a 400.
         let e = parse("POST", "/v1/vms", r#"{"image":"s","restore":"/s","mem":33554432}"#).unwrap_err();
         assert_eq!(e.status, 400);
+        let e = parse("POST", "/v1/vms/x/update", r#"{"path":"rel.so"}"#).unwrap_err();
+        assert_eq!((e.status, e.message.as_str()), (400, "library path 'rel.so' is not an absolute path of a .so file"));
+        let e = parse("POST", "/v1/vms/x/update", r#"{"path":"/a.so","replace":""}"#).unwrap_err();
+        assert_eq!((e.status, e.message.as_str()), (400, "replace: a library's name is 1 to 24 bytes"));
         let e = parse("POST", "/v1/vms/x/snapshot", r#"{"path":"rel.snap"}"#).unwrap_err();
         assert_eq!((e.status, e.message.as_str()), (400, "snapshot path 'rel.snap' is not absolute"));
     }
@@ -535,6 +558,7 @@ mod tests {
             Action::RemoveVms(RemoveVms::default()),
             Action::SnapshotVm { vm: "abc".into(), body: SnapshotVm { path: "/tmp/a.snap".into(), stop: false, incremental: false } },
             Action::SnapshotVm { vm: "abc".into(), body: SnapshotVm { path: "/tmp/a.snap".into(), stop: true, incremental: true } },
+            Action::UpdateLib { vm: "abc".into(), body: UpdateLib { path: "/l/hello2.so".into(), replace: Some("hello".into()), wait_ms: Some(100) } },
             Action::MakeTemplate(CreateTemplate { name: "t".into(), image: "counter".into(), args: vec!["1".into()], mem: Some(32 << 20), timeout_ms: Some(5) }),
             Action::ListTemplates,
             Action::RemoveTemplate("t".into()),

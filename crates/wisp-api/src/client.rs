@@ -156,6 +156,11 @@ impl Client {
         self.call(&Action::SnapshotVm { vm: id.into(), body: body.clone() })
     }
 
+    /// `POST /v1/vms/{id}/update`: replace one of VM `id`'s libraries.
+    pub fn update_lib(&mut self, id: &str, body: &crate::UpdateLib) -> Result<crate::UpdateInfo> {
+        self.call(&Action::UpdateLib { vm: id.into(), body: body.clone() })
+    }
+
     /// `POST /v1/vms/{id}/migrate`: move VM `id` to the daemon at `to`.
     pub fn migrate(&mut self, id: &str, to: &str) -> Result<crate::MigrateInfo> {
         self.call(&Action::MigrateVm { vm: id.into(), body: crate::MigrateVm { to: to.into() } })

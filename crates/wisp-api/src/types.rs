@@ -438,6 +438,47 @@ pub struct SnapshotInfo {
     pub base: Option<String>,
 }
 
+/// `POST /v1/vms/{id}/update`: a live update of one of the VM's shared
+/// libraries (`docs/libraries.md`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateLib {
+    /// The new library: an absolute path the daemon opens with the
+    /// client's rights.
+    pub path: String,
+    /// The library it replaces, by name (default: the new file's stem).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replace: Option<String>,
+    /// Longest wait for the guest to reach a point where it runs no
+    /// library code, in ms (default 5,000; at most 60,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+}
+
+/// A live update done.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UpdateInfo {
+    /// The VM's id.
+    pub vm: String,
+    /// The library replaced (its name stays).
+    pub library: String,
+    /// The new library's file.
+    pub path: String,
+    /// Microseconds from the request's arrival to the old library unmapped.
+    pub took_us: u64,
+    /// Microseconds the VMM process took, of which the guest was held
+    /// (its switch), and waited for (to reach a point where it runs no
+    /// library code).
+    pub update_us: u64,
+    pub held_us: u64,
+    pub quiesce_us: u64,
+    /// Variables carried over, pointers moved with them, and pointers into
+    /// the old library left as they were (not to an export).
+    pub variables: u64,
+    pub pointers: u64,
+    pub stale: u64,
+}
+
 /// `POST /v1/vms/{id}/migrate`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]

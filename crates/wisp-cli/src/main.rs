@@ -235,6 +235,23 @@ enum Cmd {
         /// The snapshot file to write (created with your rights, mode 0600).
         file: PathBuf,
     },
+    /// Replace one of a running VM's shared libraries (live update): the
+    /// new library is checked against the old one, mapped beside it, and
+    /// switched at the guest's next point where it runs no library code,
+    /// with the old one's variables carried over. On any failure the VM
+    /// runs the old library.
+    Update {
+        /// The library to replace, by name (default: NEW's file stem).
+        #[arg(long)]
+        replace: Option<String>,
+        /// Longest wait for the guest, in ms.
+        #[arg(long, default_value_t = 5000)]
+        wait: u64,
+        /// VM id or name.
+        vm: String,
+        /// The new library (`.so`).
+        new: PathBuf,
+    },
     /// Move a VM to another daemon (`wispd --migrate-listen` there; both
     /// with the same --migrate-key): it goes on there with its address,
     /// and here it ends. On any failure it runs on here.

@@ -366,6 +366,22 @@ pub fn manage(socket: &Path, cmd: Cmd) -> Result<u8, String> {
             println!("{}: {} bytes ({} KiB of memory), the VM held {} µs", s.path, s.bytes, s.ram_bytes >> 10, s.held_us);
             Ok(0)
         }
+        Cmd::Update { replace, wait, vm, new } => {
+            let path = std::path::absolute(&new).map_err(|e| format!("{}: {e}", new.display()))?;
+            let u = c.update_lib(&vm, &wisp_api::UpdateLib { path: path.display().to_string(), replace, wait_ms: Some(wait) }).map_err(err)?;
+            println!(
+                "{}: library {} is now {} ({} variables carried over, {} pointers moved{}); {:.0} µs, the VM held {} µs",
+                u.vm,
+                u.library,
+                u.path,
+                u.variables,
+                u.pointers,
+                if u.stale > 0 { format!(", {} pointers into the old library left stale", u.stale) } else { String::new() },
+                u.took_us as f64,
+                u.held_us
+            );
+            Ok(0)
+        }
         Cmd::Migrate { to, vm } => {
             let m = c.migrate(&vm, &to).map_err(err)?;
             println!("{} -> {} at {}: {} KiB in {:.1} ms, {:.2} ms down", m.vm, m.there, m.to, m.bytes >> 10, m.took_us as f64 / 1e3, m.downtime_us as f64 / 1e3);

@@ -128,3 +128,50 @@ fn under_wispd_vms_map_one_copy_of_a_library() {
     assert!(!o.status.success() && text(&o).contains("library /etc/hostname.so"), "{}", text(&o));
     assert!(d.wisp(&["rm", "-f", "--all"]).status.success());
 }
+
+fn built(name: &str) -> String {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../build/libs").join(name).display().to_string()
+}
+
+#[test]
+fn a_library_is_replaced_in_a_running_vm_with_its_state() {
+    let d = common::daemon::Daemon::start("libs-update", &["--pool", "16M=2"]);
+    let (lib, lib2) = (bundled_path(), built("hello2.so"));
+    let mut c = d.client();
+    let o = d.wisp(&["run", "-d", "--name", "watcher", "--lib", &lib, "libhello", "--", "3", "watch"]);
+    assert!(o.status.success(), "{}", text(&o));
+    common::wait_console(&mut c, "watcher", "libhello: watching version 100");
+    // Binary-incompatible (no hello_greet, hello_calls...): refused before
+    // anything changes; so is a library the VM does not map.
+    let dir = common::fresh_dir("libs-update");
+    let other = dir.join("other.so");
+    std::fs::copy(built("hello.so"), &other).unwrap();
+    let o = d.wisp(&["update", "watcher", other.to_str().unwrap()]);
+    assert!(!o.status.success() && text(&o).contains("the VM maps no library named other (it maps: hello)"), "{}", text(&o));
+    let o = d.wisp(&["update", "--replace", "hello", "watcher", &built("bench.so")]);
+    assert!(!o.status.success() && text(&o).contains("not binary-compatible with the library it replaces: the new library has no hello_"), "{}", text(&o));
+    // A paused VM reaches no quiescent point: refused at once.
+    assert!(d.wisp(&["pause", "watcher"]).status.success());
+    let o = d.wisp(&["update", "--replace", "hello", "watcher", &lib2]);
+    assert!(!o.status.success() && text(&o).contains("the VM is paused"), "{}", text(&o));
+    assert!(d.wisp(&["resume", "watcher"]).status.success());
+    // Still the old library, running.
+    let logs = || text(&d.wisp(&["logs", "watcher"]));
+    assert!(!logs().contains("now version"), "{}", logs());
+    // The update: the counter carried over, its pointer moved, the guest
+    // held briefly, and the new code answering.
+    let o = d.wisp(&["update", "--replace", "hello", "watcher", &lib2]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("library hello is now") && text(&o).contains("2 variables carried over, 1 pointers moved"), "{}", text(&o));
+    let exit = c.wait("watcher").unwrap();
+    assert_eq!(exit.code, 0, "{exit:?}");
+    let log = logs();
+    let line = log.lines().find(|l| l.starts_with("libhello: now version 200 after ")).unwrap_or_else(|| panic!("{log}"));
+    let calls: u64 = line["libhello: now version 200 after ".len()..].split(' ').next().unwrap().parse().unwrap();
+    assert!(line.contains(&format!("the library counted {calls};")) && line.contains("its pointer follows the counter"), "{log}");
+    assert!(log.contains(&format!("hello from hello.so v2 (call {calls})")), "{log}");
+    // The old library's memory is gone from the VMM process: one library
+    // mapping left (the pid is the VM's, gone now: checked by the counts).
+    assert!(d.wisp(&["rm", "-f", "--all"]).status.success());
+    let _ = std::fs::remove_dir_all(&dir);
+}

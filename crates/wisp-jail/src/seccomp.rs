@@ -309,6 +309,12 @@ fn role_rules(role: Role, kick_signal: i32) -> Rules {
             threads(&mut r);
             ioctls(&mut r, false, false);
             swap_uplink(&mut r);
+            // A live update of a shared library (wisp-vmm
+            // `devices/library/update.rs`): the new library read from its
+            // sealed memfd and mapped in a slot of its own, the old one's
+            // slot deleted — while the vCPU runs on.
+            any(&mut r, &[libc::SYS_pread64]);
+            one_of(&mut r, libc::SYS_ioctl, 1, &[kvm::SET_USER_MEMORY_REGION]);
         }
         Role::Io => {
             any(&mut r, &[libc::SYS_readv, libc::SYS_writev, libc::SYS_eventfd2]);

@@ -203,7 +203,7 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
             let _ = send_line(&conn, &Reply::ok(WorkerState::Pooled), None);
             std::process::exit(0)
         }
-        Request::Pause | Request::Resume | Request::Stop { .. } | Request::Kill | Request::Wait | Request::Uplink | Request::Snapshot { .. } | Request::Continue => {
+        Request::Pause | Request::Resume | Request::Stop { .. } | Request::Kill | Request::Wait | Request::Uplink | Request::Snapshot { .. } | Request::Continue | Request::UpdateLib { .. } => {
             Reply::err("the VM has not been started")
         }
         Request::Host { .. } => Reply::err(NOT_A_GROUP),
@@ -362,6 +362,7 @@ fn serve_request(shared: &Arc<Shared>, conn: UnixStream, park_waits: bool) -> Op
         Request::Uplink => send_line(&reply_conn, &uplink(shared, fds), None),
         Request::Stdin => send_line(&reply_conn, &stdin(shared, fds), None),
         Request::Snapshot { incremental, pause } => send_line(&reply_conn, &snapshot(shared, fds, incremental, pause), None),
+        Request::UpdateLib { name, wait_ms } => send_line(&reply_conn, &update_lib(shared, fds, &name, wait_ms), None),
         req => serve(shared, reply_conn, req),
     };
     shared.release_conn();
@@ -398,6 +399,38 @@ fn snapshot(shared: &Arc<Shared>, fds: Vec<OwnedFd>, incremental: bool, pause: b
             r
         }
         Err(e) => Reply::err(format!("snapshot: {e}")),
+    }
+}
+
+/// Longest a live update waits for the guest.
+const MAX_UPDATE_WAIT: Duration = Duration::from_secs(60);
+
+/// A live update of library `name` by the one in the descriptor passed
+/// (`wisp_vmm::devices::library::update`).
+fn update_lib(shared: &Arc<Shared>, fds: Vec<OwnedFd>, name: &str, wait_ms: u64) -> Reply {
+    let Some(fd) = fds.into_iter().next() else {
+        return Reply::err("an update needs the library's descriptor");
+    };
+    let Some(control) = shared.state.lock().unwrap().control.clone() else {
+        return Reply::err("the VM is not running");
+    };
+    if shared.exited() {
+        return Reply::err("the VM has exited");
+    }
+    if control.is_paused() {
+        return Reply::err("the VM is paused: a library is switched where the guest runs (resume it first)");
+    }
+    let new = match wisp_vmm::devices::library::LibraryDevice::from_fd(name, fd) {
+        Ok(d) => d,
+        Err(e) => return Reply::err(format!("library {name}: {e}")),
+    };
+    match control.update_library(name, new, Duration::from_millis(wait_ms).min(MAX_UPDATE_WAIT)) {
+        Ok(u) => {
+            let mut r = shared.state.lock().unwrap().status();
+            r.updated = Some([u.total_us, u.held_us, u.quiesce_us, u.variables as u64, u.pointers as u64, u.stale as u64]);
+            r
+        }
+        Err(e) => Reply::err(format!("update of library {name}: {e}")),
     }
 }
 
@@ -545,6 +578,7 @@ fn serve(shared: &Arc<Shared>, conn: UnixStream, req: Request) -> io::Result<()>
         Request::ProbeOpen { path } => probe_open(&path),
         Request::Uplink => Reply::err("uplink needs its descriptor"),
         Request::Snapshot { .. } => Reply::err("a snapshot needs its stream's descriptor"),
+        Request::UpdateLib { .. } => Reply::err("an update needs the library's descriptor"),
     };
     send_line(&conn, &reply, None)
 }

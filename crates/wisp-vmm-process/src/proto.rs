@@ -163,6 +163,12 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         pause: bool,
     },
+    /// Replace the VM's library `name` by the one in the descriptor (a
+    /// sealed memfd of its file, checked by the daemon and again here)
+    /// while the VM runs: a live update, waiting at most `wait_ms` for the
+    /// guest to reach a point where it runs no library code. The reply's
+    /// `updated` says what it did.
+    UpdateLib { name: String, wait_ms: u64 },
     /// Try to open a file (proves the sandbox in tests).
     ProbeOpen { path: String },
     /// End the VMM process (its VM is killed first).
@@ -245,6 +251,10 @@ pub struct Reply {
     /// microseconds the vCPU was held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub saved: Option<[u64; 3]>,
+    /// A live update: µs in all, µs the guest was held, µs waited for it,
+    /// variables carried over, pointers moved, pointers left stale.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated: Option<[u64; 6]>,
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -121,6 +121,8 @@ pub enum LibraryError {
     Malformed(String),
     #[error("signature: {0}")]
     Signature(String),
+    #[error("not binary-compatible with the library it replaces: {0}")]
+    Incompatible(String),
     #[error("refused by the image's policy: {0}")]
     Policy(String),
 }

@@ -254,6 +254,7 @@ fn route(d: &Arc<Daemon>, req: &Request, w: &mut UnixStream, keep: bool, arrived
         Outcome::Exit(x) => json(w, 200, &x, keep),
         Outcome::Pool(p) => json(w, 200, &p, keep),
         Outcome::Snapshot(s) => json(w, 201, &s, keep),
+        Outcome::Updated(u) => json(w, 200, &u, keep),
         Outcome::Template(t) => json(w, 201, &t, keep),
         Outcome::Templates(t) => json(w, 200, &t, keep),
         Outcome::Migrated(m) => json(w, 200, &m, keep),

@@ -65,8 +65,14 @@ pub fn ready() -> i64 {
 /// Park the vCPU for at most `timeout_ns` or until an event; returns the
 /// pending event bits.
 pub fn idle(timeout_ns: u64) -> u64 {
+    // A scheduling point: a library update waiting is taken before the
+    // park, or when it wakes the park.
+    crate::lib::quiescent();
     let mut a = args::Idle { timeout_ns, events: 0 };
     call(Hypercall::Idle, &mut a);
+    if a.events & wisp_abi::events::LIBRARY != 0 {
+        crate::lib::quiescent();
+    }
     a.events
 }
 

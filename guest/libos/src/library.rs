@@ -7,9 +7,69 @@
 //! wisp::lib_fn!(hello, fn hello_version() -> u32);
 //! let v = unsafe { hello_version() };   // looked up on the first call, then direct
 //! ```
+//!
+//! Live update (`wisp update`): the monitor maps the new library beside the
+//! old one and sets bit 0 of the boot-info page's `lib_state`; the library
+//! OS answers at its next point where no frame of a library's code is on
+//! the stack — before an outermost library call ([`enter`], which every
+//! `lib_fn!` call goes through) or around an idle — with the `library`
+//! hypercall, in which the monitor carries the variables over and switches
+//! the entry. Addresses looked up in an older generation of `lib_state` are
+//! stale: `lib_fn!` and `lib_var!` look theirs up again.
 
-use wisp_abi::bootinfo::DeviceKind;
-use wisp_abi::layout::{LIB_BASE, LIB_SIZE};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use wisp_abi::bootinfo::{BootInfo, DeviceKind};
+use wisp_abi::layout::{BOOT_INFO, LIB_BASE, LIB_SIZE};
+
+/// Library calls under way (a callback from a library into the app that
+/// calls a library again nests): the old library is in use while > 0.
+static DEPTH: AtomicU32 = AtomicU32::new(0);
+/// TSC ticks the last switch held this VM (the `library` hypercall).
+static LAST_SWITCH: AtomicU64 = AtomicU64::new(0);
+
+/// `lib_state` of the boot-info page, as the monitor last wrote it.
+fn lib_state() -> u32 {
+    let at = (BOOT_INFO as usize + core::mem::offset_of!(BootInfo, lib_state)) as *const u32;
+    // SAFETY: the boot-info page is mapped read-only for the VM's life; the
+    // monitor changes this word while the guest runs (hence volatile).
+    unsafe { at.read_volatile() }
+}
+
+/// The libraries' generation: it changes when a live update switched one.
+pub fn generation() -> u32 {
+    lib_state() >> 1
+}
+
+/// If an update waits and no library code is on the stack: take it now
+/// (the `library` hypercall). Called at the library OS's scheduling points.
+pub fn quiescent() {
+    if lib_state() & 1 != 0 && DEPTH.load(Ordering::Relaxed) == 0 {
+        let t = crate::time::rdtsc();
+        let mut a = wisp_abi::args::Library { op: wisp_abi::args::library_op::SWITCH, reserved: 0, ret: 0 };
+        crate::hypercall::call(wisp_abi::Hypercall::Library, &mut a);
+        LAST_SWITCH.store(crate::time::rdtsc().wrapping_sub(t), Ordering::Relaxed);
+    }
+}
+
+/// Nanoseconds the last live update held this VM (its whole `library`
+/// hypercall, as the guest's own clock saw it; 0: none yet).
+pub fn last_switch_ns() -> u64 {
+    let hz = crate::env::boot_info().tsc_hz.max(1);
+    (LAST_SWITCH.load(Ordering::Relaxed) as u128 * 1_000_000_000 / hz as u128) as u64
+}
+
+/// A library call begins (for [`crate::lib_fn!`]): an update waiting is
+/// taken first if this is the outermost call.
+pub fn enter() {
+    quiescent();
+    DEPTH.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A library call ended.
+pub fn leave() {
+    DEPTH.fetch_sub(1, Ordering::Relaxed);
+}
 
 /// A library mapped for this VM.
 pub struct Library {
@@ -74,15 +134,46 @@ macro_rules! lib_fn {
     ($lib:ident, fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?) => {
         #[allow(non_snake_case)]
         unsafe fn $name($($arg: $ty),*) $(-> $ret)? {
-            static SLOT: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
-            let mut at = SLOT.load(core::sync::atomic::Ordering::Relaxed);
-            if at == 0 {
+            use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering::Relaxed};
+            static SLOT: AtomicUsize = AtomicUsize::new(0);
+            static GENERATION: AtomicU32 = AtomicU32::new(0);
+            $crate::lib::enter();
+            let generation = $crate::lib::generation();
+            let mut at = SLOT.load(Relaxed);
+            if at == 0 || GENERATION.load(Relaxed) != generation {
                 at = $crate::lib::resolve(stringify!($lib), stringify!($name));
-                SLOT.store(at, core::sync::atomic::Ordering::Relaxed);
+                SLOT.store(at, Relaxed);
+                GENERATION.store(generation, Relaxed);
             }
             // SAFETY: the caller's (see the macro's documentation).
             let f: extern "C" fn($($ty),*) $(-> $ret)? = unsafe { core::mem::transmute(at) };
-            f($($arg),*)
+            let r = f($($arg),*);
+            $crate::lib::leave();
+            r
+        }
+    };
+}
+
+/// Declare a variable of a shared library: `lib_var!(hello, hello_calls:
+/// u64)` makes `fn hello_calls() -> *mut u64`, its address, looked up on
+/// first use and again after a live update moved it. A pointer kept across
+/// a scheduling point (an idle, a library call) may be stale: ask again.
+#[macro_export]
+macro_rules! lib_var {
+    ($lib:ident, $name:ident: $ty:ty) => {
+        #[allow(non_snake_case)]
+        fn $name() -> *mut $ty {
+            use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering::Relaxed};
+            static SLOT: AtomicUsize = AtomicUsize::new(0);
+            static GENERATION: AtomicU32 = AtomicU32::new(0);
+            let generation = $crate::lib::generation();
+            let mut at = SLOT.load(Relaxed);
+            if at == 0 || GENERATION.load(Relaxed) != generation {
+                at = $crate::lib::resolve(stringify!($lib), stringify!($name));
+                SLOT.store(at, Relaxed);
+                GENERATION.store(generation, Relaxed);
+            }
+            at as *mut $ty
         }
     };
 }

@@ -99,6 +99,8 @@ pub struct DeviceState {
 #[derive(Default)]
 pub struct Devices {
     list: Vec<(Box<dyn Device>, u64)>,
+    /// The library window, if the VM maps libraries (live updates).
+    window: Option<Arc<library::update::Window>>,
 }
 
 impl Devices {
@@ -111,7 +113,29 @@ impl Devices {
                 wisp_abi::bootinfo::MAX_DEVICES
             )));
         }
-        Ok(Devices { list: devices.into_iter().map(|d| (d, 0)).collect() })
+        Ok(Devices { list: devices.into_iter().map(|d| (d, 0)).collect(), window: None })
+    }
+
+    /// Number of devices.
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// The library device at `index` of the table, if it is one.
+    pub(crate) fn library_at(&mut self, index: usize) -> Option<&mut library::LibraryDevice> {
+        self.list.get_mut(index).and_then(|(d, _)| d.as_library())
+    }
+
+    /// The boot-info entry of device `index`.
+    pub(crate) fn entry(&self, index: usize) -> Option<DeviceDesc> {
+        let (d, base) = self.list.get(index)?;
+        let flags = wisp_abi::bootinfo::device_flags::DOORBELL;
+        Some(DeviceDesc { kind: d.kind() as u32, flags, base: *base, size: d.region_size(), params: d.params() })
+    }
+
+    /// The library window, if the VM maps libraries.
+    pub(crate) fn window(&self) -> Option<&Arc<library::update::Window>> {
+        self.window.as_ref()
     }
 
     /// True if there is no device.
@@ -176,11 +200,10 @@ impl Devices {
 
     /// Write the device table of the boot-info page.
     pub(crate) fn describe(&self, info: &mut BootInfo) {
-        for (i, (d, base)) in self.list.iter().enumerate() {
-            // Every device has a doorbell: served inside KVM when `activate`
-            // could bind its eventfd there, else as an exit (`notify`).
-            let flags = wisp_abi::bootinfo::device_flags::DOORBELL;
-            info.devices[i] = DeviceDesc { kind: d.kind() as u32, flags, base: *base, size: d.region_size(), params: d.params() };
+        // Every device has a doorbell: served inside KVM when `activate`
+        // could bind its eventfd there, else as an exit (`notify`).
+        for i in 0..self.list.len() {
+            info.devices[i] = self.entry(i).expect("in the table");
         }
         info.device_count = self.list.len() as u32;
     }
@@ -190,10 +213,17 @@ impl Devices {
     /// with no exit. Where KVM cannot, the doorbell exits and is served by
     /// [`Devices::notify`] — slower, the same for the guest.
     pub(crate) fn activate(&mut self, ram: &crate::memory::GuestRam, control: &Arc<Control>, vm: &kvm_ioctls::VmFd, user: &UserMap) -> Result<()> {
+        let mut libraries = false;
         for (d, _) in self.list.iter_mut() {
             if let Some(l) = d.as_library() {
-                l.map(vm, ram)?;
+                l.map(std::os::fd::AsRawFd::as_raw_fd(vm), ram)?;
+                libraries = true;
             }
+        }
+        if libraries {
+            let w = Arc::new(library::update::Window::new(vm, ram.view(), self)?);
+            control.set_library_window(w.clone());
+            self.window = Some(w);
         }
         for (i, (d, base)) in self.list.iter_mut().enumerate() {
             d.activate(ram.view(), *base, control.clone(), user).map_err(|e| Error::Host("start a device", e))?;
@@ -231,6 +261,9 @@ impl Devices {
 
     /// In a forked child process.
     pub(crate) fn on_fork_child(&mut self) {
+        if let Some(w) = &self.window {
+            w.forked();
+        }
         for (d, _) in &mut self.list {
             d.on_fork_child();
         }

@@ -27,6 +27,7 @@ use object::{Endianness, Pod};
 use crate::error::LibraryError as Refused;
 
 pub mod sign;
+pub mod update;
 #[cfg(test)]
 mod tests;
 

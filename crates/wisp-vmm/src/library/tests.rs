@@ -5,13 +5,22 @@ use super::*;
 
 /// The bundled library as `make libs` leaves it (signed).
 fn bundled() -> Vec<u8> {
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../build/libs/hello.so");
+    built("hello.so")
+}
+
+/// A library `make libs` built, as it is (signed).
+fn built(name: &str) -> Vec<u8> {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../build/libs").join(name);
     std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e} (`make libs` builds it)", p.display()))
 }
 
 /// Its ELF bytes (the signature's trailer cut off).
 fn hello() -> Vec<u8> {
-    let b = bundled();
+    elf_of("hello.so")
+}
+
+fn elf_of(name: &str) -> Vec<u8> {
+    let b = built(name);
     sign::split(&b).expect("a good trailer").0.to_vec()
 }
 
@@ -69,7 +78,7 @@ fn the_bundled_library_is_read() {
     assert_eq!(lib.export("hello_version").map(|e| e.kind), Some(Kind::Function));
     let calls = lib.export("hello_calls").expect("hello_calls");
     assert_eq!((calls.kind, calls.size), (Kind::Variable, 8));
-    assert_eq!(lib.exports.len(), 3, "only what exports.map names: {:?}", lib.exports);
+    assert_eq!(lib.exports.len(), 4, "only what exports.map names: {:?}", lib.exports);
     assert!(lib.segments.iter().any(|s| s.exec && !s.write && greet.value >= s.vaddr && greet.value < s.vaddr + s.mem_size));
     assert!(lib.segments.iter().any(|s| s.write && calls.value >= s.vaddr && calls.value < s.vaddr + s.mem_size));
     // The counter's GOT entry: a relocation to the counter.
@@ -197,4 +206,64 @@ fn an_image_policy_takes_only_the_keys_and_versions_it_names() {
     assert!(refused(&versioned, None).contains("not signed"));
     let unsigned_versioned = Policy { keys: vec![], min_version: Some("1.0.0".parse().unwrap()) };
     assert!(refused(&unsigned_versioned, Some(&signed(theirs, "9.0.0"))).contains("means nothing without trusted keys"));
+}
+
+/// The file offset of the dynamic symbol table's entry of export `name`.
+fn sym_entry(b: &[u8], name: &str) -> usize {
+    let lib = Library::parse(b).unwrap();
+    let e = lib.export(name).unwrap();
+    let (_, symtab) = tag(b, elf::DT_SYMTAB);
+    let at = file_at(&lib, symtab);
+    (0..).map(|i| at + i * 24).find(|&p| u64_at(b, p + 8) == e.value && u64_at(b, p + 16) == e.size).unwrap()
+}
+
+#[test]
+fn an_update_takes_only_a_binary_compatible_library() {
+    let (v1, v2) = (Library::parse(&hello()).unwrap(), Library::parse(&elf_of("hello2.so")).unwrap());
+    // The next version: both variables carried (the counter and its pointer).
+    assert_eq!(update::Plan::new(&v1, &v2).unwrap().variables(), 2);
+    // Another library: its exports are not these.
+    let bench = Library::parse(&elf_of("bench.so")).unwrap();
+    let e = update::Plan::new(&v1, &bench).unwrap_err().to_string();
+    assert!(e.starts_with("not binary-compatible with the library it replaces: the new library has no hello_"), "{e}");
+    // A variable of another size.
+    let mut b = elf_of("hello2.so");
+    let at = sym_entry(&b, "hello_calls");
+    put64(&mut b, at + 16, 4);
+    let e = update::Plan::new(&v1, &Library::parse(&b).unwrap()).unwrap_err().to_string();
+    assert_eq!(e, "not binary-compatible with the library it replaces: variable hello_calls was 8 bytes and is 4 in the new library");
+    // A function become a variable.
+    let mut b = elf_of("hello2.so");
+    let at = sym_entry(&b, "hello_version");
+    b[at + 4] = (b[at + 4] & 0xf0) | elf::STT_OBJECT;
+    let e = update::Plan::new(&v1, &Library::parse(&b).unwrap()).unwrap_err().to_string();
+    assert_eq!(e, "not binary-compatible with the library it replaces: hello_version was a function and is a variable in the new library");
+}
+
+#[test]
+fn an_update_carries_variables_and_moves_pointers_into_them() {
+    let (v1, v2) = (Library::parse(&hello()).unwrap(), Library::parse(&elf_of("hello2.so")).unwrap());
+    let plan = update::Plan::new(&v1, &v2).unwrap();
+    let (ob, nb) = (0x1_4000_0000u64, 0x1_4400_0000u64);
+    let (calls, at) = (v1.export("hello_calls").unwrap().value, v1.export("hello_where").unwrap().value);
+    let (calls2, at2) = (v2.export("hello_calls").unwrap().value, v2.export("hello_where").unwrap().value);
+    assert_ne!(calls, calls2, "the versions lay their data out apart");
+    let mut old = vec![0u8; v1.span as usize];
+    put64(&mut old, calls as usize, 42);
+    put64(&mut old, at as usize, ob + calls);
+    let mut new = vec![0u8; v2.span as usize];
+    let c = plan.carry(&old, ob, &mut new, nb);
+    assert_eq!(c, update::Carried { variables: 2, bytes: 16, pointers: 1, stale: 0 });
+    assert_eq!(u64_at(&new, calls2 as usize), 42);
+    assert_eq!(u64_at(&new, at2 as usize), nb + calls2, "the pointer follows the counter");
+    // A pointer into the old library, not at an export: left, counted.
+    put64(&mut old, at as usize, ob + 8);
+    assert_eq!(plan.carry(&old, ob, &mut new, nb).stale, 1);
+    // At an exported function: to the new one of that name.
+    let f = v1.export("hello_greet").unwrap().value;
+    put64(&mut old, at as usize, ob + f);
+    plan.carry(&old, ob, &mut new, nb);
+    assert_eq!(u64_at(&new, at2 as usize), nb + v2.export("hello_greet").unwrap().value);
+    // Memory shorter than the plan says: nothing copied, nothing read out of it.
+    assert_eq!(plan.carry(&old[..16], ob, &mut new, nb), update::Carried::default());
 }

@@ -61,7 +61,21 @@ impl Vm {
             Hypercall::Family => self.family_call(gpa, declared, deadline),
             Hypercall::Stdio => self.stdio(gpa, declared, console),
             Hypercall::Ready => self.ready(gpa, declared),
+            Hypercall::Library => self.library_call(gpa),
         }
+    }
+
+    /// The guest runs no library code: switch the library updates waiting
+    /// (`devices::library::update`).
+    fn library_call(&mut self, gpa: u64) -> Served {
+        let hc = Hypercall::Library;
+        let mut a: args::Library = read_block(&self.shell.ram, &self.user, hc, gpa, true)?;
+        a.ret = match (a.op, self.devices.window().cloned()) {
+            (args::library_op::SWITCH, Some(w)) => w.switch(&mut self.devices) as i64,
+            (args::library_op::SWITCH, None) => 0,
+            _ => wisp_abi::errno::EINVAL,
+        };
+        write_block(&self.shell.ram, hc, gpa, &a)
     }
 
     fn console_write(&mut self, gpa: u64, console: &mut dyn Console) -> Served {

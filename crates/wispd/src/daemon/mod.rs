@@ -128,6 +128,8 @@ pub enum Outcome {
     Templates(Vec<wisp_api::TemplateInfo>),
     /// A VM moved to another daemon.
     Migrated(wisp_api::MigrateInfo),
+    /// A library of a VM replaced while it runs.
+    Updated(wisp_api::UpdateInfo),
 }
 
 /// Why the daemon could not start.
@@ -288,6 +290,7 @@ impl Daemon {
             }
             Action::RemoveVms(r) => Outcome::RemovedVms(self.remove_many(&r.vms, r.force)),
             Action::SnapshotVm { vm, body } => Outcome::Snapshot(self.snapshot(&vm, body, client, arrived)?),
+            Action::UpdateLib { vm, body } => Outcome::Updated(self.update_lib(&vm, body, client, arrived)?),
             Action::GetPool => Outcome::Pool(wisp_api::PoolInfo { group_spares: self.groups.spares(), ..self.pool.info() }),
             Action::SetPool(p) => {
                 self.pool.set_targets(&p.target)?;

@@ -3,6 +3,10 @@
 //! prints what it wrote, then the library's version and its call counter
 //! read where the library keeps it. Exits 127 if the VM was not given the
 //! library. `libhello N wait`: then sleeps an hour (for a look at it).
+//! `libhello N watch`: then calls it every 2 ms until a live update
+//! (`wisp update VM build/libs/hello2.so --replace hello`) changes its
+//! version, says what it sees then (the counter carried over, the pointer
+//! to it moved, how long the switch held the VM), and exits.
 //! `libhello poke`: writes to the library's code, which the
 //! monitor maps read-only and executable: the VM stops with a page fault.
 #![no_std]
@@ -12,6 +16,8 @@ wisp::main!(main);
 
 wisp::lib_fn!(hello, fn hello_greet(buf: *mut u8, cap: usize) -> usize);
 wisp::lib_fn!(hello, fn hello_version() -> u32);
+wisp::lib_var!(hello, hello_calls: u64);
+wisp::lib_var!(hello, hello_where: *mut u64);
 
 fn main() -> i32 {
     if wisp::env::arg(1) == Some("poke") {
@@ -32,12 +38,46 @@ fn main() -> i32 {
     }
     // SAFETY: hello_version takes nothing and returns a number.
     wisp::println!("libhello: version {}", unsafe { hello_version() });
-    let lib = wisp::lib::open("hello").expect("given the library");
-    let calls = lib.symbol("hello_calls").expect("hello_calls");
     // SAFETY: hello_calls is the library's u64 counter, mapped read-write.
-    wisp::println!("libhello: the library counted {} calls", unsafe { core::ptr::read_volatile(calls as *const u64) });
-    if wisp::env::arg(2) == Some("wait") {
-        wisp::time::sleep(core::time::Duration::from_secs(3600));
+    wisp::println!("libhello: the library counted {} calls", unsafe { core::ptr::read_volatile(hello_calls()) });
+    match wisp::env::arg(2) {
+        Some("wait") => wisp::time::sleep(core::time::Duration::from_secs(3600)),
+        Some("watch") => return watch(n as u64, &mut buf),
+        _ => {}
     }
     0
+}
+
+/// Call the library until its version changes, then say what the update
+/// carried over.
+fn watch(mut calls: u64, buf: &mut [u8]) -> i32 {
+    // SAFETY: as above.
+    let first = unsafe { hello_version() };
+    wisp::println!("libhello: watching version {}", first);
+    loop {
+        wisp::time::sleep(core::time::Duration::from_millis(2));
+        // SAFETY: as above.
+        unsafe { hello_greet(buf.as_mut_ptr(), buf.len()) };
+        calls += 1;
+        // SAFETY: as above.
+        let v = unsafe { hello_version() };
+        if v != first {
+            // SAFETY: as above (the new library's greeting).
+            let len = unsafe { hello_greet(buf.as_mut_ptr(), buf.len()) };
+            calls += 1;
+            // SAFETY: the library's counter and its pointer, read where the
+            // new library keeps them.
+            let (counted, at) = unsafe { (core::ptr::read_volatile(hello_calls()), core::ptr::read_volatile(hello_where())) };
+            wisp::print!("{}", core::str::from_utf8(&buf[..len.min(buf.len())]).unwrap_or("(not UTF-8)\n"));
+            wisp::println!(
+                "libhello: now version {} after {} calls; the library counted {}; its pointer {}; the switch held the VM {} us",
+                v,
+                calls,
+                counted,
+                if at == hello_calls() { "follows the counter" } else { "was left behind" },
+                wisp::lib::last_switch_ns() / 1000
+            );
+            return 0;
+        }
+    }
 }

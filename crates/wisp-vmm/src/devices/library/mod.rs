@@ -1,0 +1,150 @@
+//! A shared library mapped into a guest (issue 17; `docs/libraries.md`):
+//! a device with no region in RAM, in a slot of the library window
+//! (`wisp_abi::layout::LIB_BASE`). Rooms: this file (the device: its
+//! boot-info entry, its checks), `map.rs` (its slot mapped: host memory,
+//! KVM memory slot, page-directory entries), `update.rs` (live update:
+//! the window shared with the thread that serves the toolstack, and the
+//! switch at the guest's quiescent point).
+//!
+//! Not yet: a forked child (its KVM VM has no such memory slot: a call
+//! into a library from a child faults and stops it), and snapshots of a VM
+//! with libraries (refused).
+
+mod map;
+pub mod update;
+
+use std::os::fd::{AsFd, OwnedFd, RawFd};
+use std::sync::Arc;
+
+use wisp_abi::layout::{LIB_SIZE, LIB_SLOT};
+use wisp_abi::DeviceKind;
+
+use map::{slot_base, Mapping};
+
+use super::{Device, DeviceState};
+use crate::access::UserMap;
+use crate::control::Control;
+use crate::error::{Error, Result};
+use crate::library::Library;
+use crate::memory::RamView;
+
+/// Most libraries a VM maps (the window's slots).
+pub const MAX_LIBRARIES: usize = (LIB_SIZE / LIB_SLOT) as usize;
+
+/// A library to map into a VM.
+pub struct LibraryDevice {
+    name: String,
+    file: OwnedFd,
+    lib: Library,
+    /// Its slot in the window, once placed.
+    slot: Option<usize>,
+    /// Its memory, once mapped.
+    mapping: Option<Mapping>,
+}
+
+impl LibraryDevice {
+    /// Library `lib` (checked), named `name` (at most 24 bytes), whose file
+    /// (ELF bytes first) is `file`.
+    pub fn new(name: &str, file: OwnedFd, lib: Library) -> Result<LibraryDevice> {
+        if name.is_empty() || name.len() > 24 || name.contains('\0') {
+            return Err(Error::Devices(format!("library name {name:?}: 1 to 24 bytes, no NUL")));
+        }
+        Ok(LibraryDevice { name: name.to_string(), file, lib, slot: None, mapping: None })
+    }
+
+    /// The library whose file is `bytes` (ELF, then its signature trailer
+    /// if signed): copied into a sealed memfd (what is mapped is what was
+    /// checked), its signature verified, its ELF checked.
+    pub fn from_bytes(name: &str, bytes: &[u8]) -> Result<LibraryDevice> {
+        use rustix::fs::{fcntl_add_seals, memfd_create, MemfdFlags, SealFlags};
+        let (lib, _signed) = Library::read(bytes)?;
+        let io = |what| move |e: rustix::io::Errno| Error::Host(what, e.into());
+        let fd = memfd_create("wisp-library", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).map_err(io("memfd"))?;
+        let f = std::fs::File::from(fd);
+        std::io::Write::write_all(&mut &f, bytes).map_err(|e| Error::Host("copy a library", e))?;
+        fcntl_add_seals(&f, SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL).map_err(io("seal a library"))?;
+        LibraryDevice::new(name, OwnedFd::from(f), lib)
+    }
+
+    /// The library in `fd`, a sealed memfd of its file (from the daemon):
+    /// read and checked again here.
+    pub fn from_fd(name: &str, fd: OwnedFd) -> Result<LibraryDevice> {
+        let f = std::fs::File::from(fd);
+        let len = f.metadata().map_err(|e| Error::Host("a library's size", e))?.len();
+        if len > crate::library::MAX_SPAN + 4096 {
+            return Err(Error::Devices(format!("library {name}: {len} bytes")));
+        }
+        let mut bytes = vec![0u8; len as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut bytes, 0).map_err(|e| Error::Host("read a library", e))?;
+        let (lib, _signed) = Library::read(&bytes)?;
+        LibraryDevice::new(name, OwnedFd::from(f), lib)
+    }
+
+    fn guest_base(&self) -> u64 {
+        slot_base(self.slot.unwrap_or(0))
+    }
+
+    /// It goes in slot `slot` of the window (before the boot-info page is
+    /// written: its entry names its address).
+    pub(crate) fn place(&mut self, slot: usize) {
+        self.slot = Some(slot);
+    }
+
+    /// Map it for the guest in its slot (`map.rs`) of VM `vm`.
+    pub(crate) fn map(&mut self, vm: RawFd, ram: &RamView) -> Result<()> {
+        let slot = self.slot.ok_or_else(|| Error::Devices("a library not placed".into()))?;
+        if slot >= MAX_LIBRARIES {
+            return Err(Error::Devices(format!("more than {MAX_LIBRARIES} libraries")));
+        }
+        self.mapping = Some(Mapping::new(vm, ram, &self.lib, self.file.as_fd(), slot)?);
+        Ok(())
+    }
+
+    /// Its name (what the guest opens it by).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The library, checked.
+    pub fn library(&self) -> &Library {
+        &self.lib
+    }
+}
+
+impl Device for LibraryDevice {
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Library
+    }
+
+    fn region_size(&self) -> u64 {
+        0
+    }
+
+    fn params(&self) -> [u64; 5] {
+        let mut name = [0u8; 24];
+        name[..self.name.len()].copy_from_slice(self.name.as_bytes());
+        let w = |i: usize| u64::from_le_bytes(name[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        [w(0), w(1), w(2), self.guest_base(), self.lib.span]
+    }
+
+    fn activate(&mut self, _ram: RamView, _base: u64, _control: Arc<Control>, _user: &UserMap) -> std::io::Result<()> {
+        // Mapped already (`map`, with the KVM VM): nothing runs.
+        Ok(())
+    }
+
+    fn notify(&self) {}
+
+    fn on_fork_child(&mut self) {}
+
+    fn restore_state(&mut self, _state: &DeviceState) -> Result<()> {
+        Err(Error::Devices("snapshots of VMs with libraries are not supported yet".into()))
+    }
+
+    fn quiesced(&self, _f: &mut dyn FnMut()) -> Result<()> {
+        Err(Error::Devices("snapshots of VMs with libraries are not supported yet".into()))
+    }
+
+    fn as_library(&mut self) -> Option<&mut LibraryDevice> {
+        Some(self)
+    }
+}

@@ -1,0 +1,12 @@
+//! `hello2.so`: version 2.0.0 of `hello.so` (the same exports, another
+//! greeting), to replace it in a running VM: `wisp update VM
+//! build/libs/hello2.so --replace hello` (`docs/libraries.md`).
+#![no_std]
+
+/// This version's greeting.
+const GREETING: &[u8] = b"hello from hello.so v2 (call ";
+/// This version, as `hello_version` says it.
+const VERSION: u32 = 200;
+
+#[path = "../../hello/src/body.rs"]
+mod body;
