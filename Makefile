@@ -15,7 +15,7 @@ LIBS := build/libs
 RUST_LLD = $(shell rustc --print sysroot)/lib/rustlib/$(shell rustc -vV | sed -n 's/^host: //p')/bin/rust-lld
 WISP := target/release/wisp
 
-.PHONY: all deps host guest libs run test fuzz bench-boot bench-net bench-density bench-fork bench-app bench-cache bench-cdnsim bench-snapshot demo-cache demo-migrate clean
+.PHONY: all deps host guest libs run test fuzz bench-boot bench-net bench-density bench-fork bench-app bench-cache bench-cdnsim bench-snapshot bench-libs demo-cache demo-migrate clean
 N ?= 10000
 
 all: host guest libs
@@ -103,6 +103,13 @@ bench-cdnsim: host
 bench-snapshot: all
 	scripts/install-bench-deps.sh
 	python3 bench/snapshot.py --wisp $(WISP) --out bench/results/snapshot.json
+
+# Shared libraries: live update of 111 functions + 111 variables in a
+# running VM, host memory of 1,000 VMs sharing a 1 MiB library
+# (docs/libraries.md, docs/benchmarks.md).
+bench-libs: all
+	scripts/install-bench-deps.sh
+	python3 bench/libs.py --wisp $(WISP) --out bench/results/libs.json
 
 # The content cache in one command: a volume from docs/, a cache VM, curl.
 demo-cache: all

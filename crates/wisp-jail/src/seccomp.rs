@@ -229,7 +229,7 @@ fn sockets(r: &mut Rules) {
     for o in [libc::SO_TYPE as u64, libc::SO_DOMAIN as u64] {
         r.entry(libc::SYS_getsockopt).or_default().push(rule(vec![dword(1, libc::SOL_SOCKET as u64), dword(2, o)]));
     }
-    let cmds = [libc::F_GETFL, libc::F_SETFL, libc::F_GETFD, libc::F_SETFD, libc::F_DUPFD_CLOEXEC];
+    let cmds = [libc::F_GETFL, libc::F_SETFL, libc::F_GETFD, libc::F_SETFD, libc::F_DUPFD_CLOEXEC, libc::F_GET_SEALS];
     one_of(r, libc::SYS_fcntl, 1, &cmds.map(|c| c as u64));
 }
 

@@ -107,6 +107,17 @@ pub fn split(file: &[u8]) -> Result<(&[u8], Option<Signed>), Refused> {
     Ok((elf, Some(Signed { version, key })))
 }
 
+/// The ELF bytes of `file`, its trailer (if it has one that fits) cut off
+/// unverified: for a copy whose signature its sender checked (the daemon's
+/// sealed memfd: the policy is the daemon's; what the VMM process maps is
+/// still the ELF it parses itself).
+pub fn strip(file: &[u8]) -> &[u8] {
+    match file.len().checked_sub(TRAILER) {
+        Some(at) if &file[at..at + 8] == MAGIC && u64::from_le_bytes(file[at + 112..at + 120].try_into().expect("8 bytes")) == at as u64 => &file[..at],
+        _ => file,
+    }
+}
+
 /// What an image accepts of its libraries (`wisp_abi::manifest`): keys
 /// (none: unsigned libraries too) and the lowest version.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -66,18 +66,33 @@ impl LibraryDevice {
         LibraryDevice::new(name, OwnedFd::from(f), lib)
     }
 
-    /// The library in `fd`, a sealed memfd of its file (from the daemon):
-    /// read and checked again here.
+    /// The library in `fd`, a sealed memfd of its file (from the daemon,
+    /// which verified its signature against its policy): its ELF read and
+    /// checked again here (what is mapped is what this process parsed).
     pub fn from_fd(name: &str, fd: OwnedFd) -> Result<LibraryDevice> {
-        let f = std::fs::File::from(fd);
-        let len = f.metadata().map_err(|e| Error::Host("a library's size", e))?.len();
-        if len > crate::library::MAX_SPAN + 4096 {
+        use rustix::fs::{fcntl_get_seals, SealFlags};
+        use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
+        let io = |what| move |e: rustix::io::Errno| Error::Host(what, e.into());
+        // Sealed: its bytes cannot change while they are parsed and mapped.
+        let seals = fcntl_get_seals(&fd).map_err(io("a library's seals"))?;
+        if !seals.contains(SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK) {
+            return Err(Error::Devices(format!("library {name}: not a sealed copy")));
+        }
+        let len = rustix::fs::fstat(&fd).map_err(io("a library's size"))?.st_size as u64;
+        if len == 0 || len > crate::library::MAX_SPAN + 4096 {
             return Err(Error::Devices(format!("library {name}: {len} bytes")));
         }
-        let mut bytes = vec![0u8; len as usize];
-        std::os::unix::fs::FileExt::read_exact_at(&f, &mut bytes, 0).map_err(|e| Error::Host("read a library", e))?;
-        let (lib, _signed) = Library::read(&bytes)?;
-        LibraryDevice::new(name, OwnedFd::from(f), lib)
+        // Parsed where it is (mapped, not read: only the pages the parse
+        // looks at are touched, not a megabyte of code and data).
+        // SAFETY: a read-only shared mapping of the sealed memfd's `len`
+        // bytes, unmapped below; its bytes cannot change (sealed).
+        let at = unsafe { mmap(std::ptr::null_mut(), len as usize, ProtFlags::READ, MapFlags::SHARED, &fd, 0) }.map_err(io("map a library"))?;
+        // SAFETY: the mapping above, `len` readable bytes, alive until the
+        // munmap after the parse (nothing borrowed from it outlives that).
+        let lib = Library::parse(crate::library::sign::strip(unsafe { std::slice::from_raw_parts(at as *const u8, len as usize) }));
+        // SAFETY: the mapping above, no longer borrowed.
+        let _ = unsafe { munmap(at, len as usize) };
+        LibraryDevice::new(name, fd, lib?)
     }
 
     fn guest_base(&self) -> u64 {

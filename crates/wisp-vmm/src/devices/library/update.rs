@@ -12,7 +12,8 @@
 //!   thread ([`Window::switch`]) copies the old library's variables into
 //!   the new one's, puts the new library in the old one's boot-info entry
 //!   (same name), bumps the generation and returns — the guest's pause;
-//! - back on the first thread, the old library is unmapped.
+//! - back on the first thread, the answer goes out, and then the old
+//!   library is unmapped ([`Window::reap`]).
 //!
 //! A guest that reaches no such point in time leaves the update undone:
 //! the new library is unmapped again and the VM runs the old one.
@@ -63,6 +64,9 @@ struct State {
     generation: u32,
     /// In a forked child: its KVM VM is not the one mapped.
     forked: bool,
+    /// Libraries switched out, to unmap off the request's path
+    /// ([`Window::reap`]).
+    retired: Vec<LibraryDevice>,
 }
 
 struct Job {
@@ -80,7 +84,8 @@ struct Switched {
 /// What an update did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Updated {
-    /// Microseconds from the request to the old library unmapped.
+    /// Microseconds from the request to the guest switched (the old
+    /// library is unmapped after: [`Window::reap`]).
     pub total_us: u64,
     /// Microseconds the guest waited in its `library` hypercall (the
     /// switch, as the monitor timed it).
@@ -126,6 +131,7 @@ impl Window {
     /// library if this fails.
     pub fn update(&self, control: &Control, name: &str, mut new: LibraryDevice, wait: Duration) -> Result<Updated> {
         let t0 = Instant::now();
+        self.reap();
         let (entry, plan, slot) = {
             let mut st = self.state.lock().unwrap();
             if st.forked {
@@ -189,14 +195,9 @@ impl Window {
             st = self.cv.wait_timeout(st, deadline.saturating_duration_since(now).max(Duration::from_millis(1))).unwrap().0;
         };
         let quiesce = mapped.elapsed();
+        // The old library is unmapped by `reap`, after the answer.
+        st.retired.push(switched.old);
         drop(st);
-        let old_slot = switched.old.slot.unwrap_or(0);
-        if let Some(m) = switched.old.mapping {
-            m.unmap(self.vm.as_raw_fd(), &self.ram);
-        }
-        let mut st = self.state.lock().unwrap();
-        st.used[old_slot] = false;
-        st.busy = false;
         let c = switched.carried;
         Ok(Updated {
             total_us: t0.elapsed().as_micros() as u64,
@@ -206,6 +207,27 @@ impl Window {
             pointers: c.pointers,
             stale: c.stale,
         })
+    }
+
+    /// Unmap the libraries an update switched out (its last step, off the
+    /// request's path: called after the answer is sent, and before the
+    /// next update); the update is over then.
+    pub fn reap(&self) {
+        let retired = std::mem::take(&mut self.state.lock().unwrap().retired);
+        if retired.is_empty() {
+            return;
+        }
+        let slots: Vec<usize> = retired.iter().filter_map(|d| d.slot).collect();
+        for d in retired {
+            if let Some(m) = d.mapping {
+                m.unmap(self.vm.as_raw_fd(), &self.ram);
+            }
+        }
+        let mut st = self.state.lock().unwrap();
+        for s in slots {
+            st.used[s] = false;
+        }
+        st.busy = false;
     }
 
     /// The guest's `library` hypercall (on the vCPU thread, the guest at a

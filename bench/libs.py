@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Shared libraries (issue 17, item 5; KylinX §5): live update of a library
+in a running VM, and host memory of many VMs sharing one library. A private
+wispd (pool of 16 MiB shells); libraries from `make libs`.
+
+- update (KylinX's experiment: libm's 111 functions and 111 variables in
+  ~5 ms): a `libbench update` VM calls all 111 functions of `bench.so`
+  (each adds to its own variable) in rounds 1 ms apart; REPS times, the
+  library is replaced by its next version (`bench2.so`, then back to
+  `bench.so`, ...) with `POST /v1/vms/{id}/update`, client clock from the
+  request to its answer (sent once the guest switched and the old library
+  is unmapped): `update_ms`. The guest measures its own pause — its
+  `library` hypercall, in which the monitor carries the 111 variables over
+  and switches the entry — and checks that every variable was carried
+  (`update_pause_us`, the guest's clock; the monitor's own figure for the
+  switch is `held_us`). Also: the VMM process's figure (`vmm_update_ms`)
+  and the wait for the guest's quiescent point (`quiesce_us`).
+- memory: N VMs (default 1,000) of `libbench touch` each map `bench.so`
+  (1 MiB table, every page read by the guest); host memory is the sum of
+  their VMM processes' proportional set sizes (PSS: a page shared by k
+  processes counts 1/k in each) once every VM has answered (each answer
+  comes once its guest touched the table: `wait_line`); the drop of
+  MemAvailable over the same span is kept beside it (noisier: the host's
+  page cache moves too). Against:
+  N `libbench idle` VMs without the library (the VMs' own pages), and N
+  `bigstatic` VMs with the same 1 MiB table linked into the image
+  ("statically linked"). `shared_lib_mem_ratio` = shared / (own pages +
+  one copy of the library's file); `static_vs_shared` = static / shared.
+
+Recycling (issue 17, item 3) is not built yet: `recycle_vs_warm_boot` is
+absent.
+
+    python3 bench/libs.py --wisp target/release/wisp --out bench/results/libs.json
+"""
+
+import json
+import os
+import re
+import sys
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+sys.path.insert(0, BENCH)
+import common  # noqa: E402
+import wispapi  # noqa: E402
+
+log = common.log
+LIBS = os.path.join(ROOT, "build", "libs")
+POOL = 4
+
+
+def meminfo(key):
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def lines(api, vm_id):
+    """The VM's console, line by line, as it comes."""
+    buf = b""
+    for chunk in api.stream("/v1/vms/%s/logs?follow=true" % vm_id):
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            yield line.decode(errors="replace")
+
+
+def updates(d, reps):
+    api, logs = d.api(), d.api()
+    status, vm = api.call("POST", "/v1/vms?wait_line=true", {"image": "libbench", "args": ["update"], "libs": [os.path.join(LIBS, "bench.so")]})
+    if status != 201:
+        raise RuntimeError("libbench: %d %s" % (status, vm))
+    console = lines(logs, vm["id"])
+    next(line for line in console if line.startswith("libbench: version"))
+    rows = []
+    for i in range(reps):
+        lib = "bench2.so" if i % 2 == 0 else "bench.so"
+        t0 = wispapi.now_ns()
+        status, r = api.call("POST", "/v1/vms/%s/update" % vm["id"], {"path": os.path.join(LIBS, lib), "replace": "bench"})
+        t1 = wispapi.now_ns()
+        if status != 200:
+            raise RuntimeError("update %d: %d %s" % (i, status, r))
+        line = next(line for line in console if line.startswith("libbench: version"))
+        m = re.match(r"libbench: version (\d+) carried=(\w+) held_ns=(\d+)", line)
+        if not m or m.group(2) != "all":
+            raise RuntimeError("update %d: the guest says %r" % (i, line))
+        rows.append({"update_ms": (t1 - t0) / 1e6, "daemon_ms": r["took_us"] / 1e3, "vmm_update_ms": r["update_us"] / 1e3, "held_us": r["held_us"],
+                     "quiesce_us": r["quiesce_us"], "update_pause_us": int(m.group(3)) / 1e3, "variables": r["variables"]})
+        time.sleep(0.02)
+    api.call("DELETE", "/v1/vms/%s?force=true" % vm["id"])
+    return rows
+
+
+def pss(pid):
+    """Proportional set size of process `pid` (bytes): its private pages,
+    and each shared page divided among the processes mapping it."""
+    with open("/proc/%d/smaps_rollup" % pid) as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def memory(d, n, body):
+    """Host memory taken by N VMs of `body` (each answered once its first
+    line is out): the sum of their VMM processes' PSS, and the drop of
+    MemAvailable (bytes)."""
+    api = d.api()
+    d.wait_pool(api, POOL)
+    time.sleep(1)
+    before = meminfo("MemAvailable")
+    for i in range(n):
+        status, vm = api.call("POST", "/v1/vms?wait_line=true", body)
+        if status != 201:
+            raise RuntimeError("VM %d of %s: %d %s" % (i, body["image"], status, vm))
+    d.wait_pool(api, POOL)
+    time.sleep(1)
+    taken = before - meminfo("MemAvailable")
+    _, vms = api.call("GET", "/v1/vms")
+    total = sum(pss(v["pid"]) for v in vms)
+    secs, failed = d.remove_all()
+    if failed:
+        raise RuntimeError("%d VMs not removed" % failed)
+    return total, taken
+
+
+def plot(doc, png):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    u = doc["update"]
+    a.bar(["update (client)", "VMM process", "guest paused"],
+          [u["update_ms"]["median"], u["vmm_update_ms"]["median"], u["update_pause_us"]["median"] / 1e3])
+    a.axhline(5, color="r", ls="--", label="KylinX: 5 ms")
+    a.set_ylabel("ms (median)")
+    a.set_title("live update, 111 functions + 111 variables")
+    a.legend()
+    m = doc["memory"]
+    b.bar(["own pages", "shared library", "statically linked"], [m["own_mib"], m["shared_mib"], m["static_mib"]])
+    b.set_ylabel("MiB for %d VMs" % m["vms"])
+    b.set_title("host memory, 1 MiB library")
+    fig.suptitle(doc["machine"].get("cpu", ""), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+
+
+def main():
+    def extra(ap):
+        ap.add_argument("--wisp", default=os.path.join(ROOT, "target/release/wisp"))
+        ap.add_argument("--reps", type=int, default=31)
+        ap.add_argument("--vms", type=int, default=1000)
+    args = common.bench_args(__doc__, os.path.join(ROOT, "bench/results/libs.json"), plot, extra)
+    if args is None:
+        return
+    wispd = os.path.join(os.path.dirname(os.path.abspath(args.wisp)), "wispd")
+    n = args.vms
+    d = wispapi.Daemon(wispd, os.path.join(ROOT, "build", "images"), pool="16M=%d" % POOL,
+                       extra=["--max-vms", str(n + 10), "--max-guest-memory", "%dM" % (16 * (n + 10))])
+    try:
+        rows = updates(d, args.reps)
+        u = {k: common.summary([r[k] for r in rows]) for k in rows[0] if k != "variables"}
+        log("[libs] update: %.3f ms (VMM %.3f ms), guest paused %.1f us (monitor %.1f us), %d variables" % (
+            u["update_ms"]["median"], u["vmm_update_ms"]["median"], u["update_pause_us"]["median"], u["held_us"]["median"], rows[0]["variables"]))
+        lib = os.path.join(LIBS, "bench.so")
+        (own, own_avail) = memory(d, n, {"image": "libbench", "args": ["idle"]})
+        (shared, shared_avail) = memory(d, n, {"image": "libbench", "args": ["touch"], "libs": [lib]})
+        (static, static_avail) = memory(d, n, {"image": "bigstatic"})
+    finally:
+        d.stop()
+    copy = os.path.getsize(lib)
+    mib = lambda b: round(b / 2**20, 1)  # noqa: E731
+    mem = {"vms": n, "own_mib": mib(own), "shared_mib": mib(shared), "static_mib": mib(static), "library_bytes": copy,
+           "shared_per_vm_kib": round((shared - own) / n / 1024, 2), "static_per_vm_kib": round((static - own) / n / 1024, 2),
+           "memavailable_drop_mib": {"own": mib(own_avail), "shared": mib(shared_avail), "static": mib(static_avail)}}
+    log("[libs] memory of %d VMs: own %.1f MiB, sharing the library %.1f MiB, statically linked %.1f MiB" % (n, mem["own_mib"], mem["shared_mib"], mem["static_mib"]))
+    doc = {
+        "what": "live update of a 111-function, 111-variable library in a running VM; host memory of VMs sharing a 1 MiB library",
+        "method": __doc__.strip(),
+        "reps": args.reps,
+        "update": u,
+        "variables": rows[0]["variables"],
+        "memory": mem,
+        "ratios": {
+            "update_ms": u["update_ms"]["median"],
+            "update_pause_us": u["update_pause_us"]["median"],
+            "shared_lib_mem_ratio": round(shared / (own + copy), 4),
+            "static_vs_shared": round(static / shared, 3),
+        },
+        "ratios_note": "update_ms: client clock, request to answer (the old library unmapped); update_pause_us: the guest's"
+                       " own clock around its library hypercall; shared_lib_mem_ratio: the memory of N VMs mapping the"
+                       " library over their own pages plus one copy of it; recycle_vs_warm_boot: not built yet",
+        "targets": {"update_ms": 1, "update_pause_us": 100, "shared_lib_mem_ratio": 1.1, "kylinx_update_ms": 5},
+        "machine": common.machine_info(),
+    }
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    common.draw(plot, doc, args.png, __file__, args.out)
+    log(json.dumps(doc["ratios"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
