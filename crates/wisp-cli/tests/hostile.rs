@@ -35,7 +35,7 @@ const CASES: &[(&str, &str)] = &[
     ("stdio-bad-op", "bad hypercall stdio: unknown operation 9"),
     ("console-wrap", "outside guest RAM"),
     ("args-oob", "argument block at 0xfffffff0"),
-    ("unknown-hypercall", "unknown hypercall 9"),
+    ("unknown-hypercall", "unknown hypercall 12"),
     ("byte-hypercall", "1-byte out"),
     ("family-oob", "bad hypercall family: argument block at 0xfffffff0"),
     ("fork-oob", "bad hypercall fork: argument block at 0xfffffff0"),
@@ -43,6 +43,7 @@ const CASES: &[(&str, &str)] = &[
     // forbid them to it; the monitor must not write or read them for it).
     ("clock-into-stubs", "bad hypercall clock: argument block at 0x4000 (16 bytes) is not in memory the guest may write"),
     ("idle-into-page-tables", "bad hypercall idle: argument block at 0x6000 (16 bytes) is not in memory the guest may write"),
+    ("library-into-page-tables", "bad hypercall library: argument block at 0x6000 (16 bytes) is not in memory the guest may write"),
     ("console-from-gdt", "bad hypercall console_write: buffer 0x2000+0x40 is not in memory the guest may read"),
     ("console-block-in-code", "is not in memory the guest may write"),
 ];

@@ -90,7 +90,9 @@ pub fn main() -> i32 {
             asm!("out dx, eax", in("dx") Hypercall::ConsoleWrite.port(), in("eax") 0xffff_fff0u32);
         },
         "unknown-hypercall" => unsafe {
-            asm!("out dx, eax", in("dx") wisp::abi::HYPERCALL_PORT_BASE + 9, in("eax") 0u32);
+            // The last port of the hypercall window a 4-byte `out` may use
+            // (its 4 ports inside the window): no hypercall there.
+            asm!("out dx, eax", in("dx") wisp::abi::HYPERCALL_PORT_BASE + wisp::abi::HYPERCALL_PORT_COUNT - 4, in("eax") 0u32);
         },
         "family-oob" => unsafe {
             asm!("out dx, eax", in("dx") Hypercall::Family.port(), in("eax") 0xffff_fff0u32);
@@ -106,6 +108,9 @@ pub fn main() -> i32 {
         }
         "idle-into-page-tables" => unsafe {
             asm!("out dx, eax", in("dx") Hypercall::Idle.port(), in("eax") 0x6000u32);
+        },
+        "library-into-page-tables" => unsafe {
+            asm!("out dx, eax", in("dx") Hypercall::Library.port(), in("eax") 0x6000u32);
         },
         "console-from-gdt" => {
             let mut a = args::ConsoleWrite { data: 0x2000, len: 64, ret: 0 };
