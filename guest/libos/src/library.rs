@@ -17,7 +17,7 @@
 //! the entry. Addresses looked up in an older generation of `lib_state` are
 //! stale: `lib_fn!` and `lib_var!` look theirs up again.
 
-use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use wisp_abi::bootinfo::{BootInfo, DeviceKind};
 use wisp_abi::layout::{BOOT_INFO, LIB_BASE, LIB_SIZE};
@@ -55,8 +55,7 @@ pub fn quiescent() {
 /// Nanoseconds the last live update held this VM (its whole `library`
 /// hypercall, as the guest's own clock saw it; 0: none yet).
 pub fn last_switch_ns() -> u64 {
-    let hz = crate::env::boot_info().tsc_hz.max(1);
-    (LAST_SWITCH.load(Ordering::Relaxed) as u128 * 1_000_000_000 / hz as u128) as u64
+    crate::time::ticks_ns(LAST_SWITCH.load(Ordering::Relaxed))
 }
 
 /// A library call begins (for [`crate::lib_fn!`]): an update waiting is
@@ -125,6 +124,38 @@ pub fn resolve(lib: &str, symbol: &str) -> usize {
     }
 }
 
+/// A symbol's address as `lib_fn!` and `lib_var!` keep it: looked up on
+/// first use, and again once a live update changed the generation.
+pub struct Binding {
+    at: AtomicUsize,
+    generation: AtomicU32,
+}
+
+impl Binding {
+    /// Not bound yet.
+    pub const fn new() -> Binding {
+        Binding { at: AtomicUsize::new(0), generation: AtomicU32::new(0) }
+    }
+
+    /// The address of `symbol` of library `lib` (see [`resolve`]).
+    pub fn get(&self, lib: &str, symbol: &str) -> usize {
+        let generation = generation();
+        let mut at = self.at.load(Ordering::Relaxed);
+        if at == 0 || self.generation.load(Ordering::Relaxed) != generation {
+            at = resolve(lib, symbol);
+            self.at.store(at, Ordering::Relaxed);
+            self.generation.store(generation, Ordering::Relaxed);
+        }
+        at
+    }
+}
+
+impl Default for Binding {
+    fn default() -> Binding {
+        Binding::new()
+    }
+}
+
 /// Declare a function of a shared library, bound on its first call: the
 /// address is looked up then (`wisp::lib::resolve`) and kept; later calls
 /// go straight to it. The function is `unsafe` to call: the library's code
@@ -134,17 +165,9 @@ macro_rules! lib_fn {
     ($lib:ident, fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?) => {
         #[allow(non_snake_case)]
         unsafe fn $name($($arg: $ty),*) $(-> $ret)? {
-            use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering::Relaxed};
-            static SLOT: AtomicUsize = AtomicUsize::new(0);
-            static GENERATION: AtomicU32 = AtomicU32::new(0);
+            static BINDING: $crate::lib::Binding = $crate::lib::Binding::new();
             $crate::lib::enter();
-            let generation = $crate::lib::generation();
-            let mut at = SLOT.load(Relaxed);
-            if at == 0 || GENERATION.load(Relaxed) != generation {
-                at = $crate::lib::resolve(stringify!($lib), stringify!($name));
-                SLOT.store(at, Relaxed);
-                GENERATION.store(generation, Relaxed);
-            }
+            let at = BINDING.get(stringify!($lib), stringify!($name));
             // SAFETY: the caller's (see the macro's documentation).
             let f: extern "C" fn($($ty),*) $(-> $ret)? = unsafe { core::mem::transmute(at) };
             let r = f($($arg),*);
@@ -163,17 +186,8 @@ macro_rules! lib_var {
     ($lib:ident, $name:ident: $ty:ty) => {
         #[allow(non_snake_case)]
         fn $name() -> *mut $ty {
-            use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering::Relaxed};
-            static SLOT: AtomicUsize = AtomicUsize::new(0);
-            static GENERATION: AtomicU32 = AtomicU32::new(0);
-            let generation = $crate::lib::generation();
-            let mut at = SLOT.load(Relaxed);
-            if at == 0 || GENERATION.load(Relaxed) != generation {
-                at = $crate::lib::resolve(stringify!($lib), stringify!($name));
-                SLOT.store(at, Relaxed);
-                GENERATION.store(generation, Relaxed);
-            }
-            at as *mut $ty
+            static BINDING: $crate::lib::Binding = $crate::lib::Binding::new();
+            BINDING.get(stringify!($lib), stringify!($name)) as *mut $ty
         }
     };
 }

@@ -18,8 +18,12 @@ pub fn monotonic_ns() -> u64 {
     if info.tsc_hz == 0 {
         return crate::hypercall::clock().0;
     }
-    let ticks = rdtsc().wrapping_sub(info.boot_tsc);
-    (ticks as u128 * 1_000_000_000 / info.tsc_hz as u128) as u64
+    ticks_ns(rdtsc().wrapping_sub(info.boot_tsc))
+}
+
+/// Nanoseconds `ticks` of the TSC take (at the boot-info page's frequency).
+pub fn ticks_ns(ticks: u64) -> u64 {
+    (ticks as u128 * 1_000_000_000 / crate::env::boot_info().tsc_hz.max(1) as u128) as u64
 }
 
 /// Wall-clock time: nanoseconds since the Unix epoch.

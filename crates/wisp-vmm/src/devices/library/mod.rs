@@ -114,16 +114,6 @@ impl LibraryDevice {
         self.mapping = Some(Mapping::new(vm, ram, &self.lib, self.file.as_fd(), slot)?);
         Ok(())
     }
-
-    /// Its name (what the guest opens it by).
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The library, checked.
-    pub fn library(&self) -> &Library {
-        &self.lib
-    }
 }
 
 impl Device for LibraryDevice {

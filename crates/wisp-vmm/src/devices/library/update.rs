@@ -48,7 +48,6 @@ struct Entry {
     index: usize,
     name: String,
     lib: crate::library::Library,
-    slot: usize,
 }
 
 #[derive(Default)]
@@ -107,9 +106,8 @@ impl Window {
         let mut st = State::default();
         for index in 0..devices.len() {
             if let Some(d) = devices.library_at(index) {
-                let slot = d.slot.unwrap_or(0);
-                st.used[slot] = true;
-                st.entries.push(Entry { index, name: d.name.clone(), lib: d.lib.clone(), slot });
+                st.used[d.slot.unwrap_or(0)] = true;
+                st.entries.push(Entry { index, name: d.name.clone(), lib: d.lib.clone() });
             }
         }
         Ok(Window { vm, ram, state: Mutex::new(st), cv: Condvar::new() })
@@ -250,9 +248,7 @@ impl Window {
             (Some(o), Some(n)) => job.plan.carry(o.bytes(), ob, n.bytes_mut(), nb),
             _ => Carried::default(),
         };
-        let entry = &mut st.entries[job.entry];
-        entry.lib = job.device.lib.clone();
-        entry.slot = job.device.slot.unwrap_or(0);
+        st.entries[job.entry].lib = job.device.lib.clone();
         let old = std::mem::replace(old, job.device);
         if let Some(desc) = devices.entry(index) {
             let at = BOOT_INFO + std::mem::offset_of!(BootInfo, devices) as u64 + (index * size_of::<DeviceDesc>()) as u64;
