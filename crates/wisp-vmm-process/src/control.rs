@@ -364,10 +364,6 @@ fn serve_request(shared: &Arc<Shared>, conn: UnixStream, park_waits: bool) -> Op
         Request::Snapshot { incremental, pause } => send_line(&reply_conn, &snapshot(shared, fds, incremental, pause), None),
         Request::UpdateLib { name, wait_ms } => {
             let r = send_line(&reply_conn, &update_lib(shared, fds, &name, wait_ms), None);
-            // The old library unmapped once the answer is out.
-            if let Some(c) = shared.state.lock().unwrap().control.clone() {
-                c.reap_libraries();
-            }
             r
         }
         req => serve(shared, reply_conn, req),

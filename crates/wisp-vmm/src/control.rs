@@ -98,13 +98,6 @@ impl Control {
         let _ = self.libraries.set(w);
     }
 
-    /// Unmap what the last live update switched out (after its answer).
-    pub fn reap_libraries(&self) {
-        if let Some(w) = self.libraries.get() {
-            w.reap();
-        }
-    }
-
     /// Replace the VM's library named `name` by `new` while it runs (live
     /// update; `devices::library::update`), waiting at most `wait` for the
     /// guest to reach a point where it runs no library code.

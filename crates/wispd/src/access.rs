@@ -197,8 +197,36 @@ pub fn create_as(peer: &Peer, path: &Path) -> io::Result<std::fs::File> {
     open_as_with(peer, path, o)
 }
 
+/// Whether `peer`'s file-system identity is the daemon's own: its user,
+/// its group and its supplementary groups (as sets).
+fn is_ours(peer: &Peer) -> bool {
+    // SAFETY: these calls only read this process's credentials.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    if peer.uid != uid || peer.gid != gid {
+        return false;
+    }
+    let mut ours = vec![0 as libc::gid_t; 256];
+    // SAFETY: `ours` has room for 256 groups, as the call is told.
+    let n = unsafe { libc::getgroups(ours.len() as i32, ours.as_mut_ptr()) };
+    if n < 0 {
+        return false;
+    }
+    ours.truncate(n as usize);
+    let (mut a, mut b) = (ours, peer.groups.clone());
+    a.sort_unstable();
+    a.dedup();
+    b.sort_unstable();
+    b.dedup();
+    a == b
+}
+
 /// [`open_as`] with the open's options.
 fn open_as_with(peer: &Peer, path: &Path, options: std::fs::OpenOptions) -> io::Result<std::fs::File> {
+    // A client with the daemon's own credentials: the open is the same on
+    // this thread (no thread to take them on, ~0.2 ms of a request).
+    if is_ours(peer) {
+        return options.open(path);
+    }
     let (uid, gid, groups, path) = (peer.uid, peer.gid, peer.groups.clone(), path.to_path_buf());
     std::thread::scope(|s| {
         s.spawn(move || {
@@ -262,5 +290,9 @@ mod tests {
         let me = peer(a.as_fd()).unwrap();
         assert_eq!((me.uid, me.gid), (rustix::process::geteuid().as_raw(), rustix::process::getegid().as_raw()));
         assert_eq!(me.pid as u32, std::process::id());
+        // Ours: opened on the calling thread; anyone else's differ.
+        assert!(is_ours(&me));
+        assert!(!is_ours(&Peer { uid: me.uid.wrapping_add(1), ..me.clone() }));
+        assert!(!is_ours(&Peer { groups: vec![4242], ..me.clone() }) || me.groups == [4242]);
     }
 }

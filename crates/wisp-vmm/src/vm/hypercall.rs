@@ -135,6 +135,9 @@ impl Vm {
     /// Block the vCPU thread until `wait` passes or its bell rings. Uses no
     /// CPU meanwhile. Returns the pending event bits.
     fn park(&self, wait: Duration) -> u64 {
+        if let Some(w) = self.devices.window() {
+            w.reap_at_park();
+        }
         let bell = self.control.bell();
         let seq = bell.seq.load(Ordering::Acquire);
         let pending = self.control.take_events();

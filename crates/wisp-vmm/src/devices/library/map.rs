@@ -134,6 +134,18 @@ impl Mapping {
             // by `Library::parse`), inside the slot.
             self.bytes_mut()[off as usize..off as usize + 8].copy_from_slice(&(base + k).to_le_bytes());
         }
+        // Every page of the writable segments made this mapping's own now
+        // (copied from the file, or allocated for `.bss`): a live update
+        // then writes the variables it carries over into pages that are
+        // there already, while the guest waits, rather than fault each in.
+        for s in lib.segments.iter().filter(|s| s.write) {
+            let start = s.vaddr & !(PAGE_SIZE - 1);
+            for page in (start..s.vaddr + s.mem_size).step_by(PAGE_SIZE as usize) {
+                let b = &mut self.bytes_mut()[page as usize];
+                // SAFETY: a byte of this mapping, written back as it is.
+                unsafe { std::ptr::write_volatile(b, std::ptr::read_volatile(b)) };
+            }
+        }
         Ok(())
     }
 

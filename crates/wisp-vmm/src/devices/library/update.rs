@@ -12,13 +12,15 @@
 //!   thread ([`Window::switch`]) copies the old library's variables into
 //!   the new one's, puts the new library in the old one's boot-info entry
 //!   (same name), bumps the generation and returns — the guest's pause;
-//! - back on the first thread, the answer goes out, and then the old
-//!   library is unmapped ([`Window::reap`]).
+//! - back on the first thread, the answer goes out; the old library is
+//!   unmapped when the guest next idles, or before the next update
+//!   ([`Window::reap`]).
 //!
 //! A guest that reaches no such point in time leaves the update undone:
 //! the new library is unmapped again and the VM runs the old one.
 
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -40,6 +42,8 @@ pub struct Window {
     ram: RamView,
     state: Mutex<State>,
     cv: Condvar,
+    /// `State::retired` holds libraries (read without the lock at each park).
+    retired: AtomicBool,
 }
 
 /// A library mapped, as the window knows it.
@@ -84,7 +88,7 @@ struct Switched {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Updated {
     /// Microseconds from the request to the guest switched (the old
-    /// library is unmapped after: [`Window::reap`]).
+    /// library is unmapped later: [`Window::reap`]).
     pub total_us: u64,
     /// Microseconds the guest waited in its `library` hypercall (the
     /// switch, as the monitor timed it).
@@ -110,7 +114,7 @@ impl Window {
                 st.entries.push(Entry { index, name: d.name.clone(), lib: d.lib.clone() });
             }
         }
-        Ok(Window { vm, ram, state: Mutex::new(st), cv: Condvar::new() })
+        Ok(Window { vm, ram, state: Mutex::new(st), cv: Condvar::new(), retired: AtomicBool::new(false) })
     }
 
     /// In a forked child: updates are refused (the child's KVM VM is
@@ -193,8 +197,9 @@ impl Window {
             st = self.cv.wait_timeout(st, deadline.saturating_duration_since(now).max(Duration::from_millis(1))).unwrap().0;
         };
         let quiesce = mapped.elapsed();
-        // The old library is unmapped by `reap`, after the answer.
+        // The old library is unmapped by `reap`, off the request's path.
         st.retired.push(switched.old);
+        self.retired.store(true, Ordering::Release);
         drop(st);
         let c = switched.carried;
         Ok(Updated {
@@ -208,9 +213,16 @@ impl Window {
     }
 
     /// Unmap the libraries an update switched out (its last step, off the
-    /// request's path: called after the answer is sent, and before the
-    /// next update); the update is over then.
+    /// request's path); the update is over then. Deleting a KVM memory
+    /// slot stalls a vCPU that runs the guest meanwhile (on this host by
+    /// about as much as the switch itself): so it is done where the vCPU
+    /// is out of the guest anyway — by the vCPU thread as it parks
+    /// ([`Window::reap_at_park`]) — or, for a guest that never idles,
+    /// before the next update.
     pub fn reap(&self) {
+        if !self.retired.swap(false, Ordering::AcqRel) {
+            return;
+        }
         let retired = std::mem::take(&mut self.state.lock().unwrap().retired);
         if retired.is_empty() {
             return;
@@ -226,6 +238,14 @@ impl Window {
             st.used[s] = false;
         }
         st.busy = false;
+    }
+
+    /// The vCPU thread is about to park (the guest idles): unmap what an
+    /// update switched out, if anything.
+    pub(crate) fn reap_at_park(&self) {
+        if self.retired.load(Ordering::Acquire) {
+            self.reap();
+        }
     }
 
     /// The guest's `library` hypercall (on the vCPU thread, the guest at a
