@@ -33,6 +33,7 @@ pub mod bootinfo;
 pub mod data;
 pub mod family;
 pub mod layout;
+pub mod libpolicy;
 pub mod manifest;
 pub mod net;
 
@@ -239,6 +240,8 @@ pub mod errno {
 pub const NOTE_NAME: &[u8; 5] = b"wisp\0";
 /// ELF note type of the ABI note.
 pub const NOTE_TYPE_ABI: u32 = 0x5749_5350; // "WISP"
+/// ELF note type of an image's library policy ([`libpolicy::LibPolicy`]).
+pub const NOTE_TYPE_LIBS: u32 = 0x5749_534c; // "WISL"
 
 #[cfg(test)]
 mod tests {

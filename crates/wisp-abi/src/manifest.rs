@@ -162,6 +162,12 @@ impl ImageNote {
         self
     }
 
+    /// Needs shared library `name` (a library given under that name: its
+    /// file's stem; `docs/libraries.md`).
+    pub const fn library(self, name: &str) -> ImageNote {
+        self.device(DeviceKind::Library, name, true)
+    }
+
     /// Also uses a NIC named `net0` (the first in the boot-info table).
     pub const fn nic(self, required: bool) -> ImageNote {
         self.device(DeviceKind::Net, "net0", required)

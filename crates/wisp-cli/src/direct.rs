@@ -91,6 +91,17 @@ pub fn inspect(image: &str) -> Result<u8, String> {
         })
         .collect();
     println!("devices:   {}", if devices.is_empty() { "none".to_string() } else { devices.join(", ") });
+    if let Some(p) = &img.lib_policy {
+        use wisp_abi::libpolicy::loader;
+        let keys: Vec<String> = p.keys().iter().map(|k| k.iter().take(8).map(|b| format!("{b:02x}")).collect::<String>() + "…").collect();
+        let from: Vec<&str> = [(loader::NAMED, "named"), (loader::CREATOR, "creator"), (loader::UPDATE, "update")].iter().filter(|(b, _)| p.loaders & b != 0).map(|(_, n)| *n).collect();
+        let [major, minor, patch, _] = p.min_version;
+        println!(
+            "libraries: signed by {}; version {major}.{minor}.{patch} or newer; from: {}",
+            if keys.is_empty() { "anyone (or unsigned)".to_string() } else { keys.join(", ") },
+            if from.is_empty() { "nobody".to_string() } else { from.join(", ") }
+        );
+    }
     if let Some(n) = img.relocated {
         println!("placed:    position-independent, at {:#x} ({n} relocations)", wisp_abi::layout::IMAGE_BASE);
     }

@@ -150,6 +150,17 @@ fn a_library_is_replaced_in_a_running_vm_with_its_state() {
     assert!(!o.status.success() && text(&o).contains("the VM maps no library named other (it maps: hello)"), "{}", text(&o));
     let o = d.wisp(&["update", "--replace", "hello", "watcher", &built("bench.so")]);
     assert!(!o.status.success() && text(&o).contains("not binary-compatible with the library it replaces: the new library has no hello_"), "{}", text(&o));
+    // The image's policy takes version 1.0.0 or newer: an older one is
+    // refused before it is mapped (signed with the test key, so wispd
+    // takes the file; the VMM process checks the policy).
+    let old = dir.join("hello-old.so");
+    let b = std::fs::read(&lib).unwrap();
+    std::fs::write(dir.join("hello.unsigned"), &b[..b.len() - 120]).unwrap();
+    let key = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guest/libs/test.key");
+    let o = wisp(&["lib", "sign", "--key", key.to_str().unwrap(), "--version", "0.9.0", "--out", old.to_str().unwrap(), dir.join("hello.unsigned").to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = d.wisp(&["update", "--replace", "hello", "watcher", old.to_str().unwrap()]);
+    assert!(!o.status.success() && text(&o).contains("version 0.9.0 is older than the 1.0.0 the image takes"), "{}", text(&o));
     // A paused VM reaches no quiescent point: refused at once.
     assert!(d.wisp(&["pause", "watcher"]).status.success());
     let o = d.wisp(&["update", "--replace", "hello", "watcher", &lib2]);
@@ -173,5 +184,42 @@ fn a_library_is_replaced_in_a_running_vm_with_its_state() {
     // The old library's memory is gone from the VMM process: one library
     // mapping left (the pid is the VM's, gone now: checked by the counts).
     assert!(d.wisp(&["rm", "-f", "--all"]).status.success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_image_takes_only_the_libraries_its_policy_names() {
+    // libhello's policy: signed with the repository's test key, 1.0.0 or
+    // newer, only the library it names (`wisp inspect` shows it).
+    let o = wisp(&["inspect", "libhello"]);
+    assert!(text(&o).contains("libraries: signed by ea4a6c63e29c520a…; version 1.0.0 or newer; from: named, update"), "{}", text(&o));
+    let dir = common::fresh_dir("libs-policy");
+    let b = std::fs::read(bundled_path()).unwrap();
+    let unsigned = dir.join("hello.so");
+    std::fs::write(&unsigned, &b[..b.len() - 120]).unwrap();
+    let sign = |key: &std::path::Path, version: &str, out: &str| {
+        let out = dir.join(out).join("hello.so");
+        std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+        let o = wisp(&["lib", "sign", "--key", key.to_str().unwrap(), "--version", version, "--out", out.to_str().unwrap(), unsigned.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", text(&o));
+        out.display().to_string()
+    };
+    let test_key = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guest/libs/test.key");
+    let other_key = dir.join("other.key");
+    assert!(wisp(&["lib", "keygen", other_key.to_str().unwrap()]).status.success());
+    let cases = [
+        (unsigned.display().to_string(), "it is not signed, and the image takes signed libraries only"),
+        (sign(&other_key, "1.0.0", "other"), "which the image does not trust"),
+        (sign(&test_key, "0.9.0", "old"), "version 0.9.0 is older than the 1.0.0 the image takes"),
+        (built("bench.so"), "the image takes only the libraries it names (hello), not bench"),
+    ];
+    for (lib, why) in &cases {
+        let o = run_direct(&["run", "--lib", lib, "libhello", "--", "1"]);
+        assert!(!o.status.success() && text(&o).contains(why), "{lib}: {}", text(&o));
+        assert!(!text(&o).contains("hello from"), "{lib}: ran: {}", text(&o));
+    }
+    // What it takes: the same bytes signed 1.0.0 with the test key.
+    let o = run_direct(&["run", "--lib", &sign(&test_key, "1.0.0", "good"), "libhello", "--", "1"]);
+    assert!(o.status.success() && text(&o).contains("hello from hello.so (call 1)"), "{}", text(&o));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -130,6 +130,7 @@ mod tests {
             segments: vec![seg(IMAGE_BASE, 3 * PAGE_SIZE, PF_R | PF_X), seg(IMAGE_BASE + 0x3000, 1 << 20, PF_R | PF_W)],
             abi_version: wisp_abi::ABI_VERSION,
             manifest: wisp_abi::manifest::ImageNote::new(),
+            lib_policy: None,
             file: None,
             relocated: None,
         };

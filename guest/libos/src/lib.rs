@@ -73,6 +73,7 @@ pub use wisp_abi as abi;
 pub use wisp_abi::features;
 /// The image manifest [`main!`] takes (`wisp_abi::manifest`).
 pub use wisp_abi::ImageNote as Manifest;
+pub use wisp_abi::libpolicy::{loader, LibPolicy};
 
 /// Declare the application's entry point — a function taking no arguments
 /// and returning `()`, an `i32` exit code or `Result<(), E: Display>`
@@ -97,5 +98,23 @@ macro_rules! main {
         #[link_section = ".note.wisp"]
         static __WISP_NOTE: $crate::abi::manifest::Note =
             $crate::abi::manifest::Note::new(($manifest).features($crate::features::STDIO));
+    };
+}
+
+/// The image's policy for the shared libraries it may be given (a `const`
+/// [`LibPolicy`]: signers trusted, lowest version, who may supply one —
+/// `docs/libraries.md` "Restrictions"), in a second ELF note the monitor
+/// checks every library against before it maps one. Without it, any
+/// library from anyone.
+///
+/// ```ignore
+/// wisp::lib_policy!(wisp::LibPolicy::new().key("ea4a…").min_version(1, 0, 0).loaders(wisp::loader::NAMED));
+/// ```
+#[macro_export]
+macro_rules! lib_policy {
+    ($policy:expr) => {
+        #[used]
+        #[link_section = ".note.wisp"]
+        static __WISP_LIB_POLICY: $crate::abi::libpolicy::PolicyNote = $crate::abi::libpolicy::PolicyNote::new($policy);
     };
 }

@@ -19,7 +19,10 @@ pub mod net;
 use std::sync::Arc;
 
 use wisp_abi::layout::{align_up, PAGE_SIZE};
+use wisp_abi::libpolicy::LibPolicy;
 use wisp_abi::manifest::ImageNote;
+
+use crate::library::restrict::Loader;
 use wisp_abi::{BootInfo, DeviceDesc, DeviceKind};
 
 use crate::access::UserMap;
@@ -101,6 +104,8 @@ pub struct Devices {
     list: Vec<(Box<dyn Device>, u64)>,
     /// The library window, if the VM maps libraries (live updates).
     window: Option<Arc<library::update::Window>>,
+    /// The image's manifest and library policy, once checked.
+    image: Option<(ImageNote, Option<LibPolicy>)>,
 }
 
 impl Devices {
@@ -113,7 +118,7 @@ impl Devices {
                 wisp_abi::bootinfo::MAX_DEVICES
             )));
         }
-        Ok(Devices { list: devices.into_iter().map(|d| (d, 0)).collect(), window: None })
+        Ok(Devices { list: devices.into_iter().map(|d| (d, 0)).collect(), window: None, image: None })
     }
 
     /// Number of devices.
@@ -166,9 +171,12 @@ impl Devices {
 
     /// Refuse an image whose manifest needs a device kind this monitor
     /// does not know, or a required device the run does not attach
-    /// (matched by kind, in order).
-    pub(crate) fn check_manifest(&self, note: &ImageNote) -> Result<()> {
-        let mut offered: Vec<DeviceKind> = self.list.iter().map(|(d, _)| d.kind()).collect();
+    /// (matched by kind, in order; a library by its name), and a library
+    /// the image's policy does not take from the VM's creator
+    /// (`library::restrict`): all before anything is mapped. The window
+    /// keeps the manifest and the policy for live updates.
+    pub(crate) fn check_manifest(&mut self, note: &ImageNote, policy: Option<&LibPolicy>) -> Result<()> {
+        let mut offered: Vec<(DeviceKind, Option<String>)> = self.list.iter_mut().map(|(d, _)| (d.kind(), d.as_library().map(|l| l.name().to_string()))).collect();
         for need in note.devices() {
             let Some(kind) = DeviceKind::from_u32(need.kind).filter(|k| *k != DeviceKind::None) else {
                 if need.required() {
@@ -180,9 +188,13 @@ impl Devices {
                 }
                 continue;
             };
-            match offered.iter().position(|k| *k == kind) {
+            let library = kind == DeviceKind::Library;
+            match offered.iter().position(|(k, name)| *k == kind && (!library || name.as_deref() == Some(need.name()))) {
                 Some(i) => {
                     offered.remove(i);
+                }
+                None if need.required() && library => {
+                    return Err(Error::Unsupported(format!("the image needs library '{0}', and none was given (run it with --lib {0}.so)", need.name())))
                 }
                 None if need.required() => {
                     return Err(Error::Unsupported(format!(
@@ -195,6 +207,12 @@ impl Devices {
                 None => {}
             }
         }
+        for (d, _) in &mut self.list {
+            if let Some(l) = d.as_library() {
+                l.allowed(note, policy, Loader::Create)?;
+            }
+        }
+        self.image = Some((*note, policy.copied()));
         Ok(())
     }
 
@@ -221,7 +239,8 @@ impl Devices {
             }
         }
         if libraries {
-            let w = Arc::new(library::update::Window::new(vm, ram.view(), self)?);
+            let (manifest, policy) = self.image.unwrap_or_default();
+            let w = Arc::new(library::update::Window::new(vm, ram.view(), self, manifest, policy)?);
             control.set_library_window(w.clone());
             self.window = Some(w);
         }

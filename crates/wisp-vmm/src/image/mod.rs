@@ -11,7 +11,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use wisp_abi::layout::{align_up, IMAGE_BASE, MAX_MEM, PAGE_SIZE};
-use wisp_abi::{ImageNote, ABI_VERSION, NOTE_NAME, NOTE_TYPE_ABI};
+use wisp_abi::libpolicy::LibPolicy;
+use wisp_abi::{ImageNote, ABI_VERSION, NOTE_NAME, NOTE_TYPE_ABI, NOTE_TYPE_LIBS};
 
 use crate::error::{Error, Result};
 
@@ -75,6 +76,9 @@ pub struct Image {
     pub abi_version: u32,
     /// The image's manifest (features and devices it needs), from its note.
     pub manifest: ImageNote,
+    /// Its policy for the shared libraries it may be given (its second
+    /// note; none: any library from any loader).
+    pub lib_policy: Option<LibPolicy>,
     /// A descriptor of the file (e.g. the image cache's sealed memfd): if
     /// set, whole pages of segments are mapped copy-on-write from it
     /// instead of copied.
@@ -165,7 +169,7 @@ impl Image {
             return Ok(img);
         }
         let mut segments = Vec::new();
-        let mut note = None;
+        let (mut note, mut policy) = (None, None);
         for i in 0..phnum {
             let p = phoff as usize + i * PHDR_SIZE;
             let p_type = u32_at(b, p);
@@ -202,8 +206,12 @@ impl Image {
                     segments.push(Segment { vaddr, memsz, filesz, offset, flags });
                 }
                 PT_NOTE if in_file => {
-                    if let Some(n) = find_wisp_note(&b[offset as usize..(offset + filesz) as usize]) {
-                        note = Some(n.ok_or_else(|| Error::BadImage("malformed wisp ABI note (manifest)".into()))?);
+                    let area = &b[offset as usize..(offset + filesz) as usize];
+                    if let Some(desc) = find_note(area, NOTE_TYPE_ABI) {
+                        note = Some(ImageNote::parse(desc).ok_or_else(|| Error::BadImage("malformed wisp ABI note (manifest)".into()))?);
+                    }
+                    if let Some(desc) = find_note(area, NOTE_TYPE_LIBS) {
+                        policy = Some(LibPolicy::parse(desc).ok_or_else(|| Error::BadImage("malformed wisp library-policy note".into()))?);
                     }
                 }
                 _ => {}
@@ -227,7 +235,7 @@ impl Image {
         if note.abi_version != ABI_VERSION {
             return Err(Error::AbiMismatch { image: note.abi_version, monitor: ABI_VERSION });
         }
-        Ok(Image { name: name.to_string(), bytes, entry, segments, abi_version: note.abi_version, manifest: note, file: None, relocated: None })
+        Ok(Image { name: name.to_string(), bytes, entry, segments, abi_version: note.abi_version, manifest: note, lib_policy: policy, file: None, relocated: None })
     }
 
     /// Parse an image held in a file descriptor (read by position, so a
@@ -269,9 +277,9 @@ impl Image {
     }
 }
 
-/// Walk an ELF note area looking for the wisp ABI note: `Some(None)` if
-/// there is one but its descriptor does not parse.
-fn find_wisp_note(mut area: &[u8]) -> Option<Option<ImageNote>> {
+/// Walk an ELF note area looking for the wisp note of type `ntype`: its
+/// descriptor.
+fn find_note(mut area: &[u8], want: u32) -> Option<&[u8]> {
     while area.len() >= 12 {
         let namesz = u32_at(area, 0) as usize;
         let descsz = u32_at(area, 4) as usize;
@@ -281,8 +289,8 @@ fn find_wisp_note(mut area: &[u8]) -> Option<Option<ImageNote>> {
         if desc_end > area.len() || 12 + namesz > area.len() || name_end + descsz > area.len() {
             return None;
         }
-        if ntype == NOTE_TYPE_ABI && &area[12..12 + namesz] == NOTE_NAME {
-            return Some(ImageNote::parse(&area[name_end..name_end + descsz]));
+        if ntype == want && &area[12..12 + namesz] == NOTE_NAME {
+            return Some(&area[name_end..name_end + descsz]);
         }
         area = &area[desc_end..];
     }

@@ -26,6 +26,7 @@ use object::{Endianness, Pod};
 
 use crate::error::LibraryError as Refused;
 
+pub mod restrict;
 pub mod sign;
 pub mod update;
 #[cfg(test)]

@@ -94,28 +94,29 @@ pub fn split(file: &[u8]) -> Result<(&[u8], Option<Signed>), Refused> {
     if &t[..8] != MAGIC {
         return Ok((file, None));
     }
-    let elf = &file[..at];
-    if u64::from_le_bytes(t[112..120].try_into().expect("8 bytes")) != at as u64 {
+    let (elf, Some(signed)) = split_unverified(file) else {
         return Err(Refused::Signature("the trailer does not fit the file (cut or extended)".into()));
+    };
+    let sig = Signature::from_bytes(&t[48..112].try_into().expect("64 bytes"));
+    let vk = VerifyingKey::from_bytes(&signed.key).map_err(|_| Refused::Signature("its key is not an Ed25519 public key".into()))?;
+    vk.verify_strict(&digest(elf, &signed.version), &sig).map_err(|_| Refused::Signature("it does not verify: the library or its version was changed after signing".into()))?;
+    Ok((elf, Some(signed)))
+}
+
+/// The ELF bytes of `file` and what its trailer says (signer, version),
+/// the signature *not* verified: for a copy whose signature its sender
+/// verified (the daemon's sealed memfd: what the VMM process maps is still
+/// the ELF it parses itself, and the image's policy is checked against the
+/// signer and version the daemon verified).
+pub fn split_unverified(file: &[u8]) -> (&[u8], Option<Signed>) {
+    let Some(at) = file.len().checked_sub(TRAILER) else { return (file, None) };
+    let t = &file[at..];
+    if &t[..8] != MAGIC || u64::from_le_bytes(t[112..120].try_into().expect("8 bytes")) != at as u64 {
+        return (file, None);
     }
     let u16_at = |i: usize| u16::from_le_bytes(t[i..i + 2].try_into().expect("2 bytes"));
     let version = Version { major: u16_at(8), minor: u16_at(10), patch: u16_at(12) };
-    let key: [u8; 32] = t[16..48].try_into().expect("32 bytes");
-    let sig = Signature::from_bytes(&t[48..112].try_into().expect("64 bytes"));
-    let vk = VerifyingKey::from_bytes(&key).map_err(|_| Refused::Signature("its key is not an Ed25519 public key".into()))?;
-    vk.verify_strict(&digest(elf, &version), &sig).map_err(|_| Refused::Signature("it does not verify: the library or its version was changed after signing".into()))?;
-    Ok((elf, Some(Signed { version, key })))
-}
-
-/// The ELF bytes of `file`, its trailer (if it has one that fits) cut off
-/// unverified: for a copy whose signature its sender checked (the daemon's
-/// sealed memfd: the policy is the daemon's; what the VMM process maps is
-/// still the ELF it parses itself).
-pub fn strip(file: &[u8]) -> &[u8] {
-    match file.len().checked_sub(TRAILER) {
-        Some(at) if &file[at..at + 8] == MAGIC && u64::from_le_bytes(file[at + 112..at + 120].try_into().expect("8 bytes")) == at as u64 => &file[..at],
-        _ => file,
-    }
+    (&file[..at], Some(Signed { version, key: t[16..48].try_into().expect("32 bytes") }))
 }
 
 /// What an image accepts of its libraries (`wisp_abi::manifest`): keys

@@ -117,7 +117,7 @@ impl Shell {
         let t = Instant::now();
         let mut devices = Devices::new(devices)?;
         let features = loader::check_features(image)?;
-        devices.check_manifest(&image.manifest)?;
+        devices.check_manifest(&image.manifest, image.lib_policy.as_ref())?;
         let ram_size = self.ram.size();
         let reserved = devices.ram_taken();
         if reserved + MIN_HEAP > ram_size {

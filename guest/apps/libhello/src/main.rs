@@ -12,7 +12,14 @@
 #![no_std]
 #![no_main]
 
-wisp::main!(main);
+// It names the library it uses (optional: without it, its first call
+// says which is missing), and takes it only signed with the repository's
+// test key, at version 1.0.0 or newer, named, or by a live update.
+wisp::main!(main, wisp::Manifest::new().device(wisp::abi::DeviceKind::Library, "hello", false));
+wisp::lib_policy!(wisp::LibPolicy::new()
+    .key("ea4a6c63e29c520abef5507b132ec5f9954776aebebe7b92421eea691446d22c")
+    .min_version(1, 0, 0)
+    .loaders(wisp::loader::NAMED | wisp::loader::UPDATE));
 
 wisp::lib_fn!(hello, fn hello_greet(buf: *mut u8, cap: usize) -> usize);
 wisp::lib_fn!(hello, fn hello_version() -> u32);

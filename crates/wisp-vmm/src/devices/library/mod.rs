@@ -25,7 +25,8 @@ use super::{Device, DeviceState};
 use crate::access::UserMap;
 use crate::control::Control;
 use crate::error::{Error, Result};
-use crate::library::Library;
+use crate::library::restrict::{self, Loader};
+use crate::library::{Library, Signed};
 use crate::memory::RamView;
 
 /// Most libraries a VM maps (the window's slots).
@@ -36,6 +37,9 @@ pub struct LibraryDevice {
     name: String,
     file: OwnedFd,
     lib: Library,
+    /// Who signed it and as which version (verified: by `from_bytes`
+    /// here, by the daemon for `from_fd`), for the image's policy.
+    signed: Option<Signed>,
     /// Its slot in the window, once placed.
     slot: Option<usize>,
     /// Its memory, once mapped.
@@ -49,7 +53,7 @@ impl LibraryDevice {
         if name.is_empty() || name.len() > 24 || name.contains('\0') {
             return Err(Error::Devices(format!("library name {name:?}: 1 to 24 bytes, no NUL")));
         }
-        Ok(LibraryDevice { name: name.to_string(), file, lib, slot: None, mapping: None })
+        Ok(LibraryDevice { name: name.to_string(), file, lib, signed: None, slot: None, mapping: None })
     }
 
     /// The library whose file is `bytes` (ELF, then its signature trailer
@@ -57,18 +61,19 @@ impl LibraryDevice {
     /// checked), its signature verified, its ELF checked.
     pub fn from_bytes(name: &str, bytes: &[u8]) -> Result<LibraryDevice> {
         use rustix::fs::{fcntl_add_seals, memfd_create, MemfdFlags, SealFlags};
-        let (lib, _signed) = Library::read(bytes)?;
+        let (lib, signed) = Library::read(bytes)?;
         let io = |what| move |e: rustix::io::Errno| Error::Host(what, e.into());
         let fd = memfd_create("wisp-library", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).map_err(io("memfd"))?;
         let f = std::fs::File::from(fd);
         std::io::Write::write_all(&mut &f, bytes).map_err(|e| Error::Host("copy a library", e))?;
         fcntl_add_seals(&f, SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL).map_err(io("seal a library"))?;
-        LibraryDevice::new(name, OwnedFd::from(f), lib)
+        Ok(LibraryDevice { signed, ..LibraryDevice::new(name, OwnedFd::from(f), lib)? })
     }
 
     /// The library in `fd`, a sealed memfd of its file (from the daemon,
-    /// which verified its signature against its policy): its ELF read and
-    /// checked again here (what is mapped is what this process parsed).
+    /// which verified its signature): its ELF read and checked again here
+    /// (what is mapped is what this process parsed); its signer and
+    /// version taken as the trailer says, for the image's policy.
     pub fn from_fd(name: &str, fd: OwnedFd) -> Result<LibraryDevice> {
         use rustix::fs::{fcntl_get_seals, SealFlags};
         use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
@@ -89,10 +94,11 @@ impl LibraryDevice {
         let at = unsafe { mmap(std::ptr::null_mut(), len as usize, ProtFlags::READ, MapFlags::SHARED, &fd, 0) }.map_err(io("map a library"))?;
         // SAFETY: the mapping above, `len` readable bytes, alive until the
         // munmap after the parse (nothing borrowed from it outlives that).
-        let lib = Library::parse(crate::library::sign::strip(unsafe { std::slice::from_raw_parts(at as *const u8, len as usize) }));
+        let (elf, signed) = crate::library::sign::split_unverified(unsafe { std::slice::from_raw_parts(at as *const u8, len as usize) });
+        let lib = Library::parse(elf);
         // SAFETY: the mapping above, no longer borrowed.
         let _ = unsafe { munmap(at, len as usize) };
-        LibraryDevice::new(name, fd, lib?)
+        Ok(LibraryDevice { signed, ..LibraryDevice::new(name, fd, lib?)? })
     }
 
     fn guest_base(&self) -> u64 {
@@ -103,6 +109,17 @@ impl LibraryDevice {
     /// written: its entry names its address).
     pub(crate) fn place(&mut self, slot: usize) {
         self.slot = Some(slot);
+    }
+
+    /// Its name (what the guest opens it by).
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether the image (`manifest`, `policy`) takes it by `how`
+    /// (`library::restrict`).
+    pub(crate) fn allowed(&self, manifest: &wisp_abi::ImageNote, policy: Option<&wisp_abi::libpolicy::LibPolicy>, how: Loader) -> Result<()> {
+        restrict::allowed(manifest, policy, &self.name, self.signed.as_ref(), how).map_err(|e| Error::Devices(format!("library {}: {e}", self.name)))
     }
 
     /// Map it for the guest in its slot (`map.rs`) of VM `vm`.
@@ -151,5 +168,36 @@ impl Device for LibraryDevice {
 
     fn as_library(&mut self) -> Option<&mut LibraryDevice> {
         Some(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::Devices;
+    use wisp_abi::libpolicy::{loader, LibPolicy};
+    use wisp_abi::ImageNote;
+
+    fn hello() -> Box<dyn Device> {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../build/libs/hello.so");
+        let bytes = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e} (`make libs` builds it)", p.display()));
+        Box::new(LibraryDevice::from_bytes("hello", &bytes).unwrap())
+    }
+
+    #[test]
+    fn an_image_gets_the_libraries_it_names_and_its_policy_takes() {
+        let check = |note: ImageNote, policy: Option<LibPolicy>| Devices::new(vec![hello()]).unwrap().check_manifest(&note, policy.as_ref()).map_err(|e| e.to_string());
+        assert!(check(ImageNote::new().library("hello"), None).is_ok());
+        assert_eq!(check(ImageNote::new().library("other"), None).unwrap_err(), "the image needs library 'other', and none was given (run it with --lib other.so)");
+        // Named and signed with the key it trusts (the test key of `make libs`).
+        let trusts = LibPolicy::new().key("ea4a6c63e29c520abef5507b132ec5f9954776aebebe7b92421eea691446d22c").min_version(1, 0, 0);
+        assert!(check(ImageNote::new().library("hello"), Some(trusts.loaders(loader::NAMED))).is_ok());
+        // Not named, and the image takes named ones only.
+        let e = check(ImageNote::new(), Some(trusts.loaders(loader::NAMED))).unwrap_err();
+        assert!(e.ends_with("the image takes only the libraries it names (none), not hello"), "{e}");
+        // Another signer, a newer version.
+        let other = LibPolicy::new().key(&"11".repeat(32));
+        assert!(check(ImageNote::new(), Some(other)).unwrap_err().contains("which the image does not trust"));
+        assert!(check(ImageNote::new(), Some(trusts.min_version(1, 1, 0))).unwrap_err().contains("version 1.0.0 is older than the 1.1.0"));
     }
 }

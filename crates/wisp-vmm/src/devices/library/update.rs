@@ -25,12 +25,14 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use wisp_abi::layout::BOOT_INFO;
-use wisp_abi::{BootInfo, DeviceDesc};
+use wisp_abi::libpolicy::LibPolicy;
+use wisp_abi::{BootInfo, DeviceDesc, ImageNote};
 
 use super::{LibraryDevice, MAX_LIBRARIES};
 use crate::control::Control;
 use crate::devices::Devices;
 use crate::error::{Error, Result};
+use crate::library::restrict::Loader;
 use crate::library::update::{Carried, Plan};
 use crate::memory::RamView;
 
@@ -44,6 +46,9 @@ pub struct Window {
     cv: Condvar,
     /// `State::retired` holds libraries (read without the lock at each park).
     retired: AtomicBool,
+    /// The image's manifest and library policy: what an update must meet.
+    manifest: ImageNote,
+    policy: Option<LibPolicy>,
 }
 
 /// A library mapped, as the window knows it.
@@ -105,7 +110,7 @@ pub struct Updated {
 impl Window {
     /// The window of a VM (KVM descriptor `vm`, RAM `ram`) whose libraries
     /// `devices` maps.
-    pub(crate) fn new(vm: &kvm_ioctls::VmFd, ram: RamView, devices: &mut Devices) -> Result<Window> {
+    pub(crate) fn new(vm: &kvm_ioctls::VmFd, ram: RamView, devices: &mut Devices, manifest: ImageNote, policy: Option<LibPolicy>) -> Result<Window> {
         let vm = rustix::io::fcntl_dupfd_cloexec(unsafe_borrow(vm), 0).map_err(|e| Error::Host("keep the VM's descriptor", e.into()))?;
         let mut st = State::default();
         for index in 0..devices.len() {
@@ -114,7 +119,7 @@ impl Window {
                 st.entries.push(Entry { index, name: d.name.clone(), lib: d.lib.clone() });
             }
         }
-        Ok(Window { vm, ram, state: Mutex::new(st), cv: Condvar::new(), retired: AtomicBool::new(false) })
+        Ok(Window { vm, ram, state: Mutex::new(st), cv: Condvar::new(), retired: AtomicBool::new(false), manifest, policy })
     }
 
     /// In a forked child: updates are refused (the child's KVM VM is
@@ -133,6 +138,8 @@ impl Window {
     /// library if this fails.
     pub fn update(&self, control: &Control, name: &str, mut new: LibraryDevice, wait: Duration) -> Result<Updated> {
         let t0 = Instant::now();
+        new.name = name.to_string();
+        new.allowed(&self.manifest, self.policy.as_ref(), Loader::Update)?;
         self.reap();
         let (entry, plan, slot) = {
             let mut st = self.state.lock().unwrap();
@@ -155,7 +162,6 @@ impl Window {
             (entry, plan, slot)
         };
         // Mapped while the guest runs: a slot it does not use yet.
-        new.name = name.to_string();
         new.place(slot);
         if let Err(e) = new.map(self.vm.as_raw_fd(), &self.ram) {
             let mut st = self.state.lock().unwrap();
