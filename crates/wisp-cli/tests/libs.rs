@@ -84,6 +84,14 @@ fn a_guest_calls_a_library_the_monitor_mapped() {
     let o = run_direct(&["run", "libhello"]);
     assert_eq!(o.status.code(), Some(127), "{}", text(&o));
     assert!(text(&o).contains("no hello_greet in library hello"), "{}", text(&o));
+    // A forked child calls it too, from its copy of the library's data
+    // (the counter as it was at the fork), and so does the parent after.
+    let o = run_direct(&["run", "--lib", &lib, "libhello", "--", "fork"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o));
+    for line in ["before the fork: hello from hello.so (call 1)", "child: hello from hello.so (call 2)", "parent: hello from hello.so (call 2)"] {
+        assert!(out.contains(line), "{line}: {out}");
+    }
     // Its code is read-only for the guest: a write to it stops the VM.
     let o = run_direct(&["run", "--lib", &lib, "libhello", "--", "poke"]);
     assert!(!o.status.success() && text(&o).contains("page fault (#PF): write to 0x1402"), "{}", text(&o));

@@ -278,6 +278,17 @@ impl Devices {
         }
     }
 
+    /// In a forked child process: its libraries' memory (inherited from
+    /// the parent's process) given to the child's KVM VM `vm`.
+    pub(crate) fn map_libraries_in(&mut self, vm: &kvm_ioctls::VmFd) -> Result<()> {
+        for (d, _) in &mut self.list {
+            if let Some(l) = d.as_library() {
+                l.map_in(std::os::fd::AsRawFd::as_raw_fd(vm))?;
+            }
+        }
+        Ok(())
+    }
+
     /// In a forked child process.
     pub(crate) fn on_fork_child(&mut self) {
         if let Some(w) = &self.window {

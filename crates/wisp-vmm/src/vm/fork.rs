@@ -191,6 +191,9 @@ impl Vm {
                 return Err(Error::Kvm("map shared memory", std::io::Error::last_os_error()));
             }
         }
+        // Its libraries: this process's copies of the parent's (copy on
+        // write since the fork), in the child's KVM VM.
+        self.devices.map_libraries_in(&self.shell.vm)?;
         self.control = Arc::new(Control::new(self.family.bell_ref()));
         self.control.set_vcpu_thread(Some(ThreadId::current()));
         // A VM of its own: normal scheduling (a spare prepared as a batch

@@ -242,7 +242,9 @@ impl Vm {
     /// the last try and the exit is a call that is likely to wait (idle, or
     /// a blocking family call), so the guest loses no time to it.
     pub(super) fn spare_wanted(&self, exit: &Exit) -> bool {
-        if !self.family.opts.spares || self.spare.is_some() || self.spare_round >= self.forks || !self.can_fork_now() {
+        // A VM with libraries forks with fork(2) only: a spare made ahead
+        // would hold its libraries' variables as they were then.
+        if !self.family.opts.spares || self.spare.is_some() || self.spare_round >= self.forks || !self.can_fork_now() || self.devices.window().is_some() {
             return false;
         }
         let Exit::Out { port, data, len: 4 } = exit else {

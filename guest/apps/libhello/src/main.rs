@@ -7,6 +7,9 @@
 //! (`wisp update VM build/libs/hello2.so --replace hello`) changes its
 //! version, says what it sees then (the counter carried over, the pointer
 //! to it moved, how long the switch held the VM), and exits.
+//! `libhello fork`: calls it, forks, and the child and then the parent
+//! call it again: each goes on from the counter as it was at the fork
+//! (the child's library data is a copy-on-write copy of its parent's).
 //! `libhello poke`: writes to the library's code, which the
 //! monitor maps read-only and executable: the VM stops with a page fault.
 #![no_std]
@@ -15,7 +18,10 @@
 // It names the library it uses (optional: without it, its first call
 // says which is missing), and takes it only signed with the repository's
 // test key, at version 1.0.0 or newer, named, or by a live update.
-wisp::main!(main, wisp::Manifest::new().device(wisp::abi::DeviceKind::Library, "hello", false));
+wisp::main!(
+    main,
+    wisp::Manifest::new().features(wisp::features::FORK | wisp::features::FAMILY).device(wisp::abi::DeviceKind::Library, "hello", false)
+);
 wisp::lib_policy!(wisp::LibPolicy::new()
     .key("ea4a6c63e29c520abef5507b132ec5f9954776aebebe7b92421eea691446d22c")
     .min_version(1, 0, 0)
@@ -35,6 +41,9 @@ fn main() -> i32 {
         unsafe { core::ptr::write_volatile(at as *mut u8, 0xcc) };
         wisp::println!("libhello: the write went through");
         return 1;
+    }
+    if wisp::env::arg(1) == Some("fork") {
+        return fork();
     }
     let n = wisp::env::arg(1).and_then(|a| a.parse::<u32>().ok()).unwrap_or(3);
     let mut buf = [0u8; 64];
@@ -85,6 +94,32 @@ fn watch(mut calls: u64, buf: &mut [u8]) -> i32 {
                 wisp::lib::last_switch_ns() / 1000
             );
             return 0;
+        }
+    }
+}
+
+/// A call before the fork, one in the child, one in the parent after it.
+fn fork() -> i32 {
+    let mut buf = [0u8; 64];
+    let mut greet = |who: &str| {
+        // SAFETY: as in `main`.
+        let len = unsafe { hello_greet(buf.as_mut_ptr(), buf.len()) };
+        wisp::print!("{}: {}", who, core::str::from_utf8(&buf[..len.min(buf.len())]).unwrap_or("(not UTF-8)\n"));
+    };
+    greet("before the fork");
+    match wisp::family::fork() {
+        Ok(0) => {
+            greet("child");
+            0
+        }
+        Ok(_) => {
+            let status = wisp::family::wait().map(|(_, s)| s).unwrap_or(u64::MAX);
+            greet("parent");
+            if status == 0 { 0 } else { 1 }
+        }
+        Err(e) => {
+            wisp::eprintln!("libhello: fork: {:?}", e);
+            1
         }
     }
 }

@@ -149,6 +149,12 @@ impl Mapping {
         Ok(())
     }
 
+    /// Register this mapping as its KVM memory slot in VM `vm` (another
+    /// VM's than the one it was made for: a forked child's).
+    pub(crate) fn register(&self, vm: RawFd) -> Result<()> {
+        set_slot(vm, self.slot, self.host.as_ptr() as u64, self.size as u64)
+    }
+
     /// The library's memory as the guest sees it.
     pub(crate) fn bytes(&self) -> &[u8] {
         // SAFETY: `host..host + size` is this mapping's, readable.

@@ -6,9 +6,9 @@
 //! the window shared with the thread that serves the toolstack, and the
 //! switch at the guest's quiescent point).
 //!
-//! Not yet: a forked child (its KVM VM has no such memory slot: a call
-//! into a library from a child faults and stops it), and snapshots of a VM
-//! with libraries (refused).
+//! A forked child maps its process's copy of its parent's libraries (copy
+//! on write since the fork) into its own KVM VM; its libraries cannot be
+//! updated. Not yet: snapshots of a VM with libraries (refused).
 
 mod map;
 pub mod update;
@@ -109,6 +109,15 @@ impl LibraryDevice {
     /// written: its entry names its address).
     pub(crate) fn place(&mut self, slot: usize) {
         self.slot = Some(slot);
+    }
+
+    /// Its memory, mapped already in this process, given to KVM VM `vm`
+    /// too (a forked child's: the page tables in its RAM are the parent's).
+    pub(crate) fn map_in(&self, vm: RawFd) -> Result<()> {
+        match &self.mapping {
+            Some(m) => m.register(vm),
+            None => Ok(()),
+        }
     }
 
     /// Its name (what the guest opens it by).
