@@ -379,15 +379,10 @@ const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(30);
 /// A snapshot of the VM into the descriptor passed (a pipe's write end,
 /// closed when it is written: the reader sees its end).
 fn snapshot(shared: &Arc<Shared>, fds: Vec<OwnedFd>, incremental: bool, pause: bool) -> Reply {
-    let Some(fd) = fds.into_iter().next() else {
-        return Reply::err("a snapshot needs its stream's descriptor");
+    let (fd, control) = match running_with_fd(shared, fds, "a snapshot needs its stream's descriptor") {
+        Ok(v) => v,
+        Err(r) => return r,
     };
-    let Some(control) = shared.state.lock().unwrap().control.clone() else {
-        return Reply::err("the VM is not running");
-    };
-    if shared.exited() {
-        return Reply::err("the VM has exited");
-    }
     // Paused first: no guest instruction runs between the snapshot and the
     // pause (a paused vCPU serves the snapshot where it waits).
     if pause {
@@ -405,21 +400,27 @@ fn snapshot(shared: &Arc<Shared>, fds: Vec<OwnedFd>, incremental: bool, pause: b
     }
 }
 
+/// A request's first descriptor and the running VM's control block, or
+/// the answer why not (`missing`: none was passed).
+fn running_with_fd(shared: &Arc<Shared>, fds: Vec<OwnedFd>, missing: &str) -> Result<(OwnedFd, Arc<wisp_vmm::Control>), Reply> {
+    let fd = fds.into_iter().next().ok_or_else(|| Reply::err(missing))?;
+    let control = shared.state.lock().unwrap().control.clone().ok_or_else(|| Reply::err("the VM is not running"))?;
+    if shared.exited() {
+        return Err(Reply::err("the VM has exited"));
+    }
+    Ok((fd, control))
+}
+
 /// Longest a live update waits for the guest.
 const MAX_UPDATE_WAIT: Duration = Duration::from_secs(60);
 
 /// A live update of library `name` by the one in the descriptor passed
 /// (`wisp_vmm::devices::library::update`).
 fn update_lib(shared: &Arc<Shared>, fds: Vec<OwnedFd>, name: &str, wait_ms: u64) -> Reply {
-    let Some(fd) = fds.into_iter().next() else {
-        return Reply::err("an update needs the library's descriptor");
+    let (fd, control) = match running_with_fd(shared, fds, "an update needs the library's descriptor") {
+        Ok(v) => v,
+        Err(r) => return r,
     };
-    let Some(control) = shared.state.lock().unwrap().control.clone() else {
-        return Reply::err("the VM is not running");
-    };
-    if shared.exited() {
-        return Reply::err("the VM has exited");
-    }
     if control.is_paused() {
         return Reply::err("the VM is paused: a library is switched where the guest runs (resume it first)");
     }
@@ -427,7 +428,10 @@ fn update_lib(shared: &Arc<Shared>, fds: Vec<OwnedFd>, name: &str, wait_ms: u64)
         Ok(d) => d,
         Err(e) => return Reply::err(format!("library {name}: {e}")),
     };
-    match control.update_library(name, new, Duration::from_millis(wait_ms).min(MAX_UPDATE_WAIT)) {
+    let Some(window) = shared.state.lock().unwrap().libraries.clone() else {
+        return Reply::err(format!("update of library {name}: the VM maps no library"));
+    };
+    match window.update(&control, name, new, Duration::from_millis(wait_ms).min(MAX_UPDATE_WAIT)) {
         Ok(u) => {
             let mut r = shared.state.lock().unwrap().status();
             r.updated = Some([u.total_us, u.held_us, u.quiesce_us, u.variables as u64, u.pointers as u64, u.stale as u64]);

@@ -45,6 +45,7 @@ pub(crate) fn become_child_vm(vm: &wisp_vmm::Vm) -> Result<Arc<Shared>, String> 
     let [exit, console, errors, listener]: [OwnedFd; 4] = fds.try_into().map_err(|_| "the daemon's answer lacks descriptors")?;
     let files = JailFiles::from_files(File::from(exit), File::from(console), File::from(errors));
     let shared = Shared::new(files, WorkerState::Running, Some(vm.control()));
+    shared.state.lock().unwrap().libraries = vm.library_window();
     let listener = UnixListener::from(listener);
     spawn_server(&shared, move || Some(listener))?;
     Ok(shared)

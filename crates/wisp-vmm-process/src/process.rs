@@ -289,6 +289,7 @@ pub(crate) fn begin(
         st.phase = WorkerState::Running;
         st.boot_us = Some(boot_us);
         st.control = Some(vm.control());
+        st.libraries = vm.library_window();
         if attached {
             st.conns += 1;
         }

@@ -19,6 +19,8 @@ pub(crate) struct State {
     pub exit: Option<ExitInfo>,
     pub boot_us: Option<u64>,
     pub control: Option<Arc<Control>>,
+    /// The VM's library window, if it maps libraries (live updates).
+    pub libraries: Option<Arc<wisp_vmm::devices::library::update::Window>>,
     /// Connections being served (or streamed to).
     pub conns: usize,
     /// `wait` requests parked until the VM ends (a group's VMs: no thread
@@ -56,7 +58,7 @@ impl Shared {
     pub fn new(files: JailFiles, phase: WorkerState, control: Option<Arc<Control>>) -> Arc<Shared> {
         Arc::new(Shared {
             files: Mutex::new(Some(files)),
-            state: Mutex::new(State { phase, exit: None, boot_us: None, control, conns: 0, waiters: Vec::new(), kill_asked: false }),
+            state: Mutex::new(State { phase, exit: None, boot_us: None, control, libraries: None, conns: 0, waiters: Vec::new(), kill_asked: false }),
             cv: Condvar::new(),
             console: Console::new(),
             errors: Console::new(),

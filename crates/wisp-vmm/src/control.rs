@@ -5,7 +5,7 @@
 //! family bell).
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::family::BellRef;
@@ -43,8 +43,6 @@ pub struct Control {
     inherited: std::sync::atomic::AtomicU64,
     /// A snapshot asked for ([`Control::save`]), and its answer.
     save: Mutex<SaveSlot>,
-    /// The VM's library window, if it maps libraries (live updates).
-    libraries: std::sync::OnceLock<Arc<crate::devices::library::update::Window>>,
 }
 
 /// Where a snapshot goes: the stream's writer (a pipe to the toolstack, a
@@ -90,23 +88,9 @@ impl Control {
             idle_fd: rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK).ok(),
             inherited: std::sync::atomic::AtomicU64::new(0),
             save: Mutex::new(SaveSlot::default()),
-            libraries: std::sync::OnceLock::new(),
         }
     }
 
-    pub(crate) fn set_library_window(&self, w: Arc<crate::devices::library::update::Window>) {
-        let _ = self.libraries.set(w);
-    }
-
-    /// Replace the VM's library named `name` by `new` while it runs (live
-    /// update; `devices::library::update`), waiting at most `wait` for the
-    /// guest to reach a point where it runs no library code.
-    pub fn update_library(&self, name: &str, new: crate::devices::library::LibraryDevice, wait: Duration) -> crate::error::Result<crate::devices::library::update::Updated> {
-        match self.libraries.get() {
-            Some(w) => w.update(self, name, new, wait),
-            None => Err(crate::error::Error::Devices(format!("the VM maps no library (to replace {name})"))),
-        }
-    }
 
     /// Have the vCPU thread write a snapshot of the VM to `sink` at its next
     /// exit (a paused VM's at once; an idle one is woken for it), and wait

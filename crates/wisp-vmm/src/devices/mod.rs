@@ -241,7 +241,6 @@ impl Devices {
         if libraries {
             let (manifest, policy) = self.image.unwrap_or_default();
             let w = Arc::new(library::update::Window::new(vm, ram.view(), self, manifest, policy)?);
-            control.set_library_window(w.clone());
             self.window = Some(w);
         }
         for (i, (d, base)) in self.list.iter_mut().enumerate() {

@@ -375,6 +375,12 @@ impl Vm {
         Some(outcome)
     }
 
+    /// The library window, if the VM maps libraries: live updates from
+    /// another thread (`devices::library::update`).
+    pub fn library_window(&self) -> Option<Arc<crate::devices::library::update::Window>> {
+        self.devices.window().cloned()
+    }
+
     /// The control block: pause, resume, kill, events (usable from other threads).
     pub fn control(&self) -> Arc<Control> {
         self.control.clone()
