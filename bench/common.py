@@ -292,6 +292,16 @@ def bench_args(doc, default_out, plot, add=lambda ap: None):
     return args
 
 
+def write_result(doc, args, plot, script):
+    """Write a benchmark's result `doc` to `args.out`, draw its plot beside
+    it (`args.png`), and log its ratios."""
+    import json
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    draw(plot, doc, args.png, script, args.out)
+    log(json.dumps(doc["ratios"], indent=1))
+
+
 def draw(plot, doc, png, script, out):
     """Draw `doc` into `png` with `plot(doc, png)` (False without
     matplotlib), or with the system Python running `script --plot-only`."""

@@ -34,7 +34,6 @@ absent.
     python3 bench/libs.py --wisp target/release/wisp --out bench/results/libs.json
 """
 
-import json
 import os
 import re
 import sys
@@ -198,16 +197,13 @@ def main():
             "shared_lib_mem_ratio": round(shared / (own + copy), 4),
             "static_vs_shared": round(static / shared, 3),
         },
-        "ratios_note": "update_ms: client clock, request to answer (the old library unmapped); update_pause_us: the guest's"
+        "ratios_note": "update_ms: client clock, request to answer (sent once the guest switched; the old library is unmapped after); update_pause_us: the guest's"
                        " own clock around its library hypercall; shared_lib_mem_ratio: the memory of N VMs mapping the"
                        " library over their own pages plus one copy of it; recycle_vs_warm_boot: not built yet",
         "targets": {"update_ms": 1, "update_pause_us": 100, "shared_lib_mem_ratio": 1.1, "kylinx_update_ms": 5},
         "machine": common.machine_info(),
     }
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
-    common.draw(plot, doc, args.png, __file__, args.out)
-    log(json.dumps(doc["ratios"], indent=1))
+    common.write_result(doc, args, plot, __file__)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ are removed (N stays N).
     python3 bench/snapshot.py --wisp target/release/wisp --out bench/results/snapshot.json
 """
 
-import json
 import os
 import statistics
 import sys
@@ -248,10 +247,7 @@ def main():
                     "lightvm_save_ms": 30, "lightvm_restore_ms": 20, "lightvm_migrate_ms": 60},
         "machine": common.machine_info(),
     }
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
-    common.draw(plot, doc, args.png, __file__, args.out)
-    log(json.dumps(doc["ratios"], indent=1))
+    common.write_result(doc, args, plot, __file__)
 
 
 if __name__ == "__main__":
