@@ -27,6 +27,7 @@
 #![no_std]
 #![forbid(unsafe_code)]
 
+pub mod app;
 pub mod args;
 pub mod blk;
 pub mod bootinfo;

@@ -127,6 +127,11 @@ pub struct RunArgs {
     /// and print what was saved. `wisp run --from NAME` starts VMs from it.
     #[arg(long, value_name = "NAME", conflicts_with_all = ["from", "detach", "count"])]
     pub template: Option<String>,
+    /// Run the application library FILE (APP.so, e.g. build/libs/hello.so)
+    /// in a VM that loads it and calls its entry (the `recycler` image;
+    /// no IMAGE): `wisp run --recycle APP.so -- ARGS` (docs/libraries.md).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["from", "template"])]
+    pub recycle: Option<PathBuf>,
     /// Start the VM from template NAME (with wispd; no IMAGE): it goes on
     /// from where the template's guest said it was ready.
     #[arg(long, value_name = "NAME")]
@@ -359,7 +364,17 @@ fn parse() -> Cli {
 }
 
 /// `wisp run`: through wispd if it is there, else in this process.
-fn run(a: RunArgs, socket: &std::path::Path, t_main: u64) -> Result<(u8, Option<wisp_vmm::Vm>), String> {
+fn run(mut a: RunArgs, socket: &std::path::Path, t_main: u64) -> Result<(u8, Option<wisp_vmm::Vm>), String> {
+    if let Some(app) = a.recycle.take() {
+        if !a.image.is_empty() {
+            return Err("--recycle runs an application library: give no IMAGE".into());
+        }
+        // The `recycler` image, given the library, finds it by its name.
+        let name = app.file_stem().and_then(|s| s.to_str()).ok_or_else(|| format!("--recycle {}: not a library's file name", app.display()))?;
+        a.args.insert(0, name.to_string());
+        a.image = "recycler".into();
+        a.libs.push(app);
+    }
     match a {
         a if a.image.is_empty() && a.from.is_none() => Err("an IMAGE to run is needed (or --from TEMPLATE)".into()),
         a if !a.image.is_empty() && a.from.is_some() => Err("--from starts a template's VM: give no IMAGE".into()),

@@ -231,3 +231,36 @@ fn an_image_takes_only_the_libraries_its_policy_names() {
     assert!(o.status.success() && text(&o).contains("hello from hello.so (call 1)"), "{}", text(&o));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The second line of `hello`'s output, without its figures.
+fn booted_line_shape(line: &str) -> bool {
+    let Some(rest) = line.strip_prefix("booted ") else { return false };
+    let Some((ms, rest)) = rest.split_once(" ms ago, 16 MiB RAM, wall clock ") else { return false };
+    ms.split_once('.').is_some_and(|(a, b)| a.parse::<u64>().is_ok() && b.len() == 3) && rest.len() == 20 && rest.ends_with('Z')
+}
+
+#[test]
+fn an_application_library_runs_as_its_image_would() {
+    // `hello` the image, and hello.so's entry loaded by the recycler: the
+    // same lines.
+    let image = run_direct(&["run", "hello", "--", "a", "b"]);
+    let recycled = run_direct(&["run", "--recycle", &bundled_path(), "--", "a", "b"]);
+    assert!(image.status.success() && recycled.status.success(), "{}\n{}", text(&image), text(&recycled));
+    let (image, recycled) = (String::from_utf8_lossy(&image.stdout).to_string(), String::from_utf8_lossy(&recycled.stdout).to_string());
+    let (a, b): (Vec<&str>, Vec<&str>) = (image.lines().collect(), recycled.lines().collect());
+    assert_eq!((a.len(), b.len()), (2, 2), "{image}\n{recycled}");
+    assert_eq!(a[0], "Hello from wisp! args: [\"a\", \"b\"]");
+    assert_eq!(b[0], a[0]);
+    assert!(booted_line_shape(a[1]) && booted_line_shape(b[1]), "{image}\n{recycled}");
+    // A library with no entry is no application; an image with --recycle
+    // is refused.
+    let o = run_direct(&["run", "--recycle", &built("bench.so")]);
+    assert_eq!(o.status.code(), Some(127), "{}", text(&o));
+    assert!(text(&o).contains("recycler: library bench has no wisp_app_main: not an application"), "{}", text(&o));
+    let o = run_direct(&["run", "--recycle", &bundled_path(), "hello"]);
+    assert!(!o.status.success() && text(&o).contains("--recycle runs an application library: give no IMAGE"), "{}", text(&o));
+    // Through wispd too.
+    let d = common::daemon::Daemon::start("libs-recycle", &["--pool", "16M=2"]);
+    let o = d.wisp(&["run", "--recycle", &bundled_path(), "--", "x"]);
+    assert!(o.status.success() && text(&o).starts_with("Hello from wisp! args: [\"x\"]\n"), "{}", text(&o));
+}

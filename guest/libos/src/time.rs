@@ -83,25 +83,7 @@ pub fn sleep(d: Duration) {
     sleep_until(Instant::now().add(d));
 }
 
-/// Civil date and time (UTC) from nanoseconds since the epoch:
-/// (year, month, day, hour, minute, second).
-pub fn civil(ns: u64) -> (i64, u32, u32, u32, u32, u32) {
-    let secs = (ns / 1_000_000_000) as i64;
-    let days = secs.div_euclid(86_400);
-    let sod = secs.rem_euclid(86_400);
-    // Howard Hinnant's days-to-civil.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = if m <= 2 { y + 1 } else { y };
-    (y, m, d, (sod / 3600) as u32, (sod / 60 % 60) as u32, (sod % 60) as u32)
-}
+pub use wisp_app::civil;
 
 /// Parse a duration like `1s`, `500ms`, `250us`, `2m` or a bare number of
 /// seconds.

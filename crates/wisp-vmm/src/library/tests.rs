@@ -78,7 +78,7 @@ fn the_bundled_library_is_read() {
     assert_eq!(lib.export("hello_version").map(|e| e.kind), Some(Kind::Function));
     let calls = lib.export("hello_calls").expect("hello_calls");
     assert_eq!((calls.kind, calls.size), (Kind::Variable, 8));
-    assert_eq!(lib.exports.len(), 4, "only what exports.map names: {:?}", lib.exports);
+    assert_eq!(lib.exports.len(), 5, "only what exports.map names: {:?}", lib.exports);
     assert!(lib.segments.iter().any(|s| s.exec && !s.write && greet.value >= s.vaddr && greet.value < s.vaddr + s.mem_size));
     assert!(lib.segments.iter().any(|s| s.write && calls.value >= s.vaddr && calls.value < s.vaddr + s.mem_size));
     // The counter's GOT entry: a relocation to the counter.

@@ -68,6 +68,44 @@ impl Writer {
     }
 }
 
+/// The library as an application (loaded by the `recycler` image: `wisp
+/// run --recycle build/libs/hello.so -- a b`): prints as the `hello`
+/// image does — its arguments, the time since it was started, the VM's
+/// RAM and the wall clock.
+fn app_main(app: &wisp_app::App) -> i32 {
+    let (y, mo, d, h, mi, s) = wisp_app::civil(app.wall_ns());
+    let up = app.uptime_ns() / 1000;
+    wisp_app::println!(app, "Hello from wisp! args: [{}]", Quoted(app));
+    wisp_app::println!(
+        app,
+        "booted {}.{:03} ms ago, {} MiB RAM, wall clock {:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+        up / 1000,
+        up % 1000,
+        app.mem_size() >> 20,
+        y,
+        mo,
+        d,
+        h,
+        mi,
+        s
+    );
+    0
+}
+
+wisp_app::entry!(app_main);
+
+/// The arguments after the app's name, as `{:?}` of a list shows them.
+struct Quoted<'a, 'b>(&'a wisp_app::App<'b>);
+
+impl core::fmt::Display for Quoted<'_, '_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        for (i, a) in self.0.args().skip(1).enumerate() {
+            write!(f, "{}{:?}", if i == 0 { "" } else { ", " }, a)?;
+        }
+        Ok(())
+    }
+}
+
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {
     // A library has no console of its own: stop here (an invalid-opcode

@@ -1,0 +1,84 @@
+//! `recycler APP [ARGS...]`: runs an application built as a shared library
+//! (`wisp run --recycle build/libs/APP.so -- ARGS`, which boots this image
+//! with the library and its name): finds the library the VM was given
+//! under that name, and calls its entry (`wisp_abi::app::APP_ENTRY`) with
+//! the services it may use (`wisp_abi::app::AppSys`: the arguments after
+//! this image's own name, output, clocks). Its return is the VM's exit
+//! status. Issue 17, recycling: this is the VM an app is loaded into;
+//! keeping such VMs booted in a pool and scrubbing them after each app is
+//! the next step (`docs/libraries.md`).
+#![no_std]
+#![no_main]
+
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use wisp::abi::app::{AppSys, APP_ABI, APP_ENTRY};
+
+wisp::main!(main);
+
+/// The guest's clock when the app was started.
+static STARTED_NS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn app_write(fd: u32, data: *const u8, len: usize) -> isize {
+    let out: fn(&[u8]) = match fd {
+        1 => wisp::console::write_bytes,
+        2 => wisp::console::write_err,
+        _ => return wisp::abi::errno::EBADF as isize,
+    };
+    // SAFETY: the app's own buffer, `len` bytes (its side of the contract).
+    let bytes = unsafe { core::slice::from_raw_parts(data, len) };
+    // Through a buffer in RAM: the monitor takes console bytes from guest
+    // RAM only, and the app's own (its constants) are in the library window.
+    let mut buf = [0u8; 512];
+    for chunk in bytes.chunks(buf.len()) {
+        buf[..chunk.len()].copy_from_slice(chunk);
+        out(&buf[..chunk.len()]);
+    }
+    len as isize
+}
+
+extern "C" fn app_uptime_ns() -> u64 {
+    wisp::time::monotonic_ns().saturating_sub(STARTED_NS.load(Ordering::Relaxed))
+}
+
+extern "C" fn app_wall_ns() -> u64 {
+    wisp::time::wall_ns()
+}
+
+fn main() -> i32 {
+    let Some(name) = wisp::env::arg(1) else {
+        wisp::eprintln!("recycler: usage: recycler APP [ARGS...] (wisp run --recycle APP.so -- ARGS)");
+        return 2;
+    };
+    let Some(lib) = wisp::lib::open(name) else {
+        wisp::eprintln!("recycler: the VM was given no library {} (wisp run --recycle {}.so)", name, name);
+        return 127;
+    };
+    let Some(entry) = lib.symbol(APP_ENTRY) else {
+        wisp::eprintln!("recycler: library {} has no {}: not an application", name, APP_ENTRY);
+        return 127;
+    };
+    // The app's arguments: this image's, from its name on (argument 0).
+    let info = wisp::env::boot_info();
+    let args = &info.args[..(info.args_len as usize).min(info.args.len())];
+    let skip = args.iter().position(|&b| b == 0).map_or(args.len(), |i| i + 1);
+    let sys = AppSys {
+        version: APP_ABI,
+        argc: info.argc.saturating_sub(1),
+        args: args[skip..].as_ptr(),
+        args_len: args.len() - skip,
+        mem_size: wisp::env::mem_size(),
+        write: app_write,
+        uptime_ns: app_uptime_ns,
+        wall_ns: app_wall_ns,
+    };
+    STARTED_NS.store(wisp::time::monotonic_ns(), Ordering::Relaxed);
+    // SAFETY: the library's export of that name is its entry (checked by
+    // nothing but its name: an application library's contract).
+    let f: extern "C" fn(*const AppSys) -> i32 = unsafe { core::mem::transmute(entry) };
+    // A library call: no live update switches it out from under the app.
+    wisp::lib::enter();
+    let code = f(&sys);
+    wisp::lib::leave();
+    code
+}
