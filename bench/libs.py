@@ -28,12 +28,23 @@ wispd (pool of 16 MiB shells); libraries from `make libs`.
   ("statically linked"). `shared_lib_mem_ratio` = shared / (own pages +
   one copy of the library's file); `static_vs_shared` = static / shared.
 
-Recycling (issue 17, item 3) is not built yet: `recycle_vs_warm_boot` is
-absent.
+- starts (like bench/boot.py's warm path: the same C client,
+  bench/tools/warmtime.c, on an open connection, from the request
+  `POST /v1/vms?attach=true` to the first console line at the client; the
+  daemon's pool of 16 MiB shells refilled before each run): the `hello` image, against
+  hello.so run as an application by the `recycler` image (`wisp run
+  --recycle`), REPS each, one after the other (after 3 runs each that
+  the pool learns the image from). Recycling's first design: there is
+  no pool of booted recyclers yet, so each run boots a recycler (from a
+  pooled shell that holds it loaded ahead) with the library mapped at its
+  boot. A VM's own fork (`wisp run family -- bench 200`, the guest's clock
+  from its fork call to its return in the parent, as bench/snapshot.py
+  measures it) is beside them: other start and stop points.
 
     python3 bench/libs.py --wisp target/release/wisp --out bench/results/libs.json
 """
 
+import json
 import os
 import re
 import sys
@@ -127,6 +138,31 @@ def memory(d, n, body):
     return total, taken
 
 
+def starts(d, reps):
+    """Warm boots of `hello` and recycled starts of hello.so, alternating:
+    ms from the request to the first console line at the client."""
+    import subprocess
+    client = common.cc(os.path.join(common.TOOLS, "warmtime.c"), os.path.join(common.BUILD, "warmtime"))
+    ctl = d.api()
+    bodies = {"warm_boot_ms": {"image": "hello", "args": ["a", "b"]},
+              "recycle_ms": {"image": "recycler", "args": ["hello", "a", "b"], "libs": [os.path.join(LIBS, "hello.so")]}}
+    out = {k: [] for k in bodies}
+    # One after the other (the pool's shells hold the image last asked for
+    # loaded ahead: alternating images would have every run load its own).
+    for k, body in bodies.items():
+        for i in range(reps + 3):
+            d.wait_pool(ctl, POOL)
+            time.sleep(0.01)  # the previous VM's teardown done, as bench/boot.py's warm path waits
+            r = subprocess.run([client, d.socket, json.dumps(body)], capture_output=True, text=True, timeout=30)
+            f = r.stdout.split()
+            if r.returncode != 0 or len(f) != 4:
+                raise RuntimeError("warmtime %s: %s %s" % (k, r.stdout.strip(), r.stderr.strip()))
+            ctl.call("DELETE", "/v1/vms/%s?force=true" % f[3])
+            if i >= 3:  # the first runs teach the pool which images to hold ahead
+                out[k].append((int(f[1]) - int(f[0])) / 1e6)
+    return out
+
+
 def plot(doc, png):
     try:
         import matplotlib
@@ -164,6 +200,9 @@ def main():
     d = wispapi.Daemon(wispd, os.path.join(ROOT, "build", "images"), pool="16M=%d" % POOL,
                        extra=["--max-vms", str(n + 10), "--max-guest-memory", "%dM" % (16 * (n + 10))])
     try:
+        start = starts(d, args.reps)
+        s = {k: common.summary(v) for k, v in start.items()}
+        log("[libs] start: warm boot %.3f ms, recycled (a recycler booted per run) %.3f ms" % (s["warm_boot_ms"]["median"], s["recycle_ms"]["median"]))
         rows = updates(d, args.reps)
         u = {k: common.summary([r[k] for r in rows]) for k in rows[0] if k != "variables"}
         log("[libs] update: %.3f ms (VMM %.3f ms), guest paused %.1f us (monitor %.1f us), %d variables" % (
@@ -178,6 +217,8 @@ def main():
         own = min(own_first, own_last)
     finally:
         d.stop()
+    import snapshot
+    fork_ms = snapshot.vm_fork_ms(args.wisp, 7)
     copy = os.path.getsize(lib)
     mib = lambda b: round(b / 2**20, 1)  # noqa: E731
     mem = {"vms": n, "own_mib": mib(own), "own_first_last_mib": [mib(own_first), mib(own_last)], "shared_mib": mib(shared), "static_mib": mib(static), "library_bytes": copy,
@@ -191,7 +232,10 @@ def main():
         "update": u,
         "variables": rows[0]["variables"],
         "memory": mem,
+        "starts": s,
+        "fork_ms": common.summary(fork_ms),
         "ratios": {
+            "recycle_vs_warm_boot": round(s["recycle_ms"]["median"] / s["warm_boot_ms"]["median"], 3),
             "update_ms": u["update_ms"]["median"],
             "update_pause_us": u["update_pause_us"]["median"],
             "shared_lib_mem_ratio": round(shared / (own + copy), 4),
@@ -199,8 +243,10 @@ def main():
         },
         "ratios_note": "update_ms: client clock, request to answer (sent once the guest switched; the old library is unmapped after); update_pause_us: the guest's"
                        " own clock around its library hypercall; shared_lib_mem_ratio: the memory of N VMs mapping the"
-                       " library over their own pages plus one copy of it; recycle_vs_warm_boot: not built yet",
-        "targets": {"update_ms": 1, "update_pause_us": 100, "shared_lib_mem_ratio": 1.1, "kylinx_update_ms": 5},
+                       " library over their own pages plus one copy of it; recycle_vs_warm_boot: request to first line at the client, the same"
+                       " client and pool for both; recycling's first design (a recycler booted per run, no pool of booted"
+                       " recyclers yet)",
+        "targets": {"update_ms": 1, "update_pause_us": 100, "shared_lib_mem_ratio": 1.1, "recycle_vs_warm_boot": 0.5, "kylinx_update_ms": 5},
         "machine": common.machine_info(),
     }
     common.write_result(doc, args, plot, __file__)
