@@ -170,7 +170,7 @@ def plot(doc, png):
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4))
     u = doc["update"]
     a.bar(["update (client)", "VMM process", "guest paused"],
           [u["update_ms"]["median"], u["vmm_update_ms"]["median"], u["update_pause_us"]["median"] / 1e3])
@@ -182,6 +182,12 @@ def plot(doc, png):
     b.bar(["own pages", "shared library", "statically linked"], [m["own_mib"], m["shared_mib"], m["static_mib"]])
     b.set_ylabel("MiB for %d VMs" % m["vms"])
     b.set_title("host memory, 1 MiB library")
+    st = doc.get("starts")
+    if st:
+        c.bar(["warm boot (hello)", "recycled (hello.so)", "a VM's fork\n(guest clock)"],
+              [st["warm_boot_ms"]["median"], st["recycle_ms"]["median"], doc["fork_ms"]["median"]])
+        c.set_ylabel("ms (median)")
+        c.set_title("start: request -> first line at the client")
     fig.suptitle(doc["machine"].get("cpu", ""), fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=100)
