@@ -215,6 +215,9 @@ pub enum InvalidCreate {
     RestoreWith(&'static str),
     /// A snapshot path that is not absolute.
     RestorePath,
+    /// A recycled run with what a recycled VM does not have, or without
+    /// its one application library.
+    Recycle(&'static str),
 }
 
 impl std::fmt::Display for InvalidCreate {
@@ -226,6 +229,7 @@ impl std::fmt::Display for InvalidCreate {
             InvalidCreate::Tenant => "invalid tenant: use 1-64 of [A-Za-z0-9_.-], not starting with '-' or '.'",
             InvalidCreate::RestoreWith(what) => return write!(f, "restore takes no {what}: a restored VM has its snapshot's memory and devices"),
             InvalidCreate::RestorePath => "restore: the snapshots' paths must be absolute (and at most 64 bases)",
+            InvalidCreate::Recycle(what) => return write!(f, "recycle: {what} (a recycled run is one application library run by the recycler image)"),
         })
     }
 }
@@ -248,6 +252,20 @@ impl CreateVm {
         }
         if self.tenant.as_deref().is_some_and(|t| !crate::valid_tenant(t)) {
             return Err(InvalidCreate::Tenant);
+        }
+        if self.recycle {
+            let given = [
+                (self.libs.len() != 1, "exactly one library (the application) is needed"),
+                (self.wants_nic(), "no NIC (net, ports)"),
+                (!self.volumes.is_empty(), "no volumes"),
+                (self.memory.is_some() || self.cpus.is_some() || self.family_limit.is_some(), "no limits of its own (memory, cpus, family_limit)"),
+                (self.stdin, "no stdin"),
+                (!self.env.is_empty() || !self.files.is_empty(), "no environment or files"),
+                (self.restore.is_some() || self.from.is_some() || self.name.is_some(), "no restore, template or name"),
+            ];
+            if let Some((_, what)) = given.iter().find(|(g, _)| *g) {
+                return Err(InvalidCreate::Recycle(what));
+            }
         }
         if self.restore.is_some() && self.from.is_some() {
             return Err(InvalidCreate::RestoreWith("template (from)"));
@@ -525,8 +543,20 @@ mod tests {
             restore: None,
             from: None,
             bases: Vec::new(),
+            recycle: false,
         };
         assert_eq!(check_limits(&create), Ok(()));
+        // A recycled run: one library, none of what a recycler lacks.
+        let run = CreateVm { image: "recycler".into(), libs: vec!["/l/hello.so".into()], recycle: true, ..Default::default() };
+        assert_eq!(run.check(), Ok(()));
+        let refused = |c: CreateVm| c.check().unwrap_err().to_string();
+        assert!(refused(CreateVm { libs: Vec::new(), ..run.clone() }).contains("exactly one library"));
+        assert!(refused(CreateVm { net: true, ..run.clone() }).contains("no NIC"));
+        assert!(refused(CreateVm { stdin: true, ..run.clone() }).contains("no stdin"));
+        assert!(refused(CreateVm { cpus: Some(1.0), ..run.clone() }).contains("no limits"));
+        assert!(refused(CreateVm { name: Some("n".into()), ..run.clone() }).contains("no restore, template or name"));
+        let back: CreateVm = serde_json::from_slice(&serde_json::to_vec(&run).unwrap()).unwrap();
+        assert_eq!(back, run);
         assert_eq!(create.files[0].bytes().unwrap(), b"\x00\xffbytes");
         let mut big = create.clone();
         big.files = vec![crate::GuestFile::new("/big", &vec![0u8; crate::MAX_FILE_BYTES + 3])];

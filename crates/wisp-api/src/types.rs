@@ -96,6 +96,12 @@ pub struct CreateVm {
     /// of booting `image`: as `restore`, from the daemon's own snapshot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<String>,
+    /// Run on a recycled VM (`wisp run --recycle`): the image is the
+    /// recycler, `libs` its one application library; wispd runs it in a
+    /// recycling group, on a recycler kept at its ready point between runs
+    /// (`docs/libraries.md`, "Recycling").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub recycle: bool,
 }
 
 /// Most volumes of a VM through the API.

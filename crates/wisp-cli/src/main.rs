@@ -132,6 +132,9 @@ pub struct RunArgs {
     /// no IMAGE): `wisp run --recycle APP.so -- ARGS` (docs/libraries.md).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["from", "template"])]
     pub recycle: Option<PathBuf>,
+    /// Set from `--recycle`: through wispd, the run goes to a recycled VM.
+    #[arg(skip)]
+    pub recycled: bool,
     /// Start the VM from template NAME (with wispd; no IMAGE): it goes on
     /// from where the template's guest said it was ready.
     #[arg(long, value_name = "NAME")]
@@ -374,6 +377,7 @@ fn run(mut a: RunArgs, socket: &std::path::Path, t_main: u64) -> Result<(u8, Opt
         a.args.insert(0, name.to_string());
         a.image = "recycler".into();
         a.libs.push(app);
+        a.recycled = true;
     }
     match a {
         a if a.image.is_empty() && a.from.is_none() => Err("an IMAGE to run is needed (or --from TEMPLATE)".into()),

@@ -89,6 +89,7 @@ pub fn run(mut c: Client, a: &RunArgs, socket: &Path) -> Result<u8, String> {
             })
             .collect::<Result<_, String>>()?,
         restore: None,
+        recycle: a.recycled,
         // The daemon opens them, with this user's rights: absolute paths.
         libs: a.libs.iter().map(|p| std::path::absolute(p).map(|p| p.display().to_string()).map_err(|e| format!("--lib {}: {e}", p.display()))).collect::<Result<_, String>>()?,
     };

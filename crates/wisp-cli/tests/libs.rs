@@ -264,3 +264,48 @@ fn an_application_library_runs_as_its_image_would() {
     let o = d.wisp(&["run", "--recycle", &bundled_path(), "--", "x"]);
     assert!(o.status.success() && text(&o).starts_with("Hello from wisp! args: [\"x\"]\n"), "{}", text(&o));
 }
+
+#[test]
+fn recycled_runs_go_on_from_a_kept_ready_point_scrubbed_each_time() {
+    // wispd keeps each recycler at its ready point between runs; hello.so
+    // and the recycler exit 3 if they find the state of an earlier run
+    // (their counters), so every run's success says the scrub happened.
+    let d = common::daemon::Daemon::start("libs-recycled", &["--pool", "16M=1", "--recyclers-per-process", "2"]);
+    let (hello, hello2) = (bundled_path(), built("hello2.so"));
+    let run = |lib: &str, arg: &str| {
+        let o = d.wisp(&["run", "--recycle", lib, "--", "run", arg]);
+        assert!(o.status.success(), "{}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(out.starts_with(&format!("Hello from wisp! args: [\"run\", \"{arg}\"]\n")), "{out}");
+        assert!(out.lines().nth(1).is_some_and(booted_line_shape), "{out}");
+    };
+    for i in 1..=4 {
+        run(&hello, &i.to_string());
+    }
+    // Another library: a recycler of its own; then hello.so's is still kept.
+    run(&hello2, "5");
+    run(&hello, "6");
+    // A library with no entry: the recycler's own exit, after which it is
+    // scrubbed and kept like any other.
+    let o = d.wisp(&["run", "--recycle", &built("bench.so")]);
+    assert_eq!(o.status.code(), Some(127), "{}", text(&o));
+    let o = d.wisp(&["run", "--recycle", &built("bench.so")]);
+    assert_eq!(o.status.code(), Some(127), "{}", text(&o));
+    let mut c = d.client();
+    let mut vms = c.list().unwrap();
+    vms.sort_by_key(|v| v.created_ms);
+    assert_eq!(vms.len(), 8, "{vms:?}");
+    // Each run is a VM of its own (its id, record and exit), all of one
+    // recycling group; the runs after a library's first went on from the
+    // ready point kept (`preloaded` in the boot trace: nothing loaded).
+    let kept: Vec<bool> = vms.iter().map(|v| v.boot_trace.as_ref().is_some_and(|t| t.preloaded)).collect();
+    assert_eq!(kept, [false, true, true, true, false, true, false, true], "{vms:?}");
+    assert!(vms.iter().all(|v| v.group.is_some() && v.group == vms[0].group && v.image == "recycler"), "{vms:?}");
+    assert!(vms.iter().take(6).all(|v| v.exit.as_ref().is_some_and(|e| e.code == 0)), "{vms:?}");
+    // What a recycled VM does not have is refused before anything runs.
+    let o = d.wisp(&["run", "--recycle", &hello, "--lib", &hello2, "--", "x"]);
+    assert!(!o.status.success() && text(&o).contains("recycle: exactly one library"), "{}", text(&o));
+    let o = d.wisp(&["run", "--recycle", &hello, "--net", "--", "x"]);
+    assert!(!o.status.success() && text(&o).contains("recycle: no NIC"), "{}", text(&o));
+    assert!(d.wisp(&["rm", "-f", "--all"]).status.success());
+}

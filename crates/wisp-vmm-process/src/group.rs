@@ -46,8 +46,8 @@ const VCPU_STACK: usize = 256 << 10;
 
 /// Entry point of a group VMM process `id` in directory `dir`: up to `n`
 /// VMs of `mem` bytes, jailed as user and group `uid`. Never returns.
-pub fn main(id: &str, dir: &Path, mem: u64, uid: u32, n: u32) -> ! {
-    match run(dir, mem, uid, n) {
+pub fn main(id: &str, dir: &Path, mem: u64, uid: u32, n: u32, recycle: bool) -> ! {
+    match run(dir, mem, uid, n, recycle) {
         Ok(()) => std::process::exit(0),
         Err(e) => {
             eprintln!("wisp-vmm group {id}: {e}");
@@ -74,12 +74,18 @@ struct Last {
 }
 
 /// What the group's threads share.
-struct Group {
-    kvm: Kvm,
-    mem: u64,
-    sync_regs: bool,
+pub(crate) struct Group {
+    pub(crate) kvm: Kvm,
+    pub(crate) mem: u64,
+    pub(crate) sync_regs: bool,
     /// Most VMs running at once.
-    n: usize,
+    pub(crate) n: usize,
+    /// A recycling group (`recycle.rs`): its VMs are recyclers, each kept
+    /// at its ready point between runs.
+    recycle: bool,
+    /// Recyclers at their ready point, each waiting for a run of the
+    /// files it was booted from (`recycle.rs`).
+    pub(crate) ready: Mutex<Vec<Arc<crate::recycle::Parked>>>,
     /// The group's control socket (served by the spare).
     listener: UnixListener,
     /// Wakes the main thread: a VM was hosted or has ended.
@@ -87,21 +93,21 @@ struct Group {
     /// VMs hosted, for the main thread to take over.
     news: Mutex<Vec<Hosted>>,
     /// VMs running.
-    running: AtomicUsize,
+    pub(crate) running: AtomicUsize,
     /// A spare exists (preparing or serving the group's socket).
-    spare: AtomicBool,
+    pub(crate) spare: AtomicBool,
     /// Connections to the group's socket, between spares.
     sessions: Mutex<Vec<UnixStream>>,
     last: Mutex<Option<Last>>,
 }
 
 impl Group {
-    fn wake(&self) {
+    pub(crate) fn wake(&self) {
         let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
     }
 }
 
-fn run(dir: &Path, mem: u64, uid: u32, n: u32) -> Result<(), String> {
+fn run(dir: &Path, mem: u64, uid: u32, n: u32, recycle: bool) -> Result<(), String> {
     wisp_jail::close_inherited();
     crate::monotonic_ns();
     let _ = rustix::thread::set_name(c"wisp-vmm");
@@ -120,6 +126,8 @@ fn run(dir: &Path, mem: u64, uid: u32, n: u32) -> Result<(), String> {
         mem,
         sync_regs,
         n: n.max(1) as usize,
+        recycle,
+        ready: Mutex::new(Vec::new()),
         listener,
         wake,
         news: Mutex::new(Vec::new()),
@@ -213,7 +221,8 @@ fn make_spare(g: &Arc<Group>) -> Result<(), String> {
         let fresh = || create().and_then(|mut s| s.warm_up().map(|()| s));
         // Preloading enters the shell too (its prefault run); a shell whose
         // preload failed half-way is of no use: a fresh one.
-        let shell = match ahead {
+        // (A recycler boots with its run's libraries: nothing loaded ahead.)
+        let shell = match ahead.filter(|_| !g2.recycle) {
             Some(image) => create().and_then(|mut s| s.preload(image).map(|()| s)).or_else(|_| fresh()),
             None => fresh(),
         };
@@ -222,6 +231,10 @@ fn make_spare(g: &Arc<Group>) -> Result<(), String> {
         g2.spare.store(false, Ordering::Release);
         g2.wake();
         let _ = rustix::thread::set_name(c"vcpu");
+        if g2.recycle {
+            crate::recycle::run(&g2, shell, job);
+            return;
+        }
         run_vm(shell, job);
         g2.running.fetch_sub(1, Ordering::AcqRel);
         g2.wake();
@@ -233,42 +246,63 @@ fn make_spare(g: &Arc<Group>) -> Result<(), String> {
 }
 
 /// What a VM's thread is given to run.
-struct Job {
-    shared: Arc<Shared>,
-    image: Image,
-    args: Vec<String>,
-    timeout: Option<Duration>,
-    conn: UnixStream,
-    attach: bool,
-    client: Option<(UnixStream, Vec<u8>)>,
-    received_ns: u64,
-    data: Option<wisp_vmm::DataDevice>,
-    stdin: bool,
+pub(crate) struct Job {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) image: Image,
+    pub(crate) args: Vec<String>,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) conn: UnixStream,
+    pub(crate) attach: bool,
+    pub(crate) client: Option<(UnixStream, Vec<u8>)>,
+    pub(crate) received_ns: u64,
+    pub(crate) data: Option<wisp_vmm::DataDevice>,
+    pub(crate) stdin: bool,
+    /// Shared libraries (a recycling group's: the application).
+    pub(crate) libraries: Vec<wisp_vmm::devices::library::LibraryDevice>,
+    /// The files of the image and libraries (device, inode): a recycler
+    /// kept at its ready point serves a run of the same files.
+    pub(crate) files: Vec<(u64, u64)>,
 }
 
 /// The spare serves the group's control socket (its connections with one
 /// poll: the daemon connects ahead of its requests) until a `host` it can
 /// take: that VM is handed to the main thread and becomes this thread's
 /// job; the other connections wait for the next spare.
-fn serve_group(g: &Group) -> Job {
+pub(crate) fn serve_group(g: &Group) -> Job {
     let mut sessions = std::mem::take(&mut *g.sessions.lock().unwrap());
     loop {
         let Some(conn) = next_pooled(&g.listener, &mut sessions) else { continue };
         let Some((req, fds)) = read_request(&conn) else { continue };
         let received_ns = crate::monotonic_ns();
         let reply = match req {
-            Request::Host { vm: _, image_name, args, timeout_ms, attach, client_head, data, stdin } => {
+            Request::Host { vm: _, image_name, args, timeout_ms, attach, client_head, data, stdin, libs } => {
                 if g.running.load(Ordering::Acquire) >= g.n {
                     Reply::err(format!("this group runs {} VMs already", g.n))
+                } else if !libs.is_empty() && !g.recycle {
+                    Reply::err("only a recycling group's VMs map libraries")
                 } else {
-                    match host(fds, image_name, client_head, data, &g.last) {
+                    match host(fds, image_name, client_head, data, libs, &g.last) {
                         Err(e) => Reply::err(e),
-                        Ok((shared, listener, image, client, data)) => {
+                        Ok((shared, listener, image, client, data, libraries, files)) => {
                             g.running.fetch_add(1, Ordering::AcqRel);
                             g.news.lock().unwrap().push(Hosted { shared: shared.clone(), listener, sessions: Vec::new() });
-                            g.sessions.lock().unwrap().append(&mut sessions);
                             let timeout = timeout_ms.map(Duration::from_millis);
-                            return Job { shared, image, args, timeout, conn, attach, client, received_ns, data, stdin };
+                            let job = Job { shared, image, args, timeout, conn, attach, client, received_ns, data, stdin, libraries, files };
+                            // A recycler waiting at its ready point with
+                            // these files takes it; this thread serves on.
+                            let job = if g.recycle {
+                                match crate::recycle::hand_over(g, job) {
+                                    Ok(()) => {
+                                        g.wake();
+                                        continue;
+                                    }
+                                    Err(job) => job,
+                                }
+                            } else {
+                                job
+                            };
+                            g.sessions.lock().unwrap().append(&mut sessions);
+                            return job;
                         }
                     }
                 }
@@ -287,12 +321,21 @@ fn serve_group(g: &Group) -> Job {
 }
 
 /// A VM's pieces from a `host` request's descriptors: exit.json,
-/// console.log, stderr.log, the control socket's listener, the image, and the client
-/// if `client_head` says one comes.
-type Pieces = (Arc<Shared>, UnixListener, Image, Option<(UnixStream, Vec<u8>)>, Option<wisp_vmm::DataDevice>);
+/// console.log, stderr.log, the control socket's listener, the image, the client
+/// if `client_head` says one comes, the data region, the libraries, and
+/// the files of the image and libraries.
+type Pieces = (
+    Arc<Shared>,
+    UnixListener,
+    Image,
+    Option<(UnixStream, Vec<u8>)>,
+    Option<wisp_vmm::DataDevice>,
+    Vec<wisp_vmm::devices::library::LibraryDevice>,
+    Vec<(u64, u64)>,
+);
 
-fn host(fds: Vec<OwnedFd>, image_name: String, client_head: Option<String>, data: bool, last: &Mutex<Option<Last>>) -> Result<Pieces, String> {
-    let want = 5 + usize::from(client_head.is_some()) + usize::from(data);
+fn host(fds: Vec<OwnedFd>, image_name: String, client_head: Option<String>, data: bool, libs: Vec<String>, last: &Mutex<Option<Last>>) -> Result<Pieces, String> {
+    let want = 5 + usize::from(client_head.is_some()) + usize::from(data) + libs.len();
     if fds.len() != want {
         return Err(format!("host needs {want} descriptors, {} came", fds.len()));
     }
@@ -314,15 +357,25 @@ fn host(fds: Vec<OwnedFd>, image_name: String, client_head: Option<String>, data
             image
         }
     };
+    drop(last);
     let client = client_head.map(|h| (UnixStream::from(next()), h.into_bytes()));
     let data = if data { Some(boot::data_from_fd(next())?) } else { None };
+    // Checked here too (the daemon is not trusted blindly).
+    let mut keys = vec![file];
+    let mut libraries = Vec::with_capacity(libs.len());
+    for name in libs {
+        let fd = next();
+        let st = rustix::fs::fstat(&fd).map_err(|e| format!("library {name}: {e}"))?;
+        keys.push((st.st_dev as u64, st.st_ino as u64));
+        libraries.push(wisp_vmm::devices::library::LibraryDevice::from_fd(&name, fd).map_err(|e| format!("library {name}: {e}"))?);
+    }
     let shared = Shared::new(files, WorkerState::Pooled, None);
-    Ok((shared, listener, image, client, data))
+    Ok((shared, listener, image, client, data, libraries, keys))
 }
 
 /// A VM's thread, once its job came: load, answer, run, record the end.
 fn run_vm(shell: wisp_vmm::Result<Shell>, job: Job) {
-    let Job { shared, image, args, timeout, conn, attach, client, received_ns, data, stdin } = job;
+    let Job { shared, image, args, timeout, conn, attach, client, received_ns, data, stdin, .. } = job;
     let t = Instant::now();
     let family = boot::daemon_family(false, Some(1));
     let loaded = shell.and_then(|s| boot::load(s, Boot { image: &image, args: &args, net: None, data, disks: Vec::new(), libraries: Vec::new(), family }));

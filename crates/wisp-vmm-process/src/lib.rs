@@ -32,6 +32,7 @@ mod narrow;
 pub mod images;
 pub mod nic;
 mod process;
+mod recycle;
 pub mod proto;
 mod sink;
 mod state;

@@ -124,6 +124,10 @@ pub enum Request {
         /// As for [`Request::Start`].
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         stdin: bool,
+        /// As for [`Request::Start`]: shared libraries, one descriptor each,
+        /// last (a recycling group's runs: the application library).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        libs: Vec<String>,
     },
     /// A pooled shell: load the image passed with the request ahead of a
     /// start (the one most likely asked for), and touch its pages.

@@ -193,6 +193,13 @@ impl Control {
         self.interrupt();
     }
 
+    /// Forget a kill or timeout asked for, and events not taken: a
+    /// recycled VM's next run starts afresh (`vm/reuse.rs`).
+    pub(crate) fn clear_for_reuse(&self) {
+        self.halt.store(Halt::None as u8, Ordering::Release);
+        self.take_events();
+    }
+
     pub(crate) fn halted(&self) -> Halt {
         if self.bell.get().kill.load(Ordering::Acquire) != 0 {
             return Halt::Kill;

@@ -94,6 +94,10 @@ struct Cli {
     /// process (and its sandbox), each still a KVM VM of its own.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     vms_per_process: u32,
+    /// Recycled runs (`wisp run --recycle`) one recycling VMM process hosts
+    /// at once, each on a recycler it keeps booted between runs.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    recyclers_per_process: u32,
     /// A file holding the key migrating daemons share (16 bytes or more,
     /// readable by its owner only): needed to send VMs (`wisp migrate`) and
     /// to take them.
@@ -126,6 +130,9 @@ enum Cmd {
         /// A group VMM process hosting up to this many VMs.
         #[arg(long)]
         group: Option<u32>,
+        /// The group recycles its VMs (`wisp run --recycle`).
+        #[arg(long)]
+        recycle: bool,
     },
     /// The init process of the VMM processes' PID namespace (internal).
     #[command(name = "__pidns", hide = true)]
@@ -180,7 +187,7 @@ fn parse_pool(s: &str) -> Result<(u64, u32), String> {
 fn main() {
     let cli = Cli::parse();
     match cli.cmd {
-        Some(Cmd::Worker { id, dir, mem, uid, cgroups, group }) => {
+        Some(Cmd::Worker { id, dir, mem, uid, cgroups, group, recycle }) => {
             // Before anything of the VM exists: memory is charged to the
             // group of the process that first touches it.
             if let Err(e) = cgroup::join(&cgroups) {
@@ -189,7 +196,7 @@ fn main() {
                 std::process::exit(1);
             }
             match group {
-                Some(n) => wisp_vmm_process::group::main(&id, &dir, mem, uid, n),
+                Some(n) => wisp_vmm_process::group::main(&id, &dir, mem, uid, n, recycle),
                 None => wisp_vmm_process::main(&id, &dir, mem, uid),
             }
         }
@@ -272,6 +279,7 @@ fn run(cli: Cli) -> Result<(), String> {
         image_cache_bytes: cli.image_cache,
         cgroups: !cli.no_cgroups,
         vms_per_process: cli.vms_per_process,
+        recyclers_per_process: cli.recyclers_per_process,
         migrate_key: cli.migrate_key.as_deref().map(read_key).transpose()?,
     };
     let d = daemon::Daemon::new(cfg).map_err(|e| e.to_string())?;

@@ -131,6 +131,20 @@ impl Devices {
         self.list.get_mut(index).and_then(|(d, _)| d.as_library())
     }
 
+    /// Every library's writable bytes, by table index (`vm/reuse.rs`).
+    pub(crate) fn library_data(&mut self) -> Vec<(usize, Vec<(usize, Vec<u8>)>)> {
+        (0..self.len()).filter_map(|i| self.library_at(i).map(|l| (i, l.data()))).collect()
+    }
+
+    /// Put back what [`Devices::library_data`] returned.
+    pub(crate) fn put_library_data(&mut self, data: &[(usize, Vec<(usize, Vec<u8>)>)]) {
+        for (i, d) in data {
+            if let Some(l) = self.library_at(*i) {
+                l.put_data(d);
+            }
+        }
+    }
+
     /// The boot-info entry of device `index`.
     pub(crate) fn entry(&self, index: usize) -> Option<DeviceDesc> {
         let (d, base) = self.list.get(index)?;

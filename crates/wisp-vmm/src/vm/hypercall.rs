@@ -100,6 +100,8 @@ impl Vm {
 
     fn exit(&mut self, gpa: u64) -> Served {
         let a: args::Exit = read_block(&self.shell.ram, &self.user, Hypercall::Exit, gpa, false)?;
+        // A reusable VM's run ends; the VM lives on (`reuse.rs`).
+        self.run_ends(a.code);
         Ok(Some(a.code))
     }
 

@@ -10,6 +10,7 @@
 mod fork;
 mod hypercall;
 mod ipc;
+mod reuse;
 mod snapshot;
 mod spare;
 mod stdio;
@@ -39,6 +40,7 @@ use watchdog::Watchdog;
 
 pub use crate::loader::FEATURES;
 pub use stdio::{Console, StdinFeed};
+pub use reuse::Stop as ReuseStop;
 pub use snapshot::Restoring;
 
 /// A VM with its image loaded, ready to run.
@@ -90,6 +92,8 @@ pub struct Vm {
     /// Where a snapshot goes when the guest says it is ready: the VM is
     /// being made into a template ([`Vm::save_when_ready`]).
     on_ready: Option<crate::control::SaveSink>,
+    /// A VM run again and again: its ready point (`reuse.rs`).
+    reuse: Option<Box<reuse::Reuse>>,
 }
 
 /// What the run loop saw at one exit, copied out of the `kvm_run` page.
@@ -231,6 +235,7 @@ impl Vm {
             first_flush: None,
             stdin: None,
             on_ready: None,
+            reuse: None,
         })
     }
 
@@ -340,6 +345,14 @@ impl Vm {
             }
         };
         let mut watchdog = watchdog;
+        // A reusable VM at its ready point or at the end of a run: it lives
+        // on (`reuse.rs`), and nobody is told of an end.
+        if self.reuse_stop().is_some() {
+            drop(watchdog);
+            self.control.set_vcpu_thread(None);
+            let _ = console.flush();
+            return Some(outcome);
+        }
         // No more forks: the spare goes (lent ones: their children run on).
         self.finish_fork();
         drop(self.spare.take());

@@ -56,6 +56,10 @@ impl Vm {
         // see the call succeed.
         a.ret = 0;
         super::hypercall::write_block(&self.shell.ram, hc, gpa, &a)?;
+        // A reusable VM keeps its ready point instead (`reuse.rs`).
+        if self.stops_at_ready() {
+            return Ok(Some(0));
+        }
         let Some(mut sink) = self.on_ready.take() else { return Ok(None) };
         let saved = self.write_snapshot(&mut sink, false).map_err(|e| e.to_string()).and_then(|_| sink.flush().map_err(|e| e.to_string()));
         drop(sink);

@@ -195,7 +195,7 @@ impl Daemon {
         // The router checked it already; the daemon does not rely on that.
         req.check()?;
         // The shell this create will likely take wakes while the daemon works.
-        if self.cfg.vms_per_process <= 1 {
+        if self.cfg.vms_per_process <= 1 && !req.recycle {
             match restore {
                 None => self.pool.poke(mem, &req.image),
                 Some(_) => self.pool.poke_any(mem),
@@ -222,9 +222,14 @@ impl Daemon {
             undo.name = Some(n.clone());
         }
         // A VM a group can hold goes to one (`wispd --vms-per-process`).
+        // A recycled run goes to a recycling group (`group.rs`).
         let (worker, hosted) = match &image {
+            Some(_) if req.recycle => {
+                let (w, h) = self.host_in_group(req.tenant.as_deref().unwrap_or(""), mem, true, &mut undo)?;
+                (w, Some(h))
+            }
             Some(image) if self.cfg.vms_per_process > 1 && super::group::groupable(&req, image) => {
-                let (w, h) = self.host_in_group(req.tenant.as_deref().unwrap_or(""), mem, &mut undo)?;
+                let (w, h) = self.host_in_group(req.tenant.as_deref().unwrap_or(""), mem, false, &mut undo)?;
                 (w, Some(h))
             }
             _ => {
@@ -331,6 +336,7 @@ impl Daemon {
                 client_head,
                 data: data.is_some(),
                 stdin: req.stdin,
+                libs: libs.iter().map(|l| l.name.clone()).collect(),
             },
             None => Request::Start {
                 image_name: image.as_ref().map_or_else(|| "snapshot".into(), |i| i.image.name.clone()),
@@ -448,12 +454,12 @@ impl Daemon {
     /// [`Worker`] (the group's process, a session to the group's control
     /// socket, and the pending `wait` that watches the VM in a pidfd's
     /// place) and what goes with the `host` request.
-    fn host_in_group(&self, tenant: &str, mem: u64, undo: &mut Rollback<'_>) -> Result<(Worker, Hosted), ActionError> {
+    fn host_in_group(&self, tenant: &str, mem: u64, recycle: bool, undo: &mut Rollback<'_>) -> Result<(Worker, Hosted), ActionError> {
         // A group that cannot make the slot (its process died) is closed,
         // and the VM goes to another, once.
         let mut tries = 2;
         let (place, slot) = loop {
-            let mut place = self.take_place(tenant, mem)?;
+            let mut place = self.take_place(tenant, mem, recycle)?;
             match self.take_slot(&mut place) {
                 Ok(s) => break (place, s),
                 Err(e) => {

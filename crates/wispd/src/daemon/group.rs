@@ -52,6 +52,10 @@ pub struct Group {
     pub members: usize,
     /// Adopted from a previous daemon (or failing): no new VMs.
     pub closed: bool,
+    /// A recycling group (`wisp run --recycle`): its VMs are runs of the
+    /// recycler on VMs it keeps at their ready point between runs
+    /// (`wisp_vmm_process`'s `recycle.rs`).
+    pub recycle: bool,
     child: Option<Child>,
     pidfd: Option<OwnedFd>,
     /// The next VM's directory, files, socket and connections, made ahead.
@@ -114,6 +118,11 @@ impl Groups {
         if let Some(t) = tx.as_ref() {
             let _ = t.send(id.to_string());
         }
+    }
+
+    /// Whether group `id` is a recycling group.
+    pub(super) fn recycling(&self, id: &str) -> bool {
+        self.by_id.lock().unwrap().get(id).is_some_and(|g| g.recycle)
     }
 
     /// Whether a group runs under user id `uid` (not to be given away).
@@ -231,7 +240,7 @@ pub fn groupable(req: &CreateVm, image: &CachedImage) -> bool {
 impl Daemon {
     /// Take a place for a VM of `tenant` and `mem` bytes: in an open group
     /// with room, else in a new one.
-    pub(super) fn take_place(&self, tenant: &str, mem: u64) -> Result<Place, ActionError> {
+    pub(super) fn take_place(&self, tenant: &str, mem: u64, recycle: bool) -> Result<Place, ActionError> {
         let place = |g: &mut Group| Place {
             group: g.id.clone(),
             pid: g.pid,
@@ -244,7 +253,7 @@ impl Daemon {
         {
             let mut groups = self.groups.by_id.lock().unwrap();
             loop {
-                let open = groups.values_mut().find(|g| !g.closed && g.tenant == tenant && g.mem == mem && g.members < g.hosts as usize);
+                let open = groups.values_mut().find(|g| !g.closed && g.recycle == recycle && g.tenant == tenant && g.mem == mem && g.members < g.hosts as usize);
                 match open {
                     // A group whose process has ended (killed, crashed)
                     // takes no more: the next candidate.
@@ -257,10 +266,10 @@ impl Daemon {
                 }
             }
         }
-        let n = self.cfg.vms_per_process;
+        let n = if recycle { self.cfg.recyclers_per_process } else { self.cfg.vms_per_process };
         let limits = quota::family_limits(mem, None, None, Some(n));
         let cg = self.cgroups.as_ref().map(|c| (c, &limits));
-        let mut w = process::spawn(&self.vms_dir(), &self.records, &self.uids, self.pidns.as_ref(), mem, cg, Some(n))
+        let mut w = process::spawn(&self.vms_dir(), &self.records, &self.uids, self.pidns.as_ref(), mem, cg, Some(n), recycle)
             .map_err(ActionError::Prepare)?;
         // Its directory was given to its user id when it got ready.
         let Some(uid) = super::uids::dir_uid(&w.dir) else {
@@ -278,6 +287,7 @@ impl Daemon {
             hosts: n,
             members: 1,
             closed: false,
+            recycle,
             child: w.child.take(),
             pidfd: w.pidfd.take(),
             next: None,
@@ -295,7 +305,15 @@ impl Daemon {
             let mut groups = self.groups.by_id.lock().unwrap();
             let Some(g) = groups.get_mut(id) else { return };
             g.members = g.members.saturating_sub(1);
-            if g.members > 0 {
+            // An open recycling group with no run stays (its recyclers wait
+            // at their ready point), unless another of its kind is empty too.
+            let (tenant, mem) = (g.tenant.clone(), g.mem);
+            let keep = g.recycle && !g.closed && g.members == 0 && {
+                let twin = |o: &Group| o.id != id && o.recycle && !o.closed && o.members == 0 && o.tenant == tenant && o.mem == mem;
+                !groups.values().any(twin)
+            };
+            let g = groups.get_mut(id).expect("found above");
+            if g.members > 0 || keep {
                 // Room again in a group that was full: its next VM's slot.
                 if !g.closed && g.next.is_none() && g.members + 1 == g.hosts as usize {
                     drop(groups);
@@ -385,6 +403,7 @@ impl Daemon {
                     hosts: rec.hosts.unwrap_or(0),
                     members: 0,
                     closed: true,
+                    recycle: false,
                     child: None,
                     pidfd: Some(pidfd),
                     next: None,

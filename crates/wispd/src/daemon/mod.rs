@@ -92,6 +92,8 @@ pub struct Config {
     /// Most VMs one VMM process holds (1: a process per VM; more: the VMs
     /// of one tenant and size that a group can hold share one, `group`).
     pub vms_per_process: u32,
+    /// Runs a recycling group hosts at once (`wisp run --recycle`).
+    pub recyclers_per_process: u32,
     /// The key migrating daemons share (`migrate.rs`); none: this daemon
     /// neither sends nor takes VMs.
     pub migrate_key: Option<Vec<u8>>,
@@ -309,7 +311,7 @@ impl Daemon {
     fn spawn_worker(&self, mem: u64) -> Result<Worker, SpawnError> {
         let limits = quota::family_limits(mem, None, None, None);
         let cg = self.cgroups.as_ref().map(|c| (c, &limits));
-        let mut w = process::spawn(&self.vms_dir(), &self.records, &self.uids, self.pidns.as_ref(), mem, cg, None)?;
+        let mut w = process::spawn(&self.vms_dir(), &self.records, &self.uids, self.pidns.as_ref(), mem, cg, None, false)?;
         // Its family's uplink, watched from now on (nothing comes on it
         // before the VM runs and forks): off a create's path.
         w.uplink = process::uplink_pair();

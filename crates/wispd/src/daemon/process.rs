@@ -143,7 +143,7 @@ pub fn give_dir(dir: &Path, uid: u32) -> Result<(), DirError> {
 /// those limits (its family's, once it holds a VM), record it, and wait
 /// until it is ready. On any failure the user id, the directory, the
 /// group, the record and the process (if it started) are given back.
-pub fn spawn(vms_dir: &Path, records: &Records, uids: &Uids, pidns: Option<&PidNs>, mem: u64, cg: Option<(&Cgroups, &Limits)>, hosts: Option<u32>) -> Result<Worker, SpawnError> {
+pub fn spawn(vms_dir: &Path, records: &Records, uids: &Uids, pidns: Option<&PidNs>, mem: u64, cg: Option<(&Cgroups, &Limits)>, hosts: Option<u32>, recycle: bool) -> Result<Worker, SpawnError> {
     let uid = uids.alloc()?;
     let made = new_vm_dir(vms_dir).map_err(SpawnError::from).and_then(|(id, dir)| {
         let groups = match cg {
@@ -151,7 +151,7 @@ pub fn spawn(vms_dir: &Path, records: &Records, uids: &Uids, pidns: Option<&PidN
             None => Ok(Vec::new()),
         };
         groups
-            .and_then(|groups| start(&id, &dir, records, uid, pidns, mem, &groups, hosts))
+            .and_then(|groups| start(&id, &dir, records, uid, pidns, mem, &groups, hosts, recycle))
             .map(|child| {
                 // Our own child, not reaped yet: the pid cannot have been reused.
                 let pid = child.id();
@@ -180,7 +180,7 @@ pub fn spawn(vms_dir: &Path, records: &Records, uids: &Uids, pidns: Option<&PidN
 /// groups `groups` first thing), record it, wait for its "ready" and give
 /// it its directory.
 #[allow(clippy::too_many_arguments)]
-fn start(id: &str, dir: &Path, records: &Records, uid: u32, pidns: Option<&PidNs>, mem: u64, groups: &[PathBuf], hosts: Option<u32>) -> Result<Child, SpawnError> {
+fn start(id: &str, dir: &Path, records: &Records, uid: u32, pidns: Option<&PidNs>, mem: u64, groups: &[PathBuf], hosts: Option<u32>, recycle: bool) -> Result<Child, SpawnError> {
     let log = fs::File::create(dir.join("vmm.log")).map_err(SpawnError::Log)?;
     // The daemon's own binary through /proc/self/exe: the file this daemon
     // runs even once an upgrade has replaced (or removed) it on disk, so
@@ -196,6 +196,9 @@ fn start(id: &str, dir: &Path, records: &Records, uid: u32, pidns: Option<&PidNs
     }
     if let Some(n) = hosts {
         cmd.arg("--group").arg(n.to_string());
+        if recycle {
+            cmd.arg("--recycle");
+        }
     }
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
     // One malloc arena: a VMM process has two threads and little heap. The

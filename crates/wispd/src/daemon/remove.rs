@@ -67,9 +67,11 @@ impl Daemon {
         // A group's VM leaves its group (the group goes with its last),
         // once: a removal that found it gone already leaves nothing.
         if let Some(g) = &info.group {
-            if removed.is_some() {
+            if let Some(e) = &removed {
                 self.remove_dir(dir);
-                self.leave_group(g);
+                if !e.released {
+                    self.leave_group(g);
+                }
             }
             return Ok(());
         }

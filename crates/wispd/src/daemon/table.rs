@@ -50,12 +50,15 @@ pub struct Entry {
     /// refused meanwhile (a snapshot would take the dirty log the
     /// migration's increment is made of).
     pub migrating: bool,
+    /// A recycled run that has ended: its place in its recycling group was
+    /// given back then (not again when it is removed).
+    pub released: bool,
 }
 
 impl Entry {
     /// A fresh entry for a VM.
     pub fn new(info: VmInfo, dir: PathBuf, child: Option<Child>, pidfd: Option<OwnedFd>) -> Entry {
-        Entry { info, dir, child, pidfd, ctl: None, forwards: Vec::new(), uplink: None, ns_pid: None, uid: None, removing: false, last_snapshot: None, hidden: false, migrating: false }
+        Entry { info, dir, child, pidfd, ctl: None, forwards: Vec::new(), uplink: None, ns_pid: None, uid: None, removing: false, last_snapshot: None, hidden: false, migrating: false, released: false }
     }
 }
 

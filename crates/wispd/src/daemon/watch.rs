@@ -124,7 +124,14 @@ impl Daemon {
         let ip = e.info.ip.clone();
         let root = super::table::root_of(&e.info).to_string();
         let removing = e.removing;
+        // A recycled run gives its place back as it ends: its group's
+        // capacity is runs at once, not runs listed.
+        let release = e.info.group.clone().filter(|g| !e.released && self.groups.recycling(g));
+        e.released |= release.is_some();
         drop(t);
+        if let Some(g) = release {
+            self.leave_group(&g);
+        }
         self.net.free(ip.as_deref());
         self.net.release(id);
         self.family_ended(&root);

@@ -4,9 +4,11 @@
 //! under that name, and calls its entry (`wisp_abi::app::APP_ENTRY`) with
 //! the services it may use (`wisp_abi::app::AppSys`: the arguments after
 //! this image's own name, output, clocks). Its return is the VM's exit
-//! status. Issue 17, recycling: this is the VM an app is loaded into;
-//! keeping such VMs booted in a pool and scrubbing them after each app is
-//! the next step (`docs/libraries.md`).
+//! status. Issue 17, recycling: this is the VM an app is loaded into. It
+//! says it is ready before it reads its arguments: wispd's recycling
+//! groups keep it booted there, write each run's arguments, let it go on,
+//! and scrub it back to that point after the app exits
+//! (`docs/libraries.md`, "Recycling"); elsewhere the call does nothing.
 #![no_std]
 #![no_main]
 
@@ -14,7 +16,10 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use wisp::abi::app::{AppSys, APP_ABI, APP_ENTRY};
 
-wisp::main!(main);
+wisp::main!(main, wisp::Manifest::new().features(wisp::features::READY));
+
+/// Runs of this VM since its ready point (always 1 when it is scrubbed).
+static RUNS: AtomicU64 = AtomicU64::new(0);
 
 /// The guest's clock when the app was started.
 static STARTED_NS: AtomicU64 = AtomicU64::new(0);
@@ -46,6 +51,17 @@ extern "C" fn app_wall_ns() -> u64 {
 }
 
 fn main() -> i32 {
+    // The ready point: everything after it is one run's.
+    if let Err(e) = wisp::ready() {
+        wisp::eprintln!("recycler: ready: error {}", e);
+        return 125;
+    }
+    // A recycled VM is scrubbed back to the ready point after each run:
+    // this VM's memory must not remember an earlier one.
+    if RUNS.fetch_add(1, Ordering::Relaxed) != 0 {
+        wisp::eprintln!("recycler: this VM's memory kept an earlier run");
+        return 3;
+    }
     let Some(name) = wisp::env::arg(1) else {
         wisp::eprintln!("recycler: usage: recycler APP [ARGS...] (wisp run --recycle APP.so -- ARGS)");
         return 2;

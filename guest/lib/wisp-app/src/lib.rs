@@ -53,12 +53,16 @@ impl<'a> App<'a> {
 
     /// Write formatted text to standard output.
     pub fn print(&self, args: fmt::Arguments) {
-        let _ = fmt::write(&mut Out(self, 1), args);
+        let mut out = Out::new(self, 1);
+        let _ = fmt::write(&mut out, args);
+        out.flush();
     }
 
     /// Write formatted text to standard error.
     pub fn eprint(&self, args: fmt::Arguments) {
-        let _ = fmt::write(&mut Out(self, 2), args);
+        let mut out = Out::new(self, 2);
+        let _ = fmt::write(&mut out, args);
+        out.flush();
     }
 
     /// Nanoseconds since the app was started.
@@ -77,11 +81,43 @@ impl<'a> App<'a> {
     }
 }
 
-struct Out<'a, 'b>(&'a App<'b>, u32);
+/// Formatted text gathered into one write per print (each write is a call
+/// into the loader, and the recycler's a hypercall: as the library OS's
+/// own `print!` does).
+struct Out<'a, 'b> {
+    app: &'a App<'b>,
+    fd: u32,
+    buf: [u8; 512],
+    len: usize,
+    failed: bool,
+}
+
+impl<'a, 'b> Out<'a, 'b> {
+    fn new(app: &'a App<'b>, fd: u32) -> Self {
+        Out { app, fd, buf: [0; 512], len: 0, failed: false }
+    }
+
+    fn flush(&mut self) {
+        if self.len > 0 && self.app.write(self.fd, &self.buf[..self.len]) < 0 {
+            self.failed = true;
+        }
+        self.len = 0;
+    }
+}
 
 impl fmt::Write for Out<'_, '_> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
-        if self.0.write(self.1, s.as_bytes()) < 0 {
+        let mut b = s.as_bytes();
+        while !b.is_empty() {
+            if self.len == self.buf.len() {
+                self.flush();
+            }
+            let n = b.len().min(self.buf.len() - self.len);
+            self.buf[self.len..self.len + n].copy_from_slice(&b[..n]);
+            self.len += n;
+            b = &b[n..];
+        }
+        if self.failed {
             return Err(fmt::Error);
         }
         Ok(())
@@ -92,6 +128,12 @@ impl fmt::Write for Out<'_, '_> {
 #[macro_export]
 macro_rules! print {
     ($app:expr, $($arg:tt)*) => { $app.print(format_args!($($arg)*)) };
+}
+
+/// `print!` to an app's standard error.
+#[macro_export]
+macro_rules! eprint {
+    ($app:expr, $($arg:tt)*) => { $app.eprint(format_args!($($arg)*)) };
 }
 
 /// `println!` to an app's standard output.
@@ -160,6 +202,31 @@ mod tests {
         let other = AppSys { version: APP_ABI + 1, ..sys };
         // SAFETY: as above.
         assert!(unsafe { App::new(&other) }.is_none(), "another ABI version");
+    }
+
+    std::thread_local! {
+        static WRITES: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    extern "C" fn record(_fd: u32, d: *const u8, len: usize) -> isize {
+        // SAFETY: the caller's buffer of `len` bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(d, len) }.to_vec();
+        WRITES.with(|w| w.borrow_mut().push(bytes));
+        len as isize
+    }
+
+    #[test]
+    fn a_print_is_one_write_until_its_buffer_fills() {
+        let sys = AppSys { version: APP_ABI, argc: 0, args: std::ptr::null(), args_len: 0, mem_size: 0, write: record, uptime_ns: zero, wall_ns: zero };
+        // SAFETY: `sys` outlives `app`.
+        let app = unsafe { App::new(&sys) }.unwrap();
+        crate::println!(app, "a {} b {} c {}", 1, "two", 3.5);
+        let long = "x".repeat(1000);
+        crate::print!(app, "{long}{}", "!");
+        let w = WRITES.with(|w| w.take());
+        assert_eq!(w[0], b"a 1 b two c 3.5\n");
+        assert_eq!(w.len(), 1 + 2, "{:?}", w.iter().map(Vec::len).collect::<Vec<_>>());
+        assert_eq!(w[1..].concat(), format!("{long}!").into_bytes());
     }
 
     #[test]

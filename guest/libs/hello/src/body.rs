@@ -72,7 +72,19 @@ impl Writer {
 /// run --recycle build/libs/hello.so -- a b`): prints as the `hello`
 /// image does — its arguments, the time since it was started, the VM's
 /// RAM and the wall clock.
+///
+/// A VM that runs it again must have been scrubbed in between (recycling):
+/// finding the counter of an earlier run, it says so and exits 3.
 fn app_main(app: &wisp_app::App) -> i32 {
+    // SAFETY: the library's own counter; the app runs on the one vCPU.
+    let runs = unsafe {
+        hello_calls += 1;
+        hello_calls
+    };
+    if runs != 1 {
+        wisp_app::eprint!(app, "hello.so: this VM kept the state of {} earlier run(s)\n", runs - 1);
+        return 3;
+    }
     let (y, mo, d, h, mi, s) = wisp_app::civil(app.wall_ns());
     let up = app.uptime_ns() / 1000;
     wisp_app::println!(app, "Hello from wisp! args: [{}]", Quoted(app));

@@ -131,6 +131,32 @@ impl LibraryDevice {
         restrict::allowed(manifest, policy, &self.name, self.signed.as_ref(), how).map_err(|e| Error::Devices(format!("library {}: {e}", self.name)))
     }
 
+    /// The bytes of its writable segments as they are now (a recycled VM's
+    /// ready point, `vm/reuse.rs`): (offset in the slot, bytes) each.
+    pub(crate) fn data(&self) -> Vec<(usize, Vec<u8>)> {
+        let Some(m) = &self.mapping else { return Vec::new() };
+        let mem = m.bytes();
+        self.writable().filter_map(|(a, b)| mem.get(a..b).map(|d| (a, d.to_vec()))).collect()
+    }
+
+    /// Put back what [`LibraryDevice::data`] returned (into the same pages:
+    /// the guest's translations of them stay).
+    pub(crate) fn put_data(&mut self, data: &[(usize, Vec<u8>)]) {
+        let Some(m) = &mut self.mapping else { return };
+        let mem = m.bytes_mut();
+        for (at, bytes) in data {
+            if let Some(d) = mem.get_mut(*at..*at + bytes.len()) {
+                d.copy_from_slice(bytes);
+            }
+        }
+    }
+
+    /// Its writable segments' byte ranges in the slot, page aligned.
+    fn writable(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let page = wisp_abi::layout::PAGE_SIZE;
+        self.lib.segments.iter().filter(|s| s.write).map(move |s| ((s.vaddr & !(page - 1)) as usize, (s.vaddr + s.mem_size).next_multiple_of(page) as usize))
+    }
+
     /// Map it for the guest in its slot (`map.rs`) of VM `vm`.
     pub(crate) fn map(&mut self, vm: RawFd, ram: &RamView) -> Result<()> {
         let slot = self.slot.ok_or_else(|| Error::Devices("a library not placed".into()))?;
