@@ -31,15 +31,27 @@ wispd (pool of 16 MiB shells); libraries from `make libs`.
 - starts (like bench/boot.py's warm path: the same C client,
   bench/tools/warmtime.c, on an open connection, from the request
   `POST /v1/vms?attach=true` to the first console line at the client; the
-  daemon's pool of 16 MiB shells refilled before each run): the `hello` image, against
-  hello.so run as an application by the `recycler` image (`wisp run
-  --recycle`), REPS each, one after the other (after 3 runs each that
-  the pool learns the image from). Recycling's first design: there is
-  no pool of booted recyclers yet, so each run boots a recycler (from a
-  pooled shell that holds it loaded ahead) with the library mapped at its
-  boot. A VM's own fork (`wisp run family -- bench 200`, the guest's clock
-  from its fork call to its return in the parent, as bench/snapshot.py
-  measures it) is beside them: other start and stop points.
+  daemon's pool of 16 MiB shells refilled before each run; each VM
+  removed after its run, its boot trace read first): a warm boot of the
+  `hello` image against hello.so run as an application by the `recycler`
+  image (`wisp run --recycle`, printing as `hello` does), in recycling's
+  two designs:
+  - kept (`recycle_ms`, the design wispd runs): `"recycle": true` sends
+    the run to a recycling group, where a recycler booted for an earlier
+    run waits at its ready point, scrubbed; warm boots and these runs
+    alternate, REPS each (after 3 of each not counted: the first recycled
+    run boots its recycler);
+  - booted per run (`recycle_booted_ms`, the first design): the same
+    body without `recycle`: a pooled shell that holds the recycler loaded
+    ahead boots it with the library mapped at its boot; REPS runs after
+    the others (the pool's shells hold the image asked last: alternating
+    with `hello` would have every run load its own).
+  Per hop (the daemon's boot trace: arrived, sent, received by the VMM
+  process, guest about to run, first output written): medians of each
+  design's runs and of the warm boots. A VM's own fork (`wisp run family
+  -- bench 200`, the guest's clock from its fork call to its return in
+  the parent, as bench/snapshot.py measures it) is beside them: other
+  start and stop points.
 
     python3 bench/libs.py --wisp target/release/wisp --out bench/results/libs.json
 """
@@ -138,29 +150,56 @@ def memory(d, n, body):
     return total, taken
 
 
+HOPS = ["arrived_ns", "sent_ns", "received_ns", "entered_ns", "first_output_ns"]
+
+
 def starts(d, reps):
-    """Warm boots of `hello` and recycled starts of hello.so, alternating:
-    ms from the request to the first console line at the client."""
+    """Warm boots of `hello` and starts of hello.so by the recycler (its
+    two designs): ms from the request to the first console line at the
+    client, and each run's hops (us from the request)."""
     import subprocess
     client = common.cc(os.path.join(common.TOOLS, "warmtime.c"), os.path.join(common.BUILD, "warmtime"))
     ctl = d.api()
+    hello = os.path.join(LIBS, "hello.so")
     bodies = {"warm_boot_ms": {"image": "hello", "args": ["a", "b"]},
-              "recycle_ms": {"image": "recycler", "args": ["hello", "a", "b"], "libs": [os.path.join(LIBS, "hello.so")]}}
+              "recycle_ms": {"image": "recycler", "args": ["hello", "a", "b"], "libs": [hello], "recycle": True},
+              "recycle_booted_ms": {"image": "recycler", "args": ["hello", "a", "b"], "libs": [hello]}}
     out = {k: [] for k in bodies}
-    # One after the other (the pool's shells hold the image last asked for
-    # loaded ahead: alternating images would have every run load its own).
-    for k, body in bodies.items():
-        for i in range(reps + 3):
-            d.wait_pool(ctl, POOL)
-            time.sleep(0.01)  # the previous VM's teardown done, as bench/boot.py's warm path waits
-            r = subprocess.run([client, d.socket, json.dumps(body)], capture_output=True, text=True, timeout=30)
-            f = r.stdout.split()
-            if r.returncode != 0 or len(f) != 4:
-                raise RuntimeError("warmtime %s: %s %s" % (k, r.stdout.strip(), r.stderr.strip()))
-            ctl.call("DELETE", "/v1/vms/%s?force=true" % f[3])
-            if i >= 3:  # the first runs teach the pool which images to hold ahead
-                out[k].append((int(f[1]) - int(f[0])) / 1e6)
-    return out
+    hops = {k: {h: [] for h in HOPS + ["line_ns"]} for k in bodies}
+    kept = []
+
+    def one(k, counted):
+        d.wait_pool(ctl, POOL)
+        time.sleep(0.01)  # the previous VM's teardown done, as bench/boot.py's warm path waits
+        r = subprocess.run([client, d.socket, json.dumps(bodies[k])], capture_output=True, text=True, timeout=30)
+        f = r.stdout.split()
+        if r.returncode != 0 or len(f) != 4:
+            raise RuntimeError("warmtime %s: %s %s" % (k, r.stdout.strip(), r.stderr.strip()))
+        _, vm = ctl.call("GET", "/v1/vms/%s" % f[3])
+        ctl.call("DELETE", "/v1/vms/%s?force=true" % f[3])
+        if not counted:
+            return
+        start = int(f[0])
+        out[k].append((int(f[1]) - start) / 1e6)
+        t = vm.get("boot_trace") or {}
+        for h in HOPS:
+            if t.get(h):
+                hops[k][h].append((t[h] - start) / 1e3)
+        hops[k]["line_ns"].append((int(f[1]) - start) / 1e3)
+        if k == "recycle_ms":
+            kept.append(bool(t.get("preloaded")))
+
+    # Warm boots and kept recyclers alternate (neither changes what the
+    # pool's shells hold loaded ahead); then the first design's runs.
+    for i in range(reps + 3):
+        one("warm_boot_ms", i >= 3)
+        one("recycle_ms", i >= 3)
+    for i in range(reps + 3):
+        one("recycle_booted_ms", i >= 3)
+    if not all(kept):
+        raise RuntimeError("a counted recycled run did not go on from a kept recycler: %s" % kept)
+    hop = {k: {h.replace("_ns", "_us"): round(sorted(v)[len(v) // 2], 1) for h, v in hs.items() if v} for k, hs in hops.items()}
+    return out, hop
 
 
 def plot(doc, png):
@@ -184,8 +223,8 @@ def plot(doc, png):
     b.set_title("host memory, 1 MiB library")
     st = doc.get("starts")
     if st:
-        c.bar(["warm boot (hello)", "recycled (hello.so)", "a VM's fork\n(guest clock)"],
-              [st["warm_boot_ms"]["median"], st["recycle_ms"]["median"], doc["fork_ms"]["median"]])
+        c.bar(["warm boot\n(hello)", "recycled, kept\n(hello.so)", "recycler booted\nper run", "a VM's fork\n(guest clock)"],
+              [st["warm_boot_ms"]["median"], st["recycle_ms"]["median"], st["recycle_booted_ms"]["median"], doc["fork_ms"]["median"]])
         c.set_ylabel("ms (median)")
         c.set_title("start: request -> first line at the client")
     fig.suptitle(doc["machine"].get("cpu", ""), fontsize=8)
@@ -206,9 +245,11 @@ def main():
     d = wispapi.Daemon(wispd, os.path.join(ROOT, "build", "images"), pool="16M=%d" % POOL,
                        extra=["--max-vms", str(n + 10), "--max-guest-memory", "%dM" % (16 * (n + 10))])
     try:
-        start = starts(d, args.reps)
+        start, hops = starts(d, args.reps)
         s = {k: common.summary(v) for k, v in start.items()}
-        log("[libs] start: warm boot %.3f ms, recycled (a recycler booted per run) %.3f ms" % (s["warm_boot_ms"]["median"], s["recycle_ms"]["median"]))
+        log("[libs] start: warm boot %.3f ms, recycled on a kept recycler %.3f ms, on a recycler booted per run %.3f ms" % (
+            s["warm_boot_ms"]["median"], s["recycle_ms"]["median"], s["recycle_booted_ms"]["median"]))
+        log("[libs] hops (us from the request, medians): %s" % json.dumps(hops))
         rows = updates(d, args.reps)
         u = {k: common.summary([r[k] for r in rows]) for k in rows[0] if k != "variables"}
         log("[libs] update: %.3f ms (VMM %.3f ms), guest paused %.1f us (monitor %.1f us), %d variables" % (
@@ -239,9 +280,11 @@ def main():
         "variables": rows[0]["variables"],
         "memory": mem,
         "starts": s,
+        "start_hops_us": hops,
         "fork_ms": common.summary(fork_ms),
         "ratios": {
             "recycle_vs_warm_boot": round(s["recycle_ms"]["median"] / s["warm_boot_ms"]["median"], 3),
+            "recycle_booted_vs_warm_boot": round(s["recycle_booted_ms"]["median"] / s["warm_boot_ms"]["median"], 3),
             "update_ms": u["update_ms"]["median"],
             "update_pause_us": u["update_pause_us"]["median"],
             "shared_lib_mem_ratio": round(shared / (own + copy), 4),
@@ -250,8 +293,9 @@ def main():
         "ratios_note": "update_ms: client clock, request to answer (sent once the guest switched; the old library is unmapped after); update_pause_us: the guest's"
                        " own clock around its library hypercall; shared_lib_mem_ratio: the memory of N VMs mapping the"
                        " library over their own pages plus one copy of it; recycle_vs_warm_boot: request to first line at the client, the same"
-                       " client and pool for both; recycling's first design (a recycler booted per run, no pool of booted"
-                       " recyclers yet)",
+                       " client, daemon and request for both, on a recycler kept at its ready point by a recycling group (recycling's"
+                       " second design, what wispd runs); recycle_booted_vs_warm_boot: the same, with a recycler booted per run (the"
+                       " first design)",
         "targets": {"update_ms": 1, "update_pause_us": 100, "shared_lib_mem_ratio": 1.1, "recycle_vs_warm_boot": 0.5, "kylinx_update_ms": 5},
         "machine": common.machine_info(),
     }

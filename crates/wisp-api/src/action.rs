@@ -13,7 +13,7 @@
 use std::fmt;
 
 use crate::http::{percent_encode, HttpError, Request};
-use crate::{CreateTemplate, CreateVm, MigrateVm, PoolInfo, RemoveVms, SnapshotVm, StopVm, UpdateLib, API_PREFIX, MAX_FAMILY, MAX_REMOVE, MIN_CPUS};
+use crate::{AddRecycler, CreateTemplate, CreateVm, MigrateVm, PoolInfo, RemoveVms, SnapshotVm, StopVm, UpdateLib, API_PREFIX, MAX_FAMILY, MAX_REMOVE, MIN_CPUS};
 
 /// Most CPUs a quota may name (the daemon also refuses more than its host has).
 pub const MAX_CPUS: f64 = 1024.0;
@@ -193,6 +193,12 @@ pub enum Action {
     ListTemplates,
     /// `DELETE /v1/templates/{name}`.
     RemoveTemplate(String),
+    /// `POST /v1/recyclers`: a recycler endpoint for an application library.
+    AddRecycler(AddRecycler),
+    /// `GET /v1/recyclers`.
+    ListRecyclers,
+    /// `DELETE /v1/recyclers/{id}`.
+    RemoveRecycler(String),
     /// `GET /v1/pool`.
     GetPool,
     /// `PUT /v1/pool`: set pool sizes (the `ready` field is ignored).
@@ -376,6 +382,9 @@ impl Action {
             Action::MakeTemplate(t) => call("POST", format!("{API_PREFIX}/templates"), json(t)),
             Action::ListTemplates => call("GET", format!("{API_PREFIX}/templates"), None),
             Action::RemoveTemplate(name) => call("DELETE", format!("{API_PREFIX}/templates/{}", percent_encode(name)), None),
+            Action::AddRecycler(r) => call("POST", format!("{API_PREFIX}/recyclers"), json(r)),
+            Action::ListRecyclers => call("GET", format!("{API_PREFIX}/recyclers"), None),
+            Action::RemoveRecycler(id) => call("DELETE", format!("{API_PREFIX}/recyclers/{}", percent_encode(id)), None),
             Action::GetPool => call("GET", format!("{API_PREFIX}/pool"), None),
             Action::SetPool(p) => call("PUT", format!("{API_PREFIX}/pool"), json(p)),
         }
@@ -449,6 +458,18 @@ impl Action {
             ("POST", ["templates"]) => Action::MakeTemplate(req.json()?),
             ("GET", ["templates"]) => Action::ListTemplates,
             ("DELETE", ["templates", name]) => Action::RemoveTemplate(name.to_string()),
+            ("POST", ["recyclers"]) => {
+                let r: AddRecycler = req.json()?;
+                if !r.lib.starts_with('/') || r.lib.contains('\0') || !r.lib.ends_with(".so") {
+                    return Err(HttpError::new(400, format!("library path '{}' is not an absolute path of a .so file", r.lib)));
+                }
+                if r.tenant.as_deref().is_some_and(|t| !crate::valid_tenant(t)) {
+                    return Err(HttpError::new(400, InvalidCreate::Tenant.to_string()));
+                }
+                Action::AddRecycler(r)
+            }
+            ("GET", ["recyclers"]) => Action::ListRecyclers,
+            ("DELETE", ["recyclers", id]) => Action::RemoveRecycler(id.to_string()),
             ("GET", ["pool"]) => Action::GetPool,
             ("PUT", ["pool"]) => Action::SetPool(req.json()?),
             (m, ["version"] | ["vms"] | ["vms", _] | ["vms", _, _] | ["pool"]) => {
@@ -593,6 +614,9 @@ mod tests {
             Action::ListTemplates,
             Action::RemoveTemplate("t".into()),
             Action::MigrateVm { vm: "abc".into(), body: MigrateVm { to: "10.0.0.2:7777".into() } },
+            Action::AddRecycler(AddRecycler { lib: "/l/hello.so".into(), mem: Some(16 << 20), tenant: Some("acme".into()) }),
+            Action::ListRecyclers,
+            Action::RemoveRecycler("r1".into()),
             Action::GetPool,
             Action::SetPool(pool),
         ];
@@ -613,6 +637,9 @@ mod tests {
         assert_eq!(status("GET", "/v1/nothing", "").unwrap_err(), (404, "no such endpoint: /v1/nothing".into()));
         assert_eq!(status("DELETE", "/v1/vms", "").unwrap_err(), (405, "method DELETE not allowed on /v1/vms".into()));
         assert_eq!(status("POST", "/v1/vms/x/nope", "").unwrap_err().0, 405);
+        assert_eq!(status("POST", "/v1/recyclers", r#"{"lib":"rel.so"}"#).unwrap_err(), (400, "library path 'rel.so' is not an absolute path of a .so file".into()));
+        assert_eq!(status("POST", "/v1/recyclers", r#"{"lib":"/l/a.so","tenant":"-x"}"#).unwrap_err().0, 400);
+        assert_eq!(status("POST", "/v1/recyclers", r#"{"lib":"/l/a.so","nope":1}"#).unwrap_err().0, 400);
         assert_eq!(status("GET", "/v1/vms/x/logs?follow=maybe", "").unwrap_err(), (400, "query parameter follow=maybe: expected true or false".into()));
         // The attach flag is checked before the body.
         assert_eq!(status("POST", "/v1/vms?attach=2", "{").unwrap_err().1, "query parameter attach=2: expected true or false");

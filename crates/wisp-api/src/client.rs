@@ -166,6 +166,21 @@ impl Client {
         self.call(&Action::MigrateVm { vm: id.into(), body: crate::MigrateVm { to: to.into() } })
     }
 
+    /// `POST /v1/recyclers`: a recycler endpoint for an application library.
+    pub fn add_recycler(&mut self, r: &crate::AddRecycler) -> Result<crate::RecyclerInfo> {
+        self.call(&Action::AddRecycler(r.clone()))
+    }
+
+    /// `GET /v1/recyclers`.
+    pub fn recyclers(&mut self) -> Result<Vec<crate::RecyclerInfo>> {
+        self.call(&Action::ListRecyclers)
+    }
+
+    /// `DELETE /v1/recyclers/{id}`.
+    pub fn remove_recycler(&mut self, id: &str) -> Result<()> {
+        self.call(&Action::RemoveRecycler(id.into()))
+    }
+
     /// `POST /v1/templates`: make a template.
     pub fn make_template(&mut self, t: &crate::CreateTemplate) -> Result<crate::TemplateInfo> {
         self.call(&Action::MakeTemplate(t.clone()))

@@ -461,6 +461,48 @@ pub struct UpdateLib {
     pub wait_ms: Option<u64>,
 }
 
+/// `POST /v1/recyclers`: a recycler endpoint for one application library
+/// (`docs/libraries.md`, "Recycler endpoints").
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct AddRecycler {
+    /// The application library: an absolute path of a `NAME.so` file the
+    /// daemon opens with the client's rights and checks.
+    pub lib: String,
+    /// Guest RAM of its recyclers (default: the daemon's default size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem: Option<u64>,
+    /// Whose recycling group runs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
+/// A recycler endpoint: a socket at which `POST /v1/vms?attach=true` runs
+/// the app on a recycler kept at its ready point, answered by the VMM
+/// process itself (the console as chunks, the exit status in the
+/// `X-Wisp-Exit` trailer).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RecyclerInfo {
+    /// Its id.
+    pub id: String,
+    /// The socket to send runs to (only its owner may connect).
+    pub socket: String,
+    /// The library's path as given, and the app's name (its stem).
+    pub lib: String,
+    pub app: String,
+    /// Guest RAM of its recycler, bytes.
+    pub mem: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// The user id that added it (the socket's owner).
+    pub uid: u32,
+    /// The recycling group (VMM process) that serves it.
+    pub group: String,
+    /// Microseconds from the request until its recycler was at its ready
+    /// point.
+    pub ready_us: u64,
+}
+
 /// A live update done.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct UpdateInfo {

@@ -206,7 +206,7 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
         Request::Pause | Request::Resume | Request::Stop { .. } | Request::Kill | Request::Wait | Request::Uplink | Request::Snapshot { .. } | Request::Continue | Request::UpdateLib { .. } => {
             Reply::err("the VM has not been started")
         }
-        Request::Host { .. } => Reply::err(NOT_A_GROUP),
+        Request::Host { .. } | Request::Serve { .. } => Reply::err(NOT_A_GROUP),
         Request::Stdin => Reply::err("the VM has not started: its standard input is not open yet"),
     };
     let _ = send_line(&conn, &reply, None);
@@ -529,7 +529,7 @@ fn serve(shared: &Arc<Shared>, conn: UnixStream, req: Request) -> io::Result<()>
     let control = || shared.state.lock().unwrap().control.clone();
     let reply = match req {
         Request::Start { .. } | Request::Preload { .. } | Request::Continue => Reply::err("this VM has already been started"),
-        Request::Host { .. } => Reply::err(NOT_A_GROUP),
+        Request::Host { .. } | Request::Serve { .. } => Reply::err(NOT_A_GROUP),
         Request::Status => shared.state.lock().unwrap().status(),
         Request::Stdin => Reply::err("stdin needs the connection's descriptor"),
         Request::Pause | Request::Resume => {

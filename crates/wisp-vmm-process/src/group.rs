@@ -86,6 +86,8 @@ pub(crate) struct Group {
     /// Recyclers at their ready point, each waiting for a run of the
     /// files it was booted from (`recycle.rs`).
     pub(crate) ready: Mutex<Vec<Arc<crate::recycle::Parked>>>,
+    /// Recycler endpoints asked for, for the main thread to start.
+    endpoints: Mutex<Vec<crate::endpoint::Endpoint>>,
     /// The group's control socket (served by the spare).
     listener: UnixListener,
     /// Wakes the main thread: a VM was hosted or has ended.
@@ -128,6 +130,7 @@ fn run(dir: &Path, mem: u64, uid: u32, n: u32, recycle: bool) -> Result<(), Stri
         n: n.max(1) as usize,
         recycle,
         ready: Mutex::new(Vec::new()),
+        endpoints: Mutex::new(Vec::new()),
         listener,
         wake,
         news: Mutex::new(Vec::new()),
@@ -187,6 +190,9 @@ fn run(dir: &Path, mem: u64, uid: u32, n: u32, recycle: bool) -> Result<(), Stri
         if wake {
             let _ = rustix::io::read(&g.wake, &mut [0u8; 8]);
             vms.append(&mut g.news.lock().unwrap());
+            for ep in std::mem::take(&mut *g.endpoints.lock().unwrap()) {
+                crate::endpoint::start(&g, ep);
+            }
             // A VM that has ended and has nobody reading from it any more
             // goes, with its sockets.
             vms.retain(|v| {
@@ -307,12 +313,22 @@ pub(crate) fn serve_group(g: &Group) -> Job {
                     }
                 }
             }
+            Request::Serve { image_name, libs } if g.recycle => match crate::endpoint::Endpoint::new(conn.try_clone(), fds, &image_name, libs) {
+                Ok(ep) => {
+                    // The endpoint's thread answers once its recycler is
+                    // ready; the connection is the endpoint's from now on.
+                    g.endpoints.lock().unwrap().push(ep);
+                    g.wake();
+                    continue;
+                }
+                Err(e) => Reply::err(e),
+            },
             Request::Status => Reply::ok(WorkerState::Pooled),
             Request::Shutdown => {
                 let _ = send_line(&conn, &Reply::ok(WorkerState::Exited), None);
                 std::process::exit(0)
             }
-            _ => Reply::err("a group's control socket takes host, status and shutdown"),
+            _ => Reply::err("a group's control socket takes host, serve (a recycling group's), status and shutdown"),
         };
         if send_line(&conn, &reply, None).is_ok() {
             sessions.push(conn);

@@ -24,6 +24,7 @@
 
 pub mod boot;
 mod console;
+mod endpoint;
 mod control;
 pub mod exit;
 mod fork;

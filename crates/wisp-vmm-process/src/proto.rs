@@ -129,6 +129,12 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         libs: Vec<String>,
     },
+    /// To a recycling group: serve a recycler endpoint (`endpoint.rs`). The
+    /// descriptors: the endpoint's listening socket (bound by the daemon),
+    /// the image, then the libraries, one each. Answered once the recycler
+    /// is at its ready point; the endpoint lives as long as this
+    /// connection stays open.
+    Serve { image_name: String, libs: Vec<String> },
     /// A pooled shell: load the image passed with the request ahead of a
     /// start (the one most likely asked for), and touch its pages.
     Preload { image_name: String },

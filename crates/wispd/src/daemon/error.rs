@@ -134,6 +134,12 @@ pub enum ActionError {
     /// No template has this name.
     #[error("no such template: {0}")]
     NoTemplate(String),
+    /// No recycler endpoint has this id.
+    #[error("no such recycler endpoint: {0}")]
+    NoRecycler(String),
+    /// As many recycler endpoints as the daemon serves.
+    #[error("too many recycler endpoints: at most {0}")]
+    TooManyRecyclers(usize),
     /// A snapshot file cannot be written, read or used (its path and why).
     #[error("snapshot {path}: {why}")]
     Snapshot { path: String, why: String },

@@ -298,6 +298,20 @@ impl Daemon {
         Ok(p)
     }
 
+    /// Put the slot `place` took back in its group (an endpoint takes a
+    /// place, not a VM's slot).
+    pub(super) fn give_back_slot(&self, place: &mut Place) {
+        let Some(slot) = place.slot.take() else { return };
+        let mut groups = self.groups.by_id.lock().unwrap();
+        match groups.get_mut(&place.group).filter(|g| g.next.is_none()) {
+            Some(g) => g.next = Some(slot),
+            None => {
+                drop(groups);
+                drop_slot(slot);
+            }
+        }
+    }
+
     /// A VM of group `id` is gone (removed, or its create failed): with the
     /// group's last VM the group goes too.
     pub(super) fn leave_group(&self, id: &str) {

@@ -58,7 +58,7 @@ impl Daemon {
 
     /// The library at `path`, opened with the rights of `peer`, checked,
     /// and held in a sealed memfd (once per file version).
-    fn library_file(&self, peer: &crate::access::Peer, path: &str) -> Result<Arc<LibFile>, ActionError> {
+    pub(super) fn library_file(&self, peer: &crate::access::Peer, path: &str) -> Result<Arc<LibFile>, ActionError> {
         let fail = |why: String| ActionError::GuestData(format!("library {path}: {why}"));
         let f = crate::access::open_as(peer, std::path::Path::new(path), false).map_err(|e| fail(format!("{e} (opened with the client's rights, uid {})", peer.uid)))?;
         let m = f.metadata().map_err(|e| fail(e.to_string()))?;

@@ -53,6 +53,7 @@ mod net;
 pub mod process;
 mod quota;
 mod record;
+mod recyclers;
 mod remove;
 mod snapshot;
 mod table;
@@ -132,6 +133,10 @@ pub enum Outcome {
     Migrated(wisp_api::MigrateInfo),
     /// A library of a VM replaced while it runs.
     Updated(wisp_api::UpdateInfo),
+    /// A recycler endpoint made.
+    Recycler(wisp_api::RecyclerInfo),
+    /// Every recycler endpoint.
+    Recyclers(Vec<wisp_api::RecyclerInfo>),
 }
 
 /// Why the daemon could not start.
@@ -187,6 +192,8 @@ pub struct Daemon {
     host_cpus: usize,
     /// Group VMM processes (`--vms-per-process`).
     groups: group::Groups,
+    /// Recycler endpoints (`recyclers.rs`).
+    recyclers: recyclers::Recyclers,
 }
 
 impl Daemon {
@@ -230,6 +237,7 @@ impl Daemon {
             cgroups,
             host_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             groups: group::Groups::default(),
+            recyclers: recyclers::Recyclers::default(),
         });
         d.adopt(old_layout);
         Ok(d)
@@ -293,6 +301,12 @@ impl Daemon {
             Action::RemoveVms(r) => Outcome::RemovedVms(self.remove_many(&r.vms, r.force)),
             Action::SnapshotVm { vm, body } => Outcome::Snapshot(self.snapshot(&vm, body, client, arrived)?),
             Action::UpdateLib { vm, body } => Outcome::Updated(self.update_lib(&vm, body, client, arrived)?),
+            Action::AddRecycler(r) => Outcome::Recycler(self.add_recycler(r, client, arrived)?),
+            Action::ListRecyclers => Outcome::Recyclers(self.recyclers()),
+            Action::RemoveRecycler(id) => {
+                self.remove_recycler(&id)?;
+                Outcome::Removed
+            }
             Action::GetPool => Outcome::Pool(wisp_api::PoolInfo { group_spares: self.groups.spares(), ..self.pool.info() }),
             Action::SetPool(p) => {
                 self.pool.set_targets(&p.target)?;

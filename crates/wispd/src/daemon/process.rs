@@ -105,7 +105,7 @@ pub enum SpawnError {
     NotReady(String),
 }
 
-fn new_id() -> String {
+pub(super) fn new_id() -> String {
     let mut b = [0u8; 6];
     if fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).is_err() {
         let n = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
