@@ -11,6 +11,7 @@ mod app;
 mod direct;
 mod guestio;
 mod libs;
+mod recycler;
 mod remote;
 mod shfs;
 mod units;
@@ -314,6 +315,12 @@ enum Cmd {
         #[command(subcommand)]
         cmd: libs::LibCmd,
     },
+    /// Recycler endpoints: application libraries kept booted for `wisp run
+    /// --recycle` (docs/libraries.md).
+    Recycler {
+        #[command(subcommand)]
+        cmd: recycler::RecyclerCmd,
+    },
     /// Show or set the pool of prepared shells.
     Pool {
         /// Keep COUNT shells of MEM ready, as MEM=COUNT (e.g. 16M=8).
@@ -421,6 +428,7 @@ fn main() -> ExitCode {
         }),
         Cmd::Shfs { cmd } => shfs::run(cmd).map(|c| (c, None)),
         Cmd::Lib { cmd } => libs::run(cmd).map(|c| (c, None)),
+        Cmd::Recycler { cmd } => recycler::manage(&socket, cmd).map(|c| (c, None)),
         Cmd::Build { path } => app::build(&path).map(|image| {
             println!("{}", image.display());
             (0, None)

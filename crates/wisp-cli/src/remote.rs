@@ -43,6 +43,14 @@ fn image_ref(image: &str) -> Result<String, String> {
 
 /// `wisp run` through the daemon.
 pub fn run(mut c: Client, a: &RunArgs, socket: &Path) -> Result<u8, String> {
+    // A recycled run of a library the caller keeps an endpoint for goes
+    // straight to it (its arguments after the app's name).
+    if a.recycled {
+        let lib = a.libs.first().and_then(|l| std::path::absolute(l).ok()).map(|l| l.display().to_string()).unwrap_or_default();
+        if let Some(endpoint) = crate::recycler::endpoint_for(&mut c, a, &lib) {
+            return crate::recycler::run_at(&endpoint, &a.args[1..], a.timeout);
+        }
+    }
     if let Some(name) = &a.template {
         let t = wisp_api::CreateTemplate {
             name: name.clone(),
@@ -399,7 +407,7 @@ pub fn manage(socket: &Path, cmd: Cmd) -> Result<u8, String> {
             println!("{}", vm.id);
             Ok(0)
         }
-        Cmd::Run(_) | Cmd::Inspect { .. } | Cmd::New { .. } | Cmd::Build { .. } | Cmd::Shfs { .. } | Cmd::Lib { .. } => unreachable!("handled in main"),
+        Cmd::Run(_) | Cmd::Inspect { .. } | Cmd::New { .. } | Cmd::Build { .. } | Cmd::Shfs { .. } | Cmd::Lib { .. } | Cmd::Recycler { .. } => unreachable!("handled in main"),
     }
 }
 

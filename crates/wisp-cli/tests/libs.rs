@@ -309,3 +309,84 @@ fn recycled_runs_go_on_from_a_kept_ready_point_scrubbed_each_time() {
     assert!(!o.status.success() && text(&o).contains("recycle: no NIC"), "{}", text(&o));
     assert!(d.wisp(&["rm", "-f", "--all"]).status.success());
 }
+
+/// One raw request to a recycler endpoint: the whole response.
+fn endpoint_request(socket: &str, request: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let mut c = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    c.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    c.write_all(request).unwrap();
+    let mut out = Vec::new();
+    let _ = c.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).to_string()
+}
+
+fn post(body: &str) -> Vec<u8> {
+    format!("POST /v1/vms?attach=true HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).into_bytes()
+}
+
+#[test]
+fn a_recycler_endpoint_answers_runs_itself() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let d = common::daemon::Daemon::start("libs-endpoint", &["--pool", "16M=1"]);
+    let hello = bundled_path();
+    let o = d.wisp(&["recycler", "add", &hello]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let (id, socket) = out.trim().split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())).unwrap();
+    // The socket is its adder's alone.
+    let m = std::fs::metadata(&socket).unwrap();
+    assert_eq!((m.permissions().mode() & 0o777, m.uid()), (0o600, unsafe { libc::geteuid() }));
+    // `wisp run --recycle` of that library goes to it: the endpoint's VMM
+    // process answers, and no VM of the toolstack is made for the run.
+    for i in 1..=3 {
+        let o = d.wisp(&["run", "--recycle", &hello, "--", "run", &i.to_string()]);
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(String::from_utf8_lossy(&o.stdout).starts_with(&format!("Hello from wisp! args: [\"run\", \"{i}\"]\n")), "{}", text(&o));
+    }
+    let mut c = d.client();
+    assert!(c.list().unwrap().is_empty(), "{:?}", c.list());
+    // The wire: the console as chunks, the exit status as a trailer.
+    let r = endpoint_request(&socket, &post(r#"{"image":"recycler","args":["w"],"libs":["/any/where/hello.so"],"recycle":true}"#));
+    assert!(r.starts_with("HTTP/1.1 201") && r.contains("Hello from wisp! args: [\"w\"]") && r.contains("\r\n0\r\nX-Wisp-Exit: 0\r\n"), "{r}");
+    // Bad requests get a 4xx, and the endpoint serves on.
+    let r = endpoint_request(&socket, b"GARBAGE\r\n\r\n");
+    assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+    let r = endpoint_request(&socket, &post(r#"{"image":"hello"}"#));
+    assert!(r.starts_with("HTTP/1.1 400") && r.contains("this endpoint runs hello on the recycler image"), "{r}");
+    let r = endpoint_request(&socket, &post(r#"{"libs":["/l/hello2.so"]}"#));
+    assert!(r.starts_with("HTTP/1.1 400") && r.contains("this endpoint runs hello.so only"), "{r}");
+    let r = endpoint_request(&socket, &post(r#"{"args":["a"],"mem":5}"#));
+    assert!(r.starts_with("HTTP/1.1 400") && r.contains("unknown field"), "{r}");
+    let r = endpoint_request(&socket, b"GET /v1/vms HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(r.starts_with("HTTP/1.1 405"), "{r}");
+    let r = endpoint_request(&socket, &post(r#"{"args":["after"]}"#));
+    assert!(r.contains("Hello from wisp! args: [\"after\"]") && r.contains("X-Wisp-Exit: 0"), "{r}");
+    // A library with no entry: its run's status comes back as any other.
+    let o = d.wisp(&["recycler", "add", &built("bench.so")]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = d.wisp(&["run", "--recycle", &built("bench.so")]);
+    assert_eq!(o.status.code(), Some(127), "{}", text(&o));
+    assert!(text(&o).contains("recycler: library bench has no wisp_app_main"), "{}", text(&o));
+    assert!(c.list().unwrap().is_empty(), "{:?}", c.list());
+    assert_eq!(c.recyclers().unwrap().len(), 2);
+    // What cannot be an endpoint is refused; removal ends it.
+    let o = d.wisp(&["recycler", "add", "/etc/hostname"]);
+    assert!(!o.status.success() && text(&o).contains("not an absolute path of a .so file"), "{}", text(&o));
+    let dir = common::fresh_dir("libs-endpoint");
+    let mut b = std::fs::read(&hello).unwrap();
+    b[100] ^= 0xff;
+    let bad = dir.join("hello.so");
+    std::fs::write(&bad, &b).unwrap();
+    let o = d.wisp(&["recycler", "add", bad.to_str().unwrap()]);
+    assert!(!o.status.success() && text(&o).contains("does not verify"), "{}", text(&o));
+    assert!(d.wisp(&["recycler", "rm", &id]).status.success());
+    assert!(std::os::unix::net::UnixStream::connect(&socket).is_err(), "the endpoint's socket is gone");
+    let o = d.wisp(&["recycler", "rm", &id]);
+    assert!(!o.status.success() && text(&o).contains("no such recycler endpoint"), "{}", text(&o));
+    // Without its endpoint, the run goes through wispd as before.
+    let o = d.wisp(&["run", "--recycle", &hello, "--", "again"]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).starts_with("Hello from wisp! args: [\"again\"]"), "{}", text(&o));
+    assert_eq!(c.list().unwrap().len(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}

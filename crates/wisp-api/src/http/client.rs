@@ -145,7 +145,14 @@ fn pump<R: BufRead>(
 }
 
 /// Read a response body of at most `limit` bytes, delivering it piece by piece. False: stopped early.
+#[cfg(test)]
 pub(super) fn read_body<R: BufRead>(r: &mut R, framing: &Framing, limit: u64, on_data: OnData) -> io::Result<bool> {
+    read_body_trailers(r, framing, limit, on_data, &mut Vec::new())
+}
+
+/// [`read_body`], with a chunked body's trailer fields (names lower-cased,
+/// values trimmed; lines that are no field are left out) added to `trailers`.
+pub(super) fn read_body_trailers<R: BufRead>(r: &mut R, framing: &Framing, limit: u64, on_data: OnData, trailers: &mut Vec<(String, String)>) -> io::Result<bool> {
     let mut total = 0;
     match *framing {
         Framing::Empty => Ok(true),
@@ -164,8 +171,13 @@ pub(super) fn read_body<R: BufRead>(r: &mut R, framing: &Framing, limit: u64, on
                 _ => return Err(invalid("malformed chunk size")),
             };
             if size == 0 {
-                let mut budget = CLIENT_MAX_HEADER_BYTES; // skip the trailers
-                while read_line(r, &mut budget).map_err(HeadErr::into_io)?.is_some_and(|l| !l.is_empty()) {}
+                let mut budget = CLIENT_MAX_HEADER_BYTES;
+                while let Some(l) = read_line(r, &mut budget).map_err(HeadErr::into_io)?.filter(|l| !l.is_empty()) {
+                    let l = String::from_utf8_lossy(&l);
+                    if let Some((k, v)) = l.split_once(':').filter(|_| trailers.len() < MAX_HEADERS) {
+                        trailers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+                    }
+                }
                 return Ok(true);
             }
             if !pump(r, size, false, &mut total, limit, on_data)? {
@@ -291,7 +303,8 @@ impl Client {
         Ok(Err(head.status))
     }
 
-    /// First header named `name` (case-insensitive) of the last response to [`Client::stream`].
+    /// First header named `name` (case-insensitive) of the last response to
+    /// [`Client::stream`], or of its trailer (after its chunked body).
     pub fn last_header(&self, name: &str) -> Option<&str> {
         find_header(&self.last_headers, name)
     }
@@ -388,7 +401,8 @@ impl Client {
     /// Read the body of `head`; keep the connection only if it can be reused.
     fn finish(&mut self, method: &str, head: &Head, limit: u64, on_data: OnData) -> io::Result<()> {
         let Some(conn) = self.conn.as_mut() else { return Err(eof()) };
-        let result = framing(method, head).and_then(|f| Ok((read_body(conn, &f, limit, on_data)?, f)));
+        let trailers = &mut self.last_headers;
+        let result = framing(method, head).and_then(|f| Ok((read_body_trailers(conn, &f, limit, on_data, trailers)?, f)));
         if head.close || !matches!(result, Ok((true, Framing::Empty | Framing::Length(_) | Framing::Chunked))) {
             self.conn = None;
         }

@@ -40,7 +40,7 @@ use watchdog::Watchdog;
 
 pub use crate::loader::FEATURES;
 pub use stdio::{Console, StdinFeed};
-pub use reuse::Stop as ReuseStop;
+pub use reuse::{Stop as ReuseStop, COPY_ALL_PAGES as REUSE_COPY_ALL_PAGES};
 pub use snapshot::Restoring;
 
 /// A VM with its image loaded, ready to run.

@@ -7,11 +7,16 @@
 //! guest go on from the ready point; when the guest exits, the VM is
 //! scrubbed back to the ready point and waits for the next run:
 //!
-//! - every page written since (the guest's, from KVM's dirty log, which
-//!   starts at the ready point; the monitor's own, from guest RAM's
-//!   bitmap) gets its ready-point bytes back, or zeros if it held none —
-//!   copied into the same host pages, so the guest's translations of the
-//!   pages it did not write stay (no fault on them in the next run);
+//! - guest RAM gets its ready-point bytes back, copied into the same host
+//!   pages (so the guest's translations of them stay: no fault in the next
+//!   run). A small ready point (at most [`COPY_ALL_PAGES`] pages that hold
+//!   anything: a recycler's is 18) is copied back whole, and every page
+//!   that has come to hold anything since is zeroed, with no dirty log: a
+//!   page KVM logs is write-protected again after each read of the log,
+//!   and the guest's first write to it in the next run faults. A larger
+//!   one gets back only the pages written since (the guest's, from KVM's
+//!   dirty log, which starts at the ready point; the monitor's own, from
+//!   guest RAM's bitmap), or zeros if they held none;
 //! - the libraries' writable bytes are put back;
 //! - the registers, special registers and FPU state are the ready point's
 //!   (not the time-stamp counter: the guest's clocks go on; the special
@@ -32,13 +37,14 @@ use crate::error::{Error, Result};
 use crate::state::{self, VcpuState};
 
 /// What a reusable VM keeps.
-#[derive(Default)]
 pub(super) struct Reuse {
     point: Option<Point>,
     /// Why the run loop returned, until the embedder acts on it.
     pub(super) stop: Option<Stop>,
     /// Runs scrubbed so far.
     runs: u64,
+    /// Ready points of at most this many pages are put back whole.
+    copy_all: usize,
 }
 
 /// Where the run loop of a reusable VM stopped.
@@ -50,8 +56,14 @@ pub enum Stop {
     Ended(i32),
 }
 
+/// Ready points of at most this many pages that hold anything are put
+/// back whole, with no dirty log (the module says why).
+pub const COPY_ALL_PAGES: usize = 512;
+
 /// The ready point.
 struct Point {
+    /// Scrubbed from KVM's dirty log (else: put back whole).
+    logged: bool,
     vcpu: VcpuState,
     /// Runs of pages that held anything, with their bytes, by address.
     pages: Vec<(u64, Vec<u8>)>,
@@ -64,7 +76,13 @@ impl Vm {
     /// ready call ([`Stop::Ready`]) and, once [`Vm::keep_ready_point`] was
     /// called there, at each exit of the guest ([`Stop::Ended`]).
     pub fn set_reusable(&mut self) {
-        self.reuse = Some(Box::default());
+        self.set_reusable_copying(COPY_ALL_PAGES);
+    }
+
+    /// [`Vm::set_reusable`], with ready points of at most `pages` pages that
+    /// hold anything put back whole (0: always from the dirty log).
+    pub fn set_reusable_copying(&mut self, pages: usize) {
+        self.reuse = Some(Box::new(Reuse { point: None, stop: None, runs: 0, copy_all: pages }));
     }
 
     /// Why the last run returned, for a reusable VM that stopped at its
@@ -114,11 +132,15 @@ impl Vm {
             pages.push((gpa, b));
         }
         let libs = self.devices.library_data();
-        // The log starts (or is cleared) here, and so does the monitor's.
-        let mut written = self.shell.dirty_pages()?;
-        self.shell.ram.take_written(&mut written);
+        let held: usize = pages.iter().map(|(_, b)| b.len()).sum::<usize>() / PAGE_SIZE as usize;
+        let logged = held > self.reuse.as_ref().map_or(COPY_ALL_PAGES, |r| r.copy_all);
+        if logged {
+            // The log starts (or is cleared) here, and so does the monitor's.
+            let mut written = self.shell.dirty_pages()?;
+            self.shell.ram.take_written(&mut written);
+        }
         let r = self.reuse.as_mut().expect("checked above");
-        r.point = Some(Point { vcpu, pages, libs });
+        r.point = Some(Point { logged, vcpu, pages, libs });
         r.stop = None;
         Ok(())
     }
@@ -154,21 +176,38 @@ impl Vm {
     fn scrub_to(&mut self, point: &Point) -> Result<u64> {
         // The exit's `out` is finished before the registers change.
         state::complete_exit(&mut self.shell.vcpu)?;
-        let mut written = self.shell.dirty_pages()?;
-        self.shell.ram.take_written(&mut written);
         let zeros = vec![0u8; PAGE_SIZE as usize];
         let mut put = 0;
-        for (i, &w) in written.iter().enumerate() {
-            let mut w = w;
-            while w != 0 {
-                let gpa = (i as u64 * 64 + w.trailing_zeros() as u64) * PAGE_SIZE;
-                w &= w - 1;
-                self.shell.ram.write(gpa, ready_bytes(&point.pages, gpa).unwrap_or(&zeros))?;
-                put += 1;
+        if point.logged {
+            let mut written = self.shell.dirty_pages()?;
+            self.shell.ram.take_written(&mut written);
+            for (i, &w) in written.iter().enumerate() {
+                let mut w = w;
+                while w != 0 {
+                    let gpa = (i as u64 * 64 + w.trailing_zeros() as u64) * PAGE_SIZE;
+                    w &= w - 1;
+                    self.shell.ram.write(gpa, ready_bytes(&point.pages, gpa).unwrap_or(&zeros))?;
+                    put += 1;
+                }
+            }
+            // Those writes were the monitor's: not the next run's to scrub.
+            self.shell.ram.take_written(&mut written);
+        } else {
+            // Pages that have come to hold anything since: zeros.
+            let mut scratch = Vec::new();
+            for (gpa, len) in self.shell.ram.resident(u64::MAX, &mut scratch)?.unwrap_or_default() {
+                for gpa in (gpa..gpa + len).step_by(PAGE_SIZE as usize) {
+                    if ready_bytes(&point.pages, gpa).is_none() {
+                        self.shell.ram.write(gpa, &zeros)?;
+                        put += 1;
+                    }
+                }
+            }
+            for (gpa, bytes) in &point.pages {
+                self.shell.ram.write(*gpa, bytes)?;
+                put += bytes.len() as u64 / PAGE_SIZE;
             }
         }
-        // Those writes were the monitor's: not the next run's to scrub.
-        self.shell.ram.take_written(&mut written);
         self.devices.put_library_data(&point.libs);
         let v = &point.vcpu;
         let vcpu = &self.shell.vcpu;

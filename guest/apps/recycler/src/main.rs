@@ -18,6 +18,11 @@ use wisp::abi::app::{AppSys, APP_ABI, APP_ENTRY};
 
 wisp::main!(main, wisp::Manifest::new().features(wisp::features::READY));
 
+extern crate alloc;
+
+/// Bytes of heap each run takes fresh and fills (see `main`).
+const FRESH_BYTES: usize = 64 << 10;
+
 /// Runs of this VM since its ready point (always 1 when it is scrubbed).
 static RUNS: AtomicU64 = AtomicU64::new(0);
 
@@ -62,6 +67,16 @@ fn main() -> i32 {
         wisp::eprintln!("recycler: this VM's memory kept an earlier run");
         return 3;
     }
+    // So must the heap pages first handed out after it: the allocator
+    // takes pages it never handed out for zeros (they are, in a new VM),
+    // and an earlier run wrote these.
+    let mut fresh = alloc::vec![0u8; FRESH_BYTES];
+    if fresh.iter().any(|&b| b != 0) {
+        wisp::eprintln!("recycler: this VM's heap kept an earlier run");
+        return 3;
+    }
+    fresh.fill(0xa5);
+    core::hint::black_box(&fresh);
     let Some(name) = wisp::env::arg(1) else {
         wisp::eprintln!("recycler: usage: recycler APP [ARGS...] (wisp run --recycle APP.so -- ARGS)");
         return 2;
