@@ -45,11 +45,11 @@ wispd (pool of 16 MiB shells); libraries from `make libs`.
   - kept (`recycle_kept_ms`, the second design): `"recycle": true` sends
     the run through wispd to a recycling group, where a recycler booted
     for an earlier run waits at its ready point, scrubbed;
-  warm boots and the runs of these two alternate, REPS each (after 3 of
+  warm boots and the runs of these two alternate, START_REPS each (101; after 3 of
   each not counted: the first kept run boots its recycler);
   - booted per run (`recycle_booted_ms`, the first design): the same
     body without `recycle`: a pooled shell that holds the recycler loaded
-    ahead boots it with the library mapped at its boot; REPS runs after
+    ahead boots it with the library mapped at its boot; START_REPS runs after
     the others (the pool's shells hold the image asked last: alternating
     with `hello` would have every run load its own).
   Per hop (the daemon's boot trace: arrived, sent, received by the VMM
@@ -200,7 +200,7 @@ def starts(d, reps):
                 hops[k][h].append((t[h] - start) / 1e3)
         hops[k]["line_ns"].append((int(f[1]) - start) / 1e3)
         if k == "recycle_kept_ms":
-            kept.append(bool(t.get("preloaded")))
+            kept.append((bool(t.get("preloaded")), vm.get("group"), vm.get("boot_us")))
 
     # Warm boots and kept recyclers alternate (neither changes what the
     # pool's shells hold loaded ahead); then the first design's runs.
@@ -211,7 +211,7 @@ def starts(d, reps):
     for i in range(reps + 3):
         one("recycle_booted_ms", i >= 3)
     ctl.call("DELETE", "/v1/recyclers/%s" % ep["id"])
-    if not all(kept):
+    if not all(k[0] for k in kept):
         raise RuntimeError("a counted recycled run did not go on from a kept recycler: %s" % kept)
     hop = {k: {h.replace("_ns", "_us"): round(sorted(v)[len(v) // 2], 1) for h, v in hs.items() if v} for k, hs in hops.items()}
     return out, hop
@@ -238,10 +238,11 @@ def plot(doc, png):
     b.set_title("host memory, 1 MiB library")
     st = doc.get("starts")
     if st:
-        c.bar(["warm boot\n(hello)", "recycler\nendpoint", "recycler kept,\nvia wispd", "recycler booted\nper run", "a VM's fork\n(guest clock)"],
+        c.bar(["warm boot\n(hello)", "recycled:\nendpoint", "recycled:\nkept, wispd", "recycled:\nbooted", "VM fork\n(guest clock)"],
               [st["warm_boot_ms"]["median"], st["recycle_ms"]["median"], st["recycle_kept_ms"]["median"], st["recycle_booted_ms"]["median"], doc["fork_ms"]["median"]])
         c.axhline(st["warm_boot_ms"]["median"] / 2, color="r", ls="--", label="target: 0.5x warm boot")
         c.legend(fontsize=7)
+        c.tick_params(axis="x", labelsize=8)
         c.set_ylabel("ms (median)")
         c.set_title("start: request -> first line at the client")
     fig.suptitle(doc["machine"].get("cpu", ""), fontsize=8)
@@ -253,6 +254,7 @@ def main():
     def extra(ap):
         ap.add_argument("--wisp", default=os.path.join(ROOT, "target/release/wisp"))
         ap.add_argument("--reps", type=int, default=31)
+        ap.add_argument("--start-reps", type=int, default=101)
         ap.add_argument("--vms", type=int, default=1000)
     args = common.bench_args(__doc__, os.path.join(ROOT, "bench/results/libs.json"), plot, extra)
     if args is None:
@@ -262,7 +264,7 @@ def main():
     d = wispapi.Daemon(wispd, os.path.join(ROOT, "build", "images"), pool="16M=%d" % POOL,
                        extra=["--max-vms", str(n + 10), "--max-guest-memory", "%dM" % (16 * (n + 10))])
     try:
-        start, hops = starts(d, args.reps)
+        start, hops = starts(d, args.start_reps)
         s = {k: common.summary(v) for k, v in start.items()}
         log("[libs] start: warm boot %.3f ms; recycled: at an endpoint %.3f ms, on a recycler kept via wispd %.3f ms, on a recycler booted per run %.3f ms" % (
             s["warm_boot_ms"]["median"], s["recycle_ms"]["median"], s["recycle_kept_ms"]["median"], s["recycle_booted_ms"]["median"]))
@@ -293,6 +295,7 @@ def main():
         "what": "live update of a 111-function, 111-variable library in a running VM; host memory of VMs sharing a 1 MiB library",
         "method": __doc__.strip(),
         "reps": args.reps,
+        "start_reps": args.start_reps,
         "update": u,
         "variables": rows[0]["variables"],
         "memory": mem,

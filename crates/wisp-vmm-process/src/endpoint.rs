@@ -143,7 +143,7 @@ fn ready_recycler(g: &Group, image: &Image, app: &(String, OwnedFd)) -> Result<V
 /// Answer one request on `conn` with a run on `vm` (at its ready point).
 /// Returns whether `vm` is at its ready point again (scrubbed).
 fn serve_one(vm: &mut Vm, image: &str, app: &str, conn: UnixStream) -> bool {
-    let _ = conn.set_read_timeout(Some(CLIENT_TIMEOUT));
+    // (Its reads end within 10 s already: `accept_timed`.)
     let _ = conn.set_write_timeout(Some(CLIENT_TIMEOUT));
     let refuse = |status: u16, why: &str| {
         let _ = write_error(&mut (&conn), status, why, false);

@@ -67,16 +67,6 @@ fn main() -> i32 {
         wisp::eprintln!("recycler: this VM's memory kept an earlier run");
         return 3;
     }
-    // So must the heap pages first handed out after it: the allocator
-    // takes pages it never handed out for zeros (they are, in a new VM),
-    // and an earlier run wrote these.
-    let mut fresh = alloc::vec![0u8; FRESH_BYTES];
-    if fresh.iter().any(|&b| b != 0) {
-        wisp::eprintln!("recycler: this VM's heap kept an earlier run");
-        return 3;
-    }
-    fresh.fill(0xa5);
-    core::hint::black_box(&fresh);
     let Some(name) = wisp::env::arg(1) else {
         wisp::eprintln!("recycler: usage: recycler APP [ARGS...] (wisp run --recycle APP.so -- ARGS)");
         return 2;
@@ -111,5 +101,16 @@ fn main() -> i32 {
     wisp::lib::enter();
     let code = f(&sys);
     wisp::lib::leave();
+    // So must the heap pages first handed out after the ready point: the
+    // allocator takes pages it never handed out for zeros (they are, in a
+    // new VM), and an earlier run wrote these. (Checked after the app, off
+    // the path to its first output.)
+    let mut fresh = alloc::vec![0u8; FRESH_BYTES];
+    if fresh.iter().any(|&b| b != 0) {
+        wisp::eprintln!("recycler: this VM's heap kept an earlier run");
+        return 3;
+    }
+    fresh.fill(0xa5);
+    core::hint::black_box(&fresh);
     code
 }
