@@ -151,9 +151,14 @@ impl Vm {
         if self.reuse.as_ref().is_none_or(|r| r.point.is_none() || r.stop.is_some()) {
             return Err(Error::Unsupported("the VM is not waiting at its ready point".into()));
         }
-        let mut info: BootInfo = self.shell.ram.read_obj(BOOT_INFO)?;
+        // Only the argument fields are written (the rest of the page is the
+        // ready point's): they are laid out as `BootInfo::set_args` lays them.
+        let mut info = BootInfo::new();
         info.set_args(argv.iter().copied()).map_err(|n| if n == usize::MAX { Error::ArgNul } else { Error::ArgsTooLong(n) })?;
-        self.shell.ram.write_obj(BOOT_INFO, &info)
+        let at = |off: usize| BOOT_INFO + off as u64;
+        self.shell.ram.write(at(std::mem::offset_of!(BootInfo, argc)), &info.argc.to_le_bytes())?;
+        self.shell.ram.write(at(std::mem::offset_of!(BootInfo, args_len)), &info.args_len.to_le_bytes())?;
+        self.shell.ram.write(at(std::mem::offset_of!(BootInfo, args)), &info.args[..info.args_len as usize])
     }
 
     /// At [`Stop::Ended`]: scrub the VM back to its ready point (the
