@@ -32,12 +32,12 @@ use std::time::{Duration, Instant};
 use wisp_api::http::{chunk_frame, chunked_head, read_request_with, write_error};
 use wisp_jail::seccomp::Role;
 use wisp_vmm::devices::library::LibraryDevice;
-use wisp_vmm::{Image, ReuseStop, Shell, Vm};
+use wisp_vmm::{Image, ReuseStop, Vm};
 
 use crate::boot::{self, Boot};
 use crate::control::next_pooled;
 use crate::exit::{exit_info, Runner};
-use crate::group::Group;
+use crate::hosting::Hosting;
 use crate::proto::{send_line, Reply, WorkerState};
 
 /// Longest a recycler takes from its boot to its ready point.
@@ -72,13 +72,12 @@ impl Endpoint {
 }
 
 /// Start endpoint `ep`'s thread (from the group's main thread).
-pub(crate) fn start(g: &Arc<Group>, ep: Endpoint) {
-    let g = g.clone();
+pub(crate) fn start(g: Arc<dyn Hosting>, ep: Endpoint) {
     let made = std::thread::Builder::new().name("endpoint".into()).stack_size(STACK).spawn(move || {
         // Making KVM VMs (a recycler again after one was stopped) is
         // within a forking vCPU thread's role.
         crate::narrow::narrow(Role::VcpuFork);
-        serve(&g, ep);
+        serve(&*g, ep);
     });
     // Without its thread the endpoint is dropped: the daemon's connection
     // closes, and the daemon says the endpoint failed.
@@ -87,7 +86,7 @@ pub(crate) fn start(g: &Arc<Group>, ep: Endpoint) {
     }
 }
 
-fn serve(g: &Group, ep: Endpoint) {
+fn serve(g: &dyn Hosting, ep: Endpoint) {
     let Endpoint { daemon, listener, image, app } = ep;
     let t = Instant::now();
     let mut vm = match ready_recycler(g, &image, &app) {
@@ -123,8 +122,8 @@ fn serve(g: &Group, ep: Endpoint) {
 
 /// A recycler of `image` with library `app`, booted on a new shell and
 /// kept at its ready point.
-fn ready_recycler(g: &Group, image: &Image, app: &(String, OwnedFd)) -> Result<Vm, String> {
-    let shell = Shell::create_with(&g.kvm, g.mem, g.sync_regs, true).and_then(|mut s| s.warm_up().map(|()| s)).map_err(|e| e.to_string())?;
+fn ready_recycler(g: &dyn Hosting, image: &Image, app: &(String, OwnedFd)) -> Result<Vm, String> {
+    let shell = g.fresh_shell().map_err(|e| e.to_string())?;
     let fd = app.1.try_clone().map_err(|e| format!("library {}: {e}", app.0))?;
     let lib = LibraryDevice::from_fd(&app.0, fd).map_err(|e| format!("library {}: {e}", app.0))?;
     let boot = Boot { image, args: std::slice::from_ref(&app.0), net: None, data: None, disks: Vec::new(), libraries: vec![lib], family: boot::daemon_family(false, Some(1)) };

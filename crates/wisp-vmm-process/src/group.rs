@@ -34,6 +34,7 @@ use wisp_jail::JailFiles;
 use wisp_vmm::{Image, Kvm, Shell};
 
 use crate::boot::{self, Boot};
+use crate::hosting::Job;
 use crate::control::{accept_timed, next_pooled, read_request, serve_hosted};
 use crate::exit::{exit_info, Runner, ERROR};
 use crate::process::{begin, Started};
@@ -74,18 +75,18 @@ struct Last {
 }
 
 /// What the group's threads share.
-pub(crate) struct Group {
-    pub(crate) kvm: Kvm,
-    pub(crate) mem: u64,
-    pub(crate) sync_regs: bool,
+struct Group {
+    kvm: Kvm,
+    mem: u64,
+    sync_regs: bool,
     /// Most VMs running at once.
-    pub(crate) n: usize,
+    n: usize,
     /// A recycling group (`recycle.rs`): its VMs are recyclers, each kept
     /// at its ready point between runs.
     recycle: bool,
     /// Recyclers at their ready point, each waiting for a run of the
     /// files it was booted from (`recycle.rs`).
-    pub(crate) ready: Mutex<Vec<Arc<crate::recycle::Parked>>>,
+    recyclers: crate::recycle::Pool,
     /// Recycler endpoints asked for, for the main thread to start.
     endpoints: Mutex<Vec<crate::endpoint::Endpoint>>,
     /// The group's control socket (served by the spare).
@@ -95,17 +96,28 @@ pub(crate) struct Group {
     /// VMs hosted, for the main thread to take over.
     news: Mutex<Vec<Hosted>>,
     /// VMs running.
-    pub(crate) running: AtomicUsize,
+    running: AtomicUsize,
     /// A spare exists (preparing or serving the group's socket).
-    pub(crate) spare: AtomicBool,
+    spare: AtomicBool,
     /// Connections to the group's socket, between spares.
     sessions: Mutex<Vec<UnixStream>>,
     last: Mutex<Option<Last>>,
 }
 
 impl Group {
-    pub(crate) fn wake(&self) {
+    fn wake(&self) {
         let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+    }
+}
+
+impl crate::hosting::Hosting for Group {
+    fn fresh_shell(&self) -> wisp_vmm::Result<Shell> {
+        Shell::create_with(&self.kvm, self.mem, self.sync_regs, true).and_then(|mut s| s.warm_up().map(|()| s))
+    }
+
+    fn run_done(&self) {
+        self.running.fetch_sub(1, Ordering::AcqRel);
+        self.wake();
     }
 }
 
@@ -129,7 +141,7 @@ fn run(dir: &Path, mem: u64, uid: u32, n: u32, recycle: bool) -> Result<(), Stri
         sync_regs,
         n: n.max(1) as usize,
         recycle,
-        ready: Mutex::new(Vec::new()),
+        recyclers: crate::recycle::Pool::new(n.max(1) as usize),
         endpoints: Mutex::new(Vec::new()),
         listener,
         wake,
@@ -191,7 +203,7 @@ fn run(dir: &Path, mem: u64, uid: u32, n: u32, recycle: bool) -> Result<(), Stri
             let _ = rustix::io::read(&g.wake, &mut [0u8; 8]);
             vms.append(&mut g.news.lock().unwrap());
             for ep in std::mem::take(&mut *g.endpoints.lock().unwrap()) {
-                crate::endpoint::start(&g, ep);
+                crate::endpoint::start(g.clone(), ep);
             }
             // A VM that has ended and has nobody reading from it any more
             // goes, with its sockets.
@@ -238,7 +250,7 @@ fn make_spare(g: &Arc<Group>) -> Result<(), String> {
         g2.wake();
         let _ = rustix::thread::set_name(c"vcpu");
         if g2.recycle {
-            crate::recycle::run(&g2, shell, job);
+            crate::recycle::run(&*g2, &g2.recyclers, shell, job);
             return;
         }
         run_vm(shell, job);
@@ -251,30 +263,12 @@ fn make_spare(g: &Arc<Group>) -> Result<(), String> {
     })
 }
 
-/// What a VM's thread is given to run.
-pub(crate) struct Job {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) image: Image,
-    pub(crate) args: Vec<String>,
-    pub(crate) timeout: Option<Duration>,
-    pub(crate) conn: UnixStream,
-    pub(crate) attach: bool,
-    pub(crate) client: Option<(UnixStream, Vec<u8>)>,
-    pub(crate) received_ns: u64,
-    pub(crate) data: Option<wisp_vmm::DataDevice>,
-    pub(crate) stdin: bool,
-    /// Shared libraries (a recycling group's: the application).
-    pub(crate) libraries: Vec<wisp_vmm::devices::library::LibraryDevice>,
-    /// The files of the image and libraries (device, inode): a recycler
-    /// kept at its ready point serves a run of the same files.
-    pub(crate) files: Vec<(u64, u64)>,
-}
 
 /// The spare serves the group's control socket (its connections with one
 /// poll: the daemon connects ahead of its requests) until a `host` it can
 /// take: that VM is handed to the main thread and becomes this thread's
 /// job; the other connections wait for the next spare.
-pub(crate) fn serve_group(g: &Group) -> Job {
+fn serve_group(g: &Group) -> Job {
     let mut sessions = std::mem::take(&mut *g.sessions.lock().unwrap());
     loop {
         let Some(conn) = next_pooled(&g.listener, &mut sessions) else { continue };
@@ -297,7 +291,7 @@ pub(crate) fn serve_group(g: &Group) -> Job {
                             // A recycler waiting at its ready point with
                             // these files takes it; this thread serves on.
                             let job = if g.recycle {
-                                match crate::recycle::hand_over(g, job) {
+                                match g.recyclers.hand_over(job) {
                                     Ok(()) => {
                                         g.wake();
                                         continue;

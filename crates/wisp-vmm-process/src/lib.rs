@@ -29,6 +29,7 @@ mod control;
 pub mod exit;
 mod fork;
 pub mod group;
+mod hosting;
 mod narrow;
 pub mod images;
 pub mod nic;

@@ -17,7 +17,6 @@
 //! it boots a recycler for it. A run the monitor stops (a fault, a kill,
 //! its time limit) ends its VM for good.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -27,7 +26,7 @@ use wisp_vmm::{Outcome, ReuseStop, Shell, Vm};
 
 use crate::boot::{self, Boot};
 use crate::exit::{exit_info, Runner, ERROR};
-use crate::group::{Group, Job};
+use crate::hosting::{Hosting, Job};
 use crate::process::{begin, Started};
 use crate::proto::{send_line, Reply};
 
@@ -52,33 +51,64 @@ enum Hand {
     Go,
 }
 
+/// The recyclers of a group waiting at their ready point, each on its
+/// thread, at most as many as the group runs at once.
+pub(crate) struct Pool {
+    ready: Mutex<Vec<Arc<Parked>>>,
+    most: usize,
+}
+
+impl Pool {
+    pub(crate) fn new(most: usize) -> Pool {
+        Pool { ready: Mutex::new(Vec::new()), most }
+    }
+
+    /// Give `job` to a recycler waiting with its files (the one that waited
+    /// longest), or back if none does.
+    pub(crate) fn hand_over(&self, job: Job) -> Result<(), Job> {
+        let p = {
+            let mut ready = self.ready.lock().unwrap();
+            match ready.iter().position(|p| p.files == job.files) {
+                Some(i) => ready.remove(i),
+                None => return Err(job),
+            }
+        };
+        give(&p, Hand::Run(job));
+        Ok(())
+    }
+
+    /// Wait with `p` among the ready; the one that waited longest goes if
+    /// that makes too many.
+    fn park(&self, p: &Arc<Parked>) {
+        let evicted = {
+            let mut ready = self.ready.lock().unwrap();
+            ready.push(p.clone());
+            (ready.len() > self.most).then(|| ready.remove(0))
+        };
+        if let Some(old) = evicted {
+            give(&old, Hand::Go);
+        }
+    }
+}
+
 /// The thread of a recycling group's VM, from its first run (`shell`, made
 /// ahead, runs it) until its VM ends for good: after each run its recycler
-/// waits at its ready point until the spare hands it a run of the same
-/// files. At most as many wait as the group runs at once: beyond that the
-/// one that waited longest goes.
-pub(crate) fn run(g: &Arc<Group>, shell: wisp_vmm::Result<Shell>, first: Job) {
+/// waits at its ready point in `pool` until the spare hands it a run of
+/// the same files (or it is the one that waited longest when too many do).
+pub(crate) fn run(host: &dyn Hosting, pool: &Pool, shell: wisp_vmm::Result<Shell>, first: Job) {
     let mut shell = Some(shell);
     let mut narrowed = false;
     let mut job = first;
     let mut kept = None;
     loop {
-        kept = serve_run(g, &mut shell, &mut narrowed, job, kept);
-        g.running.fetch_sub(1, Ordering::AcqRel);
+        kept = serve_run(host, &mut shell, &mut narrowed, job, kept);
         let Some(k) = kept.as_ref() else {
-            g.wake();
+            host.run_done();
             return;
         };
         let p = Arc::new(Parked { files: k.files.clone(), hand: Mutex::new(Hand::Wait), cv: Condvar::new() });
-        let evicted = {
-            let mut ready = g.ready.lock().unwrap();
-            ready.push(p.clone());
-            (ready.len() > g.n).then(|| ready.remove(0))
-        };
-        if let Some(old) = evicted {
-            give(&old, Hand::Go);
-        }
-        g.wake();
+        pool.park(&p);
+        host.run_done();
         let mut hand = p.hand.lock().unwrap();
         job = loop {
             match std::mem::replace(&mut *hand, Hand::Wait) {
@@ -90,20 +120,6 @@ pub(crate) fn run(g: &Arc<Group>, shell: wisp_vmm::Result<Shell>, first: Job) {
     }
 }
 
-/// Give `job` to a recycler waiting with its files (the one that waited
-/// longest), or back if none does.
-pub(crate) fn hand_over(g: &Group, job: Job) -> Result<(), Job> {
-    let p = {
-        let mut ready = g.ready.lock().unwrap();
-        match ready.iter().position(|p| p.files == job.files) {
-            Some(i) => ready.remove(i),
-            None => return Err(job),
-        }
-    };
-    give(&p, Hand::Run(job));
-    Ok(())
-}
-
 fn give(p: &Parked, what: Hand) {
     *p.hand.lock().unwrap() = what;
     p.cv.notify_one();
@@ -113,7 +129,7 @@ fn give(p: &Parked, what: Hand) {
 /// files, else on one booted now (from `shell` if one was made ahead).
 /// Returns the recycler, scrubbed back to its ready point, if the app
 /// exited.
-fn serve_run(g: &Group, shell: &mut Option<wisp_vmm::Result<Shell>>, narrowed: &mut bool, job: Job, kept: Option<Kept>) -> Option<Kept> {
+fn serve_run(host: &dyn Hosting, shell: &mut Option<wisp_vmm::Result<Shell>>, narrowed: &mut bool, job: Job, kept: Option<Kept>) -> Option<Kept> {
     let t = Instant::now();
     let kept = kept.filter(|k| k.files == job.files);
     let Job { shared, image, args, timeout, conn, attach, client, received_ns, data, stdin: _, libraries, files } = job;
@@ -135,7 +151,7 @@ fn serve_run(g: &Group, shell: &mut Option<wisp_vmm::Result<Shell>>, narrowed: &
         None => {
             let made = match shell.take() {
                 Some(s) => s,
-                None => Shell::create_with(&g.kvm, g.mem, g.sync_regs, true).and_then(|mut s| s.warm_up().map(|()| s)),
+                None => host.fresh_shell(),
             };
             let family = boot::daemon_family(false, Some(1));
             match made.and_then(|s| boot::load(s, Boot { image: &image, args: &args, net: None, data, disks: Vec::new(), libraries, family })) {
