@@ -362,6 +362,12 @@ fn a_recycler_endpoint_answers_runs_itself() {
     assert!(r.starts_with("HTTP/1.1 405"), "{r}");
     let r = endpoint_request(&socket, &post(r#"{"args":["after"]}"#));
     assert!(r.contains("Hello from wisp! args: [\"after\"]") && r.contains("X-Wisp-Exit: 0"), "{r}");
+    // A run the monitor stops (here its time limit, already past) ends its
+    // recycler; the next run has a new one.
+    let r = endpoint_request(&socket, &post(r#"{"args":["late"],"timeout_ms":0}"#));
+    assert!(r.starts_with("HTTP/1.1 201") && r.contains("X-Wisp-Exit: 124") && !r.contains("Hello"), "{r}");
+    let r = endpoint_request(&socket, &post(r#"{"args":["anew"]}"#));
+    assert!(r.contains("Hello from wisp! args: [\"anew\"]") && r.contains("X-Wisp-Exit: 0"), "{r}");
     // A library with no entry: its run's status comes back as any other.
     let o = d.wisp(&["recycler", "add", &built("bench.so")]);
     assert!(o.status.success(), "{}", text(&o));

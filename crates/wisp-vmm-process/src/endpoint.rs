@@ -47,6 +47,10 @@ const READY_WITHIN: Duration = Duration::from_secs(10);
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Stack of an endpoint's thread (as a VM's thread).
 const STACK: usize = 256 << 10;
+/// Most connections waiting for their request: beyond, the oldest goes
+/// (a client of the endpoint's own user cannot run the group out of
+/// descriptors).
+const MOST_WAITING: usize = 64;
 
 /// An endpoint asked for, with what its recycler is booted from.
 pub(crate) struct Endpoint {
@@ -107,6 +111,10 @@ fn serve(g: &dyn Hosting, ep: Endpoint) {
         // The daemon closed its connection (or said something): the end.
         if conn.as_raw_fd() == daemon_fd {
             return;
+        }
+        // (The daemon's connection stays first.)
+        while conns.len() > MOST_WAITING + 1 {
+            conns.remove(1);
         }
         if !serve_one(&mut vm, &image.name, &app.0, conn) {
             vm = match ready_recycler(g, &image, &app) {
