@@ -18,6 +18,7 @@ command -v cc >/dev/null || need+=(gcc libc6-dev)
 [ -x /bin/busybox ] || need+=(busybox-static)   # also ping and nc for the network tests
 command -v ip >/dev/null || need+=(iproute2)
 command -v iperf3 >/dev/null || need+=(iperf3)   # the real client for the iperf app
+command -v redis-cli >/dev/null || need+=(redis-tools)   # redis-cli and redis-benchmark against kvstore
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)   # text in cdnsim's plots
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive

@@ -200,3 +200,33 @@ pub fn assert_only_own_fds(pid: u32, extra: &[&dyn Fn(&str) -> bool]) {
         assert_eq!(n, 1, "process {pid}: {n} of {one}: {all:?}");
     }
 }
+
+/// A Redis protocol (RESP2) client in Python, for tests that drive a
+/// `kvstore` guest from a script: `connect(host, port)` gives a connection,
+/// `cmd(conn, *words)` sends one request and returns its reply (a simple
+/// string or bulk string as `str`, an integer as `int`, a nil as `None`,
+/// an array as a list, an error as `"ERR:..."`).
+#[allow(dead_code)]
+pub const PY_RESP: &str = r#"
+import socket
+def connect(host, port):
+    s = socket.create_connection((host, port), timeout=10)
+    return (s, s.makefile("rb"))
+def _reply(f):
+    line = f.readline()
+    t, rest = line[:1], line[1:-2]
+    if t == b"+": return rest.decode()
+    if t == b"-": return "ERR:" + rest.decode()
+    if t == b":": return int(rest)
+    if t == b"$":
+        n = int(rest)
+        return None if n < 0 else f.read(n + 2)[:-2].decode()
+    if t == b"*": return [_reply(f) for _ in range(int(rest))]
+    raise Exception("not a RESP reply: %r" % line)
+def cmd(c, *words):
+    ws = [w if isinstance(w, bytes) else str(w).encode() for w in words]
+    c[0].sendall(b"*%d\r\n" % len(ws) + b"".join(b"$%d\r\n%s\r\n" % (len(w), w) for w in ws))
+    return _reply(c[1])
+def info(c, section):
+    return dict(l.split(":", 1) for l in cmd(c, "INFO", section).split("\r\n") if ":" in l)
+"#;

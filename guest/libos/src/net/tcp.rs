@@ -28,6 +28,10 @@ pub struct TcpOptions {
     /// up to 16 clients is taken at once (a SYN that finds no listening
     /// socket is refused), and a larger burst finds more the next time.
     pub backlog: usize,
+    /// Sockets listening from the start, for a server whose clients come
+    /// as a burst larger than 16 (a benchmark's 50 connections at once);
+    /// at most the backlog. Default 16.
+    pub listen_first: usize,
     /// Receive buffer per connection, in bytes (the largest window we
     /// advertise). Default 16 KiB.
     pub rx_buffer: usize,
@@ -45,6 +49,7 @@ impl Default for TcpOptions {
     fn default() -> Self {
         TcpOptions {
             backlog: 16,
+            listen_first: FIRST_DEPTH,
             rx_buffer: 16 << 10,
             tx_buffer: 16 << 10,
             nodelay: false,
@@ -111,14 +116,15 @@ fn v4(e: IpEndpoint) -> (Ipv4Addr, u16) {
     (addr, e.port)
 }
 
-/// Sockets a new listener keeps listening (see [`TcpOptions::backlog`]).
+/// Sockets a new listener keeps listening by default (see
+/// [`TcpOptions::backlog`]).
 const FIRST_DEPTH: usize = 16;
 
 /// A listener's state inside the stack.
 pub(crate) struct Listener {
     pub(super) port: u16,
     opts: TcpOptions,
-    /// Sockets it keeps listening now: from [`FIRST_DEPTH`] up to the
+    /// Sockets it keeps listening now: from `listen_first` up to the
     /// backlog.
     depth: usize,
     /// Sockets listening, or in the middle of a handshake.
@@ -240,7 +246,7 @@ impl TcpListener {
                 p if st.tcp_port_used(p) => return Err(Error::AddrInUse),
                 p => p,
             };
-            let l = Listener { port, opts, depth: FIRST_DEPTH.min(opts.backlog.max(1)), listening: Vec::new(), ready: VecDeque::new(), waker: None };
+            let l = Listener { port, opts, depth: opts.listen_first.clamp(1, opts.backlog.max(1)), listening: Vec::new(), ready: VecDeque::new(), waker: None };
             let id = match st.listeners.iter().position(Option::is_none) {
                 Some(i) => {
                     st.listeners[i] = Some(l);
