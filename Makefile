@@ -15,7 +15,7 @@ LIBS := build/libs
 RUST_LLD = $(shell rustc --print sysroot)/lib/rustlib/$(shell rustc -vV | sed -n 's/^host: //p')/bin/rust-lld
 WISP := target/release/wisp
 
-.PHONY: all deps host guest libs run test fuzz bench-boot bench-net bench-density bench-fork bench-app bench-cache bench-cdnsim bench-snapshot bench-libs demo-cache demo-migrate clean
+.PHONY: all deps host guest libs run test fuzz bench-boot bench-net bench-density bench-fork bench-app bench-cache bench-cdnsim bench-snapshot bench-libs bench-usecases demo-cache demo-migrate clean
 N ?= 10000
 
 all: host guest libs
@@ -110,6 +110,10 @@ bench-snapshot: all
 bench-libs: all
 	scripts/install-bench-deps.sh
 	python3 bench/libs.py --wisp $(WISP) --out bench/results/libs.json
+
+bench-usecases: all
+	scripts/install-bench-deps.sh
+	python3 bench/usecases.py --wisp $(WISP) --out bench/results/usecases.json
 
 # The content cache in one command: a volume from docs/, a cache VM, curl.
 demo-cache: all

@@ -23,9 +23,11 @@
 //! Requests are RESP arrays of bulk strings, or inline commands (a line of
 //! words, as Redis takes them); replies are RESP2. A client's requests are
 //! answered in order, each batch that arrives with one write (pipelining).
-//! RESP frames are read with the `redis-protocol` crate (`no_std` with
-//! `alloc`). Bad input gets an error reply; a protocol error or more than
-//! 1 MiB of an unfinished request closes the connection, as Redis does.
+//! RESP frames are read in place with the `redis-protocol` crate (`no_std`
+//! with `alloc`); replies, a handful of shapes, are written straight into
+//! the output (no frame built, no value copied). Bad input gets an error
+//! reply; a protocol error or more than 1 MiB of an unfinished request
+//! closes the connection, as Redis does.
 #![no_std]
 #![no_main]
 
@@ -38,9 +40,10 @@ use alloc::vec;
 use alloc::vec::Vec;
 use core::cell::RefCell;
 
-use redis_protocol::resp2::decode::decode;
-use redis_protocol::resp2::encode::encode;
-use redis_protocol::resp2::types::{OwnedFrame as Frame, Resp2Frame};
+use core::fmt::Write as _;
+
+use redis_protocol::resp2::decode::decode_range;
+use redis_protocol::resp2::types::RangeFrame;
 use wisp::family as f;
 use wisp::net::{TcpListener, TcpOptions, TcpStream};
 
@@ -110,26 +113,41 @@ fn main() -> i32 {
     listener.serve_app("kvstore", serve)
 }
 
-/// One request taken from the front of `pending`: its words, or `None`
-/// if it is not complete yet. `Err`: a protocol error.
-fn take_request(pending: &mut Vec<u8>) -> Result<Option<Vec<Vec<u8>>>, &'static str> {
-    if pending.first() == Some(&b'*') {
-        let Some((frame, used)) = decode(pending).map_err(|_| "Protocol error: invalid multibulk request")? else { return Ok(None) };
-        pending.drain(..used);
-        let Frame::Array(items) = frame else { return Err("Protocol error: expected an array") };
-        return items
-            .into_iter()
-            .map(|i| match i {
-                Frame::BulkString(b) => Ok(b),
-                _ => Err("Protocol error: expected '$'"),
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(Some);
+/// A word of a request: its bytes' range in the buffer.
+type Word = (usize, usize);
+
+/// The next request in `buf`: its words and the bytes it took, or `None`
+/// if it is not complete yet. `Err`: a protocol error. RESP frames are
+/// read in place (`decode_range`: no copy of the request).
+fn next_request(buf: &[u8], words: &mut Vec<Word>) -> Result<Option<usize>, &'static str> {
+    words.clear();
+    if buf.first() == Some(&b'*') {
+        let Some((frame, used)) = decode_range(buf).map_err(|_| "Protocol error: invalid multibulk request")? else { return Ok(None) };
+        let RangeFrame::Array(items) = frame else { return Err("Protocol error: expected an array") };
+        for i in items {
+            match i {
+                RangeFrame::BulkString(r) => words.push(r),
+                _ => return Err("Protocol error: expected '$'"),
+            }
+        }
+        return Ok(Some(used));
     }
     // An inline command: a line of words.
-    let Some(nl) = pending.iter().position(|&b| b == b'\n') else { return Ok(None) };
-    let line: Vec<u8> = pending.drain(..=nl).collect();
-    Ok(Some(line.split(|b| b.is_ascii_whitespace()).filter(|w| !w.is_empty()).map(<[u8]>::to_vec).collect()))
+    let Some(nl) = buf.iter().position(|&b| b == b'\n') else { return Ok(None) };
+    let mut i = 0;
+    while i < nl {
+        while i < nl && buf[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        let start = i;
+        while i < nl && !buf[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if i > start {
+            words.push((start, i));
+        }
+    }
+    Ok(Some(nl + 1))
 }
 
 /// Serve one client until it quits or goes away.
@@ -142,28 +160,38 @@ async fn serve(conn: TcpStream) {
 async fn serve_client(conn: &TcpStream) {
     let mut pending: Vec<u8> = Vec::new();
     let mut out: Vec<u8> = Vec::new();
+    let mut words: Vec<Word> = Vec::new();
     let mut buf = vec![0u8; 16 * 1024];
     loop {
+        // Every complete request that came, answered in order into `out`.
+        let mut at = 0;
         let mut quit = false;
+        let mut args: Vec<&[u8]> = Vec::new();
         loop {
-            match take_request(&mut pending) {
-                Ok(Some(words)) if words.is_empty() => {}
-                Ok(Some(words)) => {
-                    let (reply, last) = command(&words);
-                    put(&mut out, &reply);
-                    if last {
+            match next_request(&pending[at..], &mut words) {
+                Ok(Some(used)) => {
+                    let req = &pending[at..at + used];
+                    at += used;
+                    if words.is_empty() {
+                        continue;
+                    }
+                    args.clear();
+                    args.extend(words.iter().map(|&(a, b)| &req[a..b]));
+                    if command(&args, &mut out) {
                         quit = true;
                         break;
                     }
                 }
                 Ok(None) => break,
                 Err(why) => {
-                    put(&mut out, &Frame::Error(format!("ERR {why}")));
+                    error(&mut out, &format!("ERR {why}"));
                     quit = true;
                     break;
                 }
             }
         }
+        drop(args);
+        pending.drain(..at);
         if !out.is_empty() {
             if conn.write_all(&out).await.is_err() {
                 return;
@@ -184,33 +212,51 @@ async fn serve_client(conn: &TcpStream) {
     }
 }
 
-/// Append `frame`'s encoding to `out`.
-fn put(out: &mut Vec<u8>, frame: &Frame) {
-    let at = out.len();
-    out.resize(at + frame.encode_len(), 0);
-    match encode(&mut out[at..], frame) {
-        Ok(n) => out.truncate(at + n),
-        Err(_) => {
-            out.truncate(at);
-            out.extend_from_slice(b"-ERR internal error\r\n");
+// Replies, written straight into the output (RESP2).
+
+fn simple(out: &mut Vec<u8>, s: &str) {
+    out.push(b'+');
+    out.extend_from_slice(s.as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+fn error(out: &mut Vec<u8>, s: &str) {
+    out.push(b'-');
+    out.extend(s.bytes().map(|b| if b == b'\r' || b == b'\n' { b' ' } else { b }));
+    out.extend_from_slice(b"\r\n");
+}
+
+fn err(out: &mut Vec<u8>, msg: &str) {
+    error(out, &format!("ERR {msg}"));
+}
+
+fn integer(out: &mut Vec<u8>, n: i64) {
+    let _ = write!(Bytes(out), ":{n}\r\n");
+}
+
+fn bulk(out: &mut Vec<u8>, b: Option<&[u8]>) {
+    match b {
+        None => out.extend_from_slice(b"$-1\r\n"),
+        Some(v) => {
+            let _ = write!(Bytes(out), "${}\r\n", v.len());
+            out.extend_from_slice(v);
+            out.extend_from_slice(b"\r\n");
         }
     }
 }
 
-fn ok() -> Frame {
-    Frame::SimpleString(b"OK".to_vec())
+fn array(out: &mut Vec<u8>, n: usize) {
+    let _ = write!(Bytes(out), "*{n}\r\n");
 }
 
-fn err(msg: &str) -> Frame {
-    Frame::Error(format!("ERR {msg}"))
-}
+/// `fmt::Write` into a byte buffer.
+struct Bytes<'a>(&'a mut Vec<u8>);
 
-fn int(n: i64) -> Frame {
-    Frame::Integer(n)
-}
-
-fn bulk(b: Option<&Vec<u8>>) -> Frame {
-    b.map_or(Frame::Null, |v| Frame::BulkString(v.clone()))
+impl core::fmt::Write for Bytes<'_> {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
 }
 
 /// A number in a request.
@@ -218,102 +264,137 @@ fn number(b: &[u8]) -> Option<i64> {
     core::str::from_utf8(b).ok()?.parse().ok()
 }
 
-/// The reply to one request (its words, the command first), and whether
-/// the connection ends after it.
-fn command(w: &[Vec<u8>]) -> (Frame, bool) {
-    let name = String::from_utf8_lossy(&w[0]).to_ascii_uppercase();
-    let args = &w[1..];
-    let arity = |name: &str| err(&format!("wrong number of arguments for '{}' command", name.to_ascii_lowercase()));
-    let reply = match (name.as_str(), args.len()) {
-        ("PING", 0) => Frame::SimpleString(b"PONG".to_vec()),
-        ("PING", 1) | ("ECHO", 1) => Frame::BulkString(args[0].clone()),
-        ("SET", 2..) => set(args),
-        ("GET", 1) => with(|s| bulk(s.data.get(&args[0]))),
-        ("DEL", 1..) => with(|s| int(args.iter().filter(|k| s.data.remove(*k).is_some()).count() as i64)),
-        ("EXISTS", 1..) => with(|s| int(args.iter().filter(|k| s.data.contains_key(*k)).count() as i64)),
-        ("INCR", 1) => add(&args[0], 1),
-        ("DECR", 1) => add(&args[0], -1),
-        ("INCRBY", 2) => match number(&args[1]) {
-            Some(n) => add(&args[0], n),
-            None => err("value is not an integer or out of range"),
-        },
-        ("MGET", 1..) => with(|s| Frame::Array(args.iter().map(|k| bulk(s.data.get(k))).collect())),
-        ("MSET", n) if n >= 2 && n % 2 == 0 => with(|s| {
-            for kv in args.chunks(2) {
-                s.data.insert(kv[0].clone(), kv[1].clone());
-            }
-            ok()
-        }),
-        ("DBSIZE", 0) => with(|s| int(s.data.len() as i64)),
-        ("FLUSHALL" | "FLUSHDB", 0) => with(|s| {
-            s.data.clear();
-            ok()
-        }),
-        ("BGSAVE", 0) => bgsave(),
-        ("LASTSAVE", 0) => with(|s| int(s.last_ok as i64)),
-        ("INFO", 0 | 1) => Frame::BulkString(info(args.first()).into_bytes()),
-        ("SELECT", 1) if args[0] == b"0" => ok(),
-        ("SELECT", 1) => err("DB index is out of range"),
-        ("CONFIG", 2) if args[0].eq_ignore_ascii_case(b"GET") => config_get(&args[1]),
-        ("COMMAND", _) => Frame::Array(Vec::new()),
-        ("QUIT", 0) => return (ok(), true),
-        ("PING" | "ECHO" | "SET" | "GET" | "DEL" | "EXISTS" | "INCR" | "DECR" | "INCRBY" | "MGET" | "MSET" | "DBSIZE" | "FLUSHALL" | "FLUSHDB" | "BGSAVE" | "LASTSAVE" | "INFO" | "SELECT" | "CONFIG" | "QUIT", _) => arity(&name),
-        _ => err(&format!("unknown command '{}'", String::from_utf8_lossy(&w[0]))),
-    };
-    (reply, false)
+/// A command's name in capitals (at most 16 bytes; longer ones are no
+/// command of ours).
+fn upper<'a>(name: &[u8], buf: &'a mut [u8; 16]) -> &'a [u8] {
+    let n = name.len().min(16);
+    for (d, s) in buf.iter_mut().zip(&name[..n]) {
+        *d = s.to_ascii_uppercase();
+    }
+    if name.len() > 16 { b"" } else { &buf[..n] }
 }
 
-/// SET K V [NX|XX]: `Null` when NX or XX kept it from being set.
-fn set(args: &[Vec<u8>]) -> Frame {
-    let (nx, xx) = match args.get(2).map(|o| o.to_ascii_uppercase()) {
+/// Answer one request (its words, the command first) into `out`; whether
+/// the connection ends after it.
+fn command(w: &[&[u8]], out: &mut Vec<u8>) -> bool {
+    let mut nb = [0u8; 16];
+    let name = upper(w[0], &mut nb);
+    let args = &w[1..];
+    match (name, args.len()) {
+        (b"GET", 1) => with(|s| bulk(out, s.data.get(args[0]).map(Vec::as_slice))),
+        (b"SET", 2..) => set(args, out),
+        (b"PING", 0) => simple(out, "PONG"),
+        (b"PING", 1) | (b"ECHO", 1) => bulk(out, Some(args[0])),
+        (b"DEL", 1..) => with(|s| integer(out, args.iter().filter(|k| s.data.remove(**k).is_some()).count() as i64)),
+        (b"EXISTS", 1..) => with(|s| integer(out, args.iter().filter(|k| s.data.contains_key(**k)).count() as i64)),
+        (b"INCR", 1) => add(args[0], 1, out),
+        (b"DECR", 1) => add(args[0], -1, out),
+        (b"INCRBY", 2) => match number(args[1]) {
+            Some(n) => add(args[0], n, out),
+            None => err(out, "value is not an integer or out of range"),
+        },
+        (b"MGET", 1..) => with(|s| {
+            array(out, args.len());
+            for k in args {
+                bulk(out, s.data.get(*k).map(Vec::as_slice));
+            }
+        }),
+        (b"MSET", n) if n >= 2 && n % 2 == 0 => with(|s| {
+            for kv in args.chunks(2) {
+                s.data.insert(kv[0].to_vec(), kv[1].to_vec());
+            }
+            simple(out, "OK");
+        }),
+        (b"DBSIZE", 0) => with(|s| integer(out, s.data.len() as i64)),
+        (b"FLUSHALL" | b"FLUSHDB", 0) => with(|s| {
+            s.data.clear();
+            simple(out, "OK");
+        }),
+        (b"BGSAVE", 0) => bgsave(out),
+        (b"LASTSAVE", 0) => with(|s| integer(out, s.last_ok as i64)),
+        (b"INFO", 0 | 1) => {
+            let text = info(args.first().copied());
+            bulk(out, Some(text.as_bytes()));
+        }
+        (b"SELECT", 1) if args[0] == b"0" => simple(out, "OK"),
+        (b"SELECT", 1) => err(out, "DB index is out of range"),
+        (b"CONFIG", 2) if args[0].eq_ignore_ascii_case(b"GET") => config_get(args[1], out),
+        (b"COMMAND", _) => array(out, 0),
+        (b"QUIT", 0) => {
+            simple(out, "OK");
+            return true;
+        }
+        (
+            b"PING" | b"ECHO" | b"SET" | b"GET" | b"DEL" | b"EXISTS" | b"INCR" | b"DECR" | b"INCRBY" | b"MGET" | b"MSET" | b"DBSIZE" | b"FLUSHALL"
+            | b"FLUSHDB" | b"BGSAVE" | b"LASTSAVE" | b"INFO" | b"SELECT" | b"CONFIG" | b"QUIT",
+            _,
+        ) => err(out, &format!("wrong number of arguments for '{}' command", String::from_utf8_lossy(name).to_ascii_lowercase())),
+        _ => err(out, &format!("unknown command '{}'", String::from_utf8_lossy(w[0]))),
+    }
+    false
+}
+
+/// SET K V [NX|XX]: nil when NX or XX kept it from being set.
+fn set(args: &[&[u8]], out: &mut Vec<u8>) {
+    let (nx, xx) = match args.get(2) {
         None => (false, false),
-        Some(o) if o == b"NX" && args.len() == 3 => (true, false),
-        Some(o) if o == b"XX" && args.len() == 3 => (false, true),
-        Some(_) => return err("syntax error (options taken: NX, XX)"),
+        Some(o) if o.eq_ignore_ascii_case(b"NX") && args.len() == 3 => (true, false),
+        Some(o) if o.eq_ignore_ascii_case(b"XX") && args.len() == 3 => (false, true),
+        Some(_) => return err(out, "syntax error (options taken: NX, XX)"),
     };
     with(|s| {
-        let there = s.data.contains_key(&args[0]);
+        let there = s.data.contains_key(args[0]);
         if (nx && there) || (xx && !there) {
-            return Frame::Null;
+            return bulk(out, None);
         }
-        s.data.insert(args[0].clone(), args[1].clone());
-        ok()
+        match s.data.get_mut(args[0]) {
+            Some(v) => {
+                v.clear();
+                v.extend_from_slice(args[1]);
+            }
+            None => {
+                s.data.insert(args[0].to_vec(), args[1].to_vec());
+            }
+        }
+        simple(out, "OK");
     })
 }
 
 /// INCR, DECR, INCRBY: the new value.
-fn add(key: &[u8], by: i64) -> Frame {
+fn add(key: &[u8], by: i64, out: &mut Vec<u8>) {
     with(|s| {
         let now = match s.data.get(key) {
             None => 0,
             Some(v) => match number(v) {
                 Some(n) => n,
-                None => return err("value is not an integer or out of range"),
+                None => return err(out, "value is not an integer or out of range"),
             },
         };
         match now.checked_add(by) {
             Some(n) => {
                 s.data.insert(key.to_vec(), n.to_string().into_bytes());
-                int(n)
+                integer(out, n);
             }
-            None => err("increment or decrement would overflow"),
+            None => err(out, "increment or decrement would overflow"),
         }
     })
 }
 
 /// CONFIG GET: the two parameters redis-benchmark asks for.
-fn config_get(param: &[u8]) -> Frame {
+fn config_get(param: &[u8], out: &mut Vec<u8>) {
     let p = param.to_ascii_lowercase();
     let value: &[u8] = match p.as_slice() {
         b"save" => b"",
         b"appendonly" => b"no",
-        _ => return Frame::Array(Vec::new()),
+        _ => return array(out, 0),
     };
-    Frame::Array(vec![Frame::BulkString(p.clone()), Frame::BulkString(value.to_vec())])
+    array(out, 2);
+    bulk(out, Some(&p));
+    bulk(out, Some(value));
 }
 
 /// INFO [SECTION].
-fn info(section: Option<&Vec<u8>>) -> String {
+fn info(section: Option<&[u8]>) -> String {
     let want = |name: &str| section.is_none_or(|s| s.eq_ignore_ascii_case(name.as_bytes()) || s.eq_ignore_ascii_case(b"all") || s.eq_ignore_ascii_case(b"default"));
     let mut out = String::new();
     with(|s| {
@@ -343,9 +424,9 @@ fn info(section: Option<&Vec<u8>>) -> String {
     out
 }
 
-fn bgsave() -> Frame {
+fn bgsave(out: &mut Vec<u8>) {
     if with(|s| s.saving.is_some()) {
-        return err("Background save already in progress");
+        return err(out, "Background save already in progress");
     }
     match f::fork() {
         Ok(0) => {
@@ -360,9 +441,9 @@ fn bgsave() -> Frame {
         }
         Ok(pid) => {
             with(|s| s.saving = Some(pid));
-            Frame::SimpleString(b"Background saving started".to_vec())
+            simple(out, "Background saving started");
         }
-        Err(e) => err(&format!("fork: {e}")),
+        Err(e) => err(out, &format!("fork: {e}")),
     }
 }
 

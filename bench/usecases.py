@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""LightVM's use cases as services (issue 18), side by side with their
+obvious alternatives on this host. So far: the key-value service (item 5).
+
+- kv: `kvstore` (a wisp VM speaking Redis' protocol, on a tap in a network
+  namespace this script makes) against `redis-server` (Debian's, no
+  persistence: `--save '' --appendonly no`) as a host process on loopback
+  and in a namespace container (its own network namespace, reached over a
+  veth pair). The same client for all three, `redis-benchmark` (Debian's),
+  in the same namespace: GET and SET, 50 clients, not pipelined (N
+  requests) and pipelined 16 deep (16 N), ROUNDS rounds with the peers
+  taking turns, medians of requests per second. Each server is one
+  thread (redis-server's default; the VM has one vCPU). What differs is
+  the path: loopback for the host process, a veth for the container, a
+  tap and the VM's exits for wisp.
+
+    python3 bench/usecases.py --wisp target/release/wisp --out bench/results/usecases.json
+"""
+
+import csv
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+sys.path.insert(0, BENCH)
+import common  # noqa: E402
+
+log = common.log
+PORT = 6380
+TESTS = "get,set"
+
+
+class Ns:
+    """The client's namespace (with the VM's tap) and the container's."""
+
+    def __init__(self):
+        self.ns = "wispuse-%d" % os.getpid()
+        self.ns2 = self.ns + "c"
+        self.procs = []
+
+    def x(self, *argv, ns=None, check=True, **kw):
+        return subprocess.run(["ip", "netns", "exec", ns or self.ns] + list(argv), check=check, capture_output=True, text=True, **kw)
+
+    def up(self):
+        for n in (self.ns, self.ns2):
+            subprocess.run(["ip", "netns", "add", n], check=True)
+            self.x("ip", "link", "set", "lo", "up", ns=n)
+        self.x("ip", "tuntap", "add", "dev", "wtap0", "mode", "tap")
+        self.x("ip", "addr", "add", "10.89.0.1/24", "dev", "wtap0")
+        self.x("ip", "link", "set", "wtap0", "up")
+        self.x("ip", "link", "add", "veth0", "type", "veth", "peer", "name", "veth1")
+        self.x("ip", "link", "set", "veth1", "netns", self.ns2)
+        self.x("ip", "addr", "add", "10.89.2.1/24", "dev", "veth0")
+        self.x("ip", "link", "set", "veth0", "up")
+        self.x("ip", "addr", "add", "10.89.2.2/24", "dev", "veth1", ns=self.ns2)
+        self.x("ip", "link", "set", "veth1", "up", ns=self.ns2)
+
+    def spawn(self, argv, ns=None, env=None):
+        p = subprocess.Popen(["ip", "netns", "exec", ns or self.ns] + argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, env=env, start_new_session=True, text=True)
+        self.procs.append(p)
+        return p
+
+    def down(self):
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(5)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait(5)
+        for n in (self.ns2, self.ns):
+            subprocess.run(["ip", "netns", "del", n], check=False)
+
+
+def wait_ready(ns, host, deadline_s=20):
+    """Until the server at `host` answers PING (redis-cli from the client's
+    namespace)."""
+    end = time.time() + deadline_s
+    while time.time() < end:
+        r = ns.x("redis-cli", "-h", host, "-p", str(PORT), "PING", check=False)
+        if r.stdout.strip() == "PONG":
+            return
+        time.sleep(0.05)
+    raise RuntimeError("no PONG from %s" % host)
+
+
+def benchmark(ns, host, n, pipeline):
+    """redis-benchmark against `host`: requests per second by test."""
+    r = ns.x("timeout", "300", "redis-benchmark", "-h", host, "-p", str(PORT), "-n", str(n), "-c", "50", "-P", str(pipeline),
+             "-t", TESTS, "--csv", check=False)
+    if r.returncode != 0:
+        raise RuntimeError("redis-benchmark %s: %s %s" % (host, r.stdout[-300:], r.stderr[-300:]))
+    out = {}
+    for row in csv.reader(io.StringIO(r.stdout)):
+        if len(row) >= 2 and row[0] != "test":
+            out[row[0].split()[0].lower()] = float(row[1])
+    return out
+
+
+def plot(doc, png):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    kv = doc["kv"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    peers = ["wisp", "container", "native"]
+    names = {"wisp": "kvstore (wisp VM)", "container": "redis-server\n(container)", "native": "redis-server\n(host process)"}
+    for ax, depth in zip(axes, ["1", "16"]):
+        width = 0.35
+        for i, t in enumerate(["get", "set"]):
+            vals = [kv[p]["P%s" % depth][t]["median"] / 1e3 for p in peers]
+            ax.bar([x + i * width for x in range(len(peers))], vals, width, label=t.upper())
+        ax.set_xticks([x + width / 2 for x in range(len(peers))])
+        ax.set_xticklabels([names[p] for p in peers], fontsize=8)
+        ax.set_ylabel("thousand requests/s (median)")
+        ax.set_title("redis-benchmark, 50 clients, pipeline %s" % depth)
+        ax.legend()
+    fig.suptitle(doc["machine"].get("cpu", ""), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    return True
+
+
+def main():
+    def extra(ap):
+        ap.add_argument("--wisp", default=os.path.join(ROOT, "target/release/wisp"))
+        ap.add_argument("--requests", type=int, default=100000)
+        ap.add_argument("--rounds", type=int, default=5)
+    args = common.bench_args(__doc__, os.path.join(ROOT, "bench/results/usecases.json"), plot, extra)
+    if args is None:
+        return
+    for tool in ("redis-server", "redis-benchmark", "redis-cli"):
+        if not shutil.which(tool):
+            raise common.Skip("%s not found (scripts/install-bench-deps.sh)" % tool)
+    ns = Ns()
+    ns.up()
+    try:
+        env = dict(os.environ, WISP_SOCKET="/nonexistent/wisp-bench.sock", WISP_IMAGE_DIR=os.path.join(ROOT, "build", "images"))
+        redis = ["redis-server", "--port", str(PORT), "--save", "", "--appendonly", "no", "--protected-mode", "no"]
+        servers = {
+            "wisp": (ns.spawn([os.path.abspath(args.wisp), "run", "--timeout", "1800s", "--tap", "wtap0", "--ip", "10.89.0.2/24", "kvstore", "--", str(PORT)], env=env), "10.89.0.2"),
+            "native": (ns.spawn(redis + ["--bind", "127.0.0.1"]), "127.0.0.1"),
+            "container": (ns.spawn(redis + ["--bind", "10.89.2.2"], ns=ns.ns2), "10.89.2.2"),
+        }
+        for name, (_, host) in servers.items():
+            wait_ready(ns, host)
+        rows = {p: {"P1": {"get": [], "set": []}, "P16": {"get": [], "set": []}} for p in servers}
+        for r in range(args.rounds):
+            for name, (_, host) in servers.items():
+                for depth in (1, 16):
+                    got = benchmark(ns, host, args.requests * depth, depth)
+                    for t in ("get", "set"):
+                        rows[name]["P%d" % depth][t].append(got[t])
+            log("[usecases] kv round %d: %s" % (r + 1, {p: {d: {t: round(v[-1]) for t, v in ts.items()} for d, ts in x.items()} for p, x in rows.items()}))
+    finally:
+        ns.down()
+    kv = {p: {d: {t: common.summary(v, 1) for t, v in ts.items()} for d, ts in x.items()} for p, x in rows.items()}
+    med = lambda p, d, t: kv[p][d][t]["median"]  # noqa: E731
+    doc = {
+        "what": "LightVM's use cases as services (issue 18): so far the key-value service against redis-server",
+        "method": __doc__.strip(),
+        "requests": args.requests,
+        "rounds": args.rounds,
+        "kv": kv,
+        "ratios": {
+            "kv_get_vs_redis_native": round(med("wisp", "P1", "get") / med("native", "P1", "get"), 3),
+            "kv_set_vs_redis_native": round(med("wisp", "P1", "set") / med("native", "P1", "set"), 3),
+            "kv_get_pipelined_vs_redis_native": round(med("wisp", "P16", "get") / med("native", "P16", "get"), 3),
+            "kv_get_vs_redis_container": round(med("wisp", "P1", "get") / med("container", "P1", "get"), 3),
+            "kv_get_pipelined_vs_redis_container": round(med("wisp", "P16", "get") / med("container", "P16", "get"), 3),
+        },
+        "ratios_note": "requests per second of kvstore (a wisp VM on a tap) over redis-server's on loopback (native) or over a veth"
+                       " (container); the same redis-benchmark, 50 clients, medians of the rounds; above 1: wisp serves more",
+        "targets": {"kv_get_vs_redis_native": 1.0},
+        "machine": common.machine_info(),
+    }
+    common.write_result(doc, args, plot, __file__)
+
+
+if __name__ == "__main__":
+    main()
