@@ -396,3 +396,32 @@ fn a_recycler_endpoint_answers_runs_itself() {
     assert_eq!(c.list().unwrap().len(), 1);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn recycled_runs_that_come_at_once_share_one_recycling_group() {
+    // Six first runs at once: one recycling group is made, and the creates
+    // that find none open meanwhile wait for it rather than make their own.
+    let d = common::daemon::Daemon::start("libs-recycle-burst", &["--pool", "16M=1"]);
+    let hello = bundled_path();
+    let runs: Vec<std::thread::JoinHandle<Output>> = (0..6)
+        .map(|i| {
+            let (socket, hello) = (d.socket.clone(), hello.clone());
+            std::thread::spawn(move || {
+                std::process::Command::new(env!("CARGO_BIN_EXE_wisp"))
+                    .args(["run", "--recycle", &hello, "--", &format!("b{i}")])
+                    .env("WISP_SOCKET", socket)
+                    .stdin(std::process::Stdio::null())
+                    .output()
+                    .unwrap()
+            })
+        })
+        .collect();
+    for (i, r) in runs.into_iter().enumerate() {
+        let o = r.join().unwrap();
+        assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).starts_with(&format!("Hello from wisp! args: [\"b{i}\"]")), "{}", text(&o));
+    }
+    let vms = d.client().list().unwrap();
+    let groups: std::collections::HashSet<_> = vms.iter().map(|v| v.group.clone()).collect();
+    assert_eq!((vms.len(), groups.len()), (6, 1), "{vms:?}");
+    assert!(d.wisp(&["rm", "-f", "--all"]).status.success());
+}

@@ -93,6 +93,25 @@ impl Group {
 pub struct Groups {
     by_id: Arc<Mutex<HashMap<String, Group>>>,
     slots: Mutex<Option<mpsc::Sender<String>>>,
+    /// Kinds of group (recycling, tenant, size) a create is making a new
+    /// group of: the creates that find none open meanwhile wait for it
+    /// rather than make one each.
+    making: Mutex<std::collections::HashSet<(bool, String, u64)>>,
+    made: std::sync::Condvar,
+}
+
+/// A kind of group being made; the mark goes (and waiters look again)
+/// when this is dropped, made or not.
+struct Making<'a> {
+    groups: &'a Groups,
+    key: (bool, String, u64),
+}
+
+impl Drop for Making<'_> {
+    fn drop(&mut self) {
+        self.groups.making.lock().unwrap().remove(&self.key);
+        self.groups.made.notify_all();
+    }
 }
 
 impl Groups {
@@ -250,7 +269,7 @@ impl Daemon {
             slot: g.next.take(),
             room: g.members < g.hosts as usize,
         };
-        {
+        let open = || {
             let mut groups = self.groups.by_id.lock().unwrap();
             loop {
                 let open = groups.values_mut().find(|g| !g.closed && g.recycle == recycle && g.tenant == tenant && g.mem == mem && g.members < g.hosts as usize);
@@ -260,12 +279,32 @@ impl Daemon {
                     Some(g) if g.ended() => g.closed = true,
                     Some(g) => {
                         g.members += 1;
-                        return Ok(place(g));
+                        return Some(place(g));
                     }
-                    None => break,
+                    None => return None,
                 }
             }
-        }
+        };
+        // One new group of a kind at a time: creates that come meanwhile
+        // wait for it (at most its start's time) and take places in it.
+        let key = (recycle, tenant.to_string(), mem);
+        let _making = loop {
+            if let Some(p) = open() {
+                return Ok(p);
+            }
+            let mut making = self.groups.making.lock().unwrap();
+            if making.contains(&key) {
+                drop(self.groups.made.wait_timeout(making, Duration::from_secs(10)).unwrap());
+                continue;
+            }
+            // (Looked at again under the mark's lock: a group made just now
+            // was listed before its mark went.)
+            if let Some(p) = open() {
+                return Ok(p);
+            }
+            making.insert(key.clone());
+            break Making { groups: &self.groups, key };
+        };
         let n = if recycle { self.cfg.recyclers_per_process } else { self.cfg.vms_per_process };
         let limits = quota::family_limits(mem, None, None, Some(n));
         let cg = self.cgroups.as_ref().map(|c| (c, &limits));
