@@ -21,8 +21,6 @@ import csv
 import io
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 
@@ -30,54 +28,11 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 sys.path.insert(0, BENCH)
 import common  # noqa: E402
+from net import Net  # noqa: E402  (bench/net.py's namespaces: the client's with the VM's tap, the container's over a veth)
 
 log = common.log
 PORT = 6380
 TESTS = "get,set"
-
-
-class Ns:
-    """The client's namespace (with the VM's tap) and the container's."""
-
-    def __init__(self):
-        self.ns = "wispuse-%d" % os.getpid()
-        self.ns2 = self.ns + "c"
-        self.procs = []
-
-    def x(self, *argv, ns=None, check=True, **kw):
-        return subprocess.run(["ip", "netns", "exec", ns or self.ns] + list(argv), check=check, capture_output=True, text=True, **kw)
-
-    def up(self):
-        for n in (self.ns, self.ns2):
-            subprocess.run(["ip", "netns", "add", n], check=True)
-            self.x("ip", "link", "set", "lo", "up", ns=n)
-        self.x("ip", "tuntap", "add", "dev", "wtap0", "mode", "tap")
-        self.x("ip", "addr", "add", "10.89.0.1/24", "dev", "wtap0")
-        self.x("ip", "link", "set", "wtap0", "up")
-        self.x("ip", "link", "add", "veth0", "type", "veth", "peer", "name", "veth1")
-        self.x("ip", "link", "set", "veth1", "netns", self.ns2)
-        self.x("ip", "addr", "add", "10.89.2.1/24", "dev", "veth0")
-        self.x("ip", "link", "set", "veth0", "up")
-        self.x("ip", "addr", "add", "10.89.2.2/24", "dev", "veth1", ns=self.ns2)
-        self.x("ip", "link", "set", "veth1", "up", ns=self.ns2)
-
-    def spawn(self, argv, ns=None, env=None):
-        p = subprocess.Popen(["ip", "netns", "exec", ns or self.ns] + argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, env=env, start_new_session=True, text=True)
-        self.procs.append(p)
-        return p
-
-    def down(self):
-        for p in self.procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-                try:
-                    p.wait(5)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait(5)
-        for n in (self.ns2, self.ns):
-            subprocess.run(["ip", "netns", "del", n], check=False)
 
 
 def wait_ready(ns, host, deadline_s=20):
@@ -143,15 +98,16 @@ def main():
     for tool in ("redis-server", "redis-benchmark", "redis-cli"):
         if not shutil.which(tool):
             raise common.Skip("%s not found (scripts/install-bench-deps.sh)" % tool)
-    ns = Ns()
+    os.makedirs(os.path.join(BENCH, "build"), exist_ok=True)  # (the servers' logs)
+    ns = Net()
     ns.up()
     try:
         env = dict(os.environ, WISP_SOCKET="/nonexistent/wisp-bench.sock", WISP_IMAGE_DIR=os.path.join(ROOT, "build", "images"))
         redis = ["redis-server", "--port", str(PORT), "--save", "", "--appendonly", "no", "--protected-mode", "no"]
         servers = {
-            "wisp": (ns.spawn([os.path.abspath(args.wisp), "run", "--timeout", "1800s", "--tap", "wtap0", "--ip", "10.89.0.2/24", "kvstore", "--", str(PORT)], env=env), "10.89.0.2"),
-            "native": (ns.spawn(redis + ["--bind", "127.0.0.1"]), "127.0.0.1"),
-            "container": (ns.spawn(redis + ["--bind", "10.89.2.2"], ns=ns.ns2), "10.89.2.2"),
+            "wisp": (ns.spawn([os.path.abspath(args.wisp), "run", "--timeout", "1800s", "--tap", "wtap0", "--ip", "10.88.0.2/24", "kvstore", "--", str(PORT)], "kv-wisp", env=env), "10.88.0.2"),
+            "native": (ns.spawn(redis + ["--bind", "127.0.0.1"], "kv-native"), "127.0.0.1"),
+            "container": (ns.spawn(redis + ["--bind", "10.88.2.2"], "kv-container", ns=ns.ns2), "10.88.2.2"),
         }
         for name, (_, host) in servers.items():
             wait_ready(ns, host)
