@@ -34,7 +34,6 @@ use wisp_jail::seccomp::Role;
 use wisp_vmm::devices::library::LibraryDevice;
 use wisp_vmm::{Image, ReuseStop, Vm};
 
-use crate::boot::{self, Boot};
 use crate::control::next_pooled;
 use crate::exit::{exit_info, Runner};
 use crate::hosting::Hosting;
@@ -134,9 +133,7 @@ fn ready_recycler(g: &dyn Hosting, image: &Image, app: &(String, OwnedFd)) -> Re
     let shell = g.fresh_shell().map_err(|e| e.to_string())?;
     let fd = app.1.try_clone().map_err(|e| format!("library {}: {e}", app.0))?;
     let lib = LibraryDevice::from_fd(&app.0, fd).map_err(|e| format!("library {}: {e}", app.0))?;
-    let boot = Boot { image, args: std::slice::from_ref(&app.0), net: None, data: None, disks: Vec::new(), libraries: vec![lib], family: boot::daemon_family(false, Some(1)) };
-    let mut vm = boot::load(shell, boot).map_err(|e| e.to_string())?;
-    vm.set_reusable();
+    let mut vm = crate::recycle::boot_recycler(shell, image, std::slice::from_ref(&app.0), None, vec![lib]).map_err(|e| e.to_string())?;
     let mut console = Vec::<u8>::new();
     let out = vm.run_until_fork(&mut console, Some(Instant::now() + READY_WITHIN));
     if vm.reuse_stop() != Some(ReuseStop::Ready) {

@@ -34,7 +34,7 @@ use wisp_jail::JailFiles;
 use wisp_vmm::{Image, Kvm, Shell};
 
 use crate::boot::{self, Boot};
-use crate::hosting::Job;
+use crate::hosting::{Hosting, Job};
 use crate::control::{accept_timed, next_pooled, read_request, serve_hosted};
 use crate::exit::{exit_info, Runner, ERROR};
 use crate::process::{begin, Started};
@@ -108,11 +108,16 @@ impl Group {
     fn wake(&self) {
         let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
     }
+
+    /// A new shell of the group's size, not entered yet.
+    fn shell(&self) -> wisp_vmm::Result<Shell> {
+        Shell::create_with(&self.kvm, self.mem, self.sync_regs, true)
+    }
 }
 
 impl crate::hosting::Hosting for Group {
     fn fresh_shell(&self) -> wisp_vmm::Result<Shell> {
-        Shell::create_with(&self.kvm, self.mem, self.sync_regs, true).and_then(|mut s| s.warm_up().map(|()| s))
+        self.shell().and_then(|mut s| s.warm_up().map(|()| s))
     }
 
     fn run_done(&self) {
@@ -235,14 +240,12 @@ fn make_spare(g: &Arc<Group>) -> Result<(), String> {
         // The shell keeps a handle on /dev/kvm: a VM of another image than
         // the one loaded ahead needs a new KVM VM (its VM cannot fork: its
         // family allows none, and its thread's filter no KVM VM once it runs).
-        let create = || Shell::create_with(&g2.kvm, g2.mem, g2.sync_regs, true);
-        let fresh = || create().and_then(|mut s| s.warm_up().map(|()| s));
         // Preloading enters the shell too (its prefault run); a shell whose
         // preload failed half-way is of no use: a fresh one.
         // (A recycler boots with its run's libraries: nothing loaded ahead.)
         let shell = match ahead.filter(|_| !g2.recycle) {
-            Some(image) => create().and_then(|mut s| s.preload(image).map(|()| s)).or_else(|_| fresh()),
-            None => fresh(),
+            Some(image) => g2.shell().and_then(|mut s| s.preload(image).map(|()| s)).or_else(|_| g2.fresh_shell()),
+            None => g2.fresh_shell(),
         };
         let job = serve_group(&g2);
         // Hosting now: the main thread makes the next spare.
@@ -254,8 +257,7 @@ fn make_spare(g: &Arc<Group>) -> Result<(), String> {
             return;
         }
         run_vm(shell, job);
-        g2.running.fetch_sub(1, Ordering::AcqRel);
-        g2.wake();
+        g2.run_done();
     });
     made.map(drop).map_err(|e| {
         g.spare.store(false, Ordering::Release);

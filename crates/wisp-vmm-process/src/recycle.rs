@@ -153,12 +153,8 @@ fn serve_run(host: &dyn Hosting, shell: &mut Option<wisp_vmm::Result<Shell>>, na
                 Some(s) => s,
                 None => host.fresh_shell(),
             };
-            let family = boot::daemon_family(false, Some(1));
-            match made.and_then(|s| boot::load(s, Boot { image: &image, args: &args, net: None, data, disks: Vec::new(), libraries, family })) {
-                Ok(mut vm) => {
-                    vm.set_reusable();
-                    vm
-                }
+            match made.and_then(|s| boot_recycler(s, &image, &args, data, libraries)) {
+                Ok(vm) => vm,
                 Err(e) => {
                     fail(&conn, e.to_string());
                     return None;
@@ -208,4 +204,19 @@ fn serve_run(host: &dyn Hosting, shell: &mut Option<wisp_vmm::Result<Shell>>, na
             None
         }
     }
+}
+
+/// A recycler of `image` with `libraries` booted on `shell` with `args`,
+/// reusable (it stops at its ready point); a family of one.
+pub(crate) fn boot_recycler(
+    shell: Shell,
+    image: &wisp_vmm::Image,
+    args: &[String],
+    data: Option<wisp_vmm::DataDevice>,
+    libraries: Vec<wisp_vmm::devices::library::LibraryDevice>,
+) -> wisp_vmm::Result<Vm> {
+    let family = boot::daemon_family(false, Some(1));
+    let mut vm = boot::load(shell, Boot { image, args, net: None, data, disks: Vec::new(), libraries, family })?;
+    vm.set_reusable();
+    Ok(vm)
 }
