@@ -13,7 +13,7 @@
 use std::fmt;
 
 use crate::http::{percent_encode, HttpError, Request};
-use crate::{AddRecycler, CreateTemplate, CreateVm, MigrateVm, PoolInfo, RemoveVms, SnapshotVm, StopVm, UpdateLib, API_PREFIX, MAX_FAMILY, MAX_REMOVE, MIN_CPUS};
+use crate::{AddJit, AddRecycler, CreateTemplate, CreateVm, MigrateVm, PoolInfo, RemoveVms, SnapshotVm, StopVm, UpdateLib, API_PREFIX, MAX_FAMILY, MAX_REMOVE, MIN_CPUS};
 
 /// Most CPUs a quota may name (the daemon also refuses more than its host has).
 pub const MAX_CPUS: f64 = 1024.0;
@@ -90,6 +90,27 @@ pub fn check_limits(vm: &CreateVm) -> Result<(), LimitError> {
     }
     if let Some(l) = vm.libs.iter().find(|l| !l.starts_with('/') || l.contains('\0') || !l.ends_with(".so")) {
         return Err(LimitError::Libs(format!("'{l}' is not an absolute path of a NAME.so file")));
+    }
+    Ok(())
+}
+
+/// Check a just-in-time service's request as far as it does not depend on
+/// the host (both ends: the client before it sends, the router).
+pub fn check_jit(j: &AddJit) -> Result<(), String> {
+    if j.image.is_empty() || j.image.contains('\0') {
+        return Err("image: a name or path is needed".into());
+    }
+    if j.port.host == 0 || j.port.vm == 0 {
+        return Err(format!("port {}:{}: ports are 1 to 65535", j.port.host, j.port.vm));
+    }
+    if let Some(ms) = j.idle_ms.filter(|ms| !crate::JIT_IDLE_MS.contains(ms)) {
+        return Err(format!("idle_ms {ms}: must be {} to {}", crate::JIT_IDLE_MS.start(), crate::JIT_IDLE_MS.end()));
+    }
+    if let Some(n) = j.max_vms.filter(|n| !(1..=crate::JIT_MAX_VMS).contains(n)) {
+        return Err(format!("max_vms {n}: must be 1 to {}", crate::JIT_MAX_VMS));
+    }
+    if j.tenant.as_deref().is_some_and(|t| !crate::valid_tenant(t)) {
+        return Err(InvalidCreate::Tenant.to_string());
     }
     Ok(())
 }
@@ -199,6 +220,12 @@ pub enum Action {
     ListRecyclers,
     /// `DELETE /v1/recyclers/{id}`.
     RemoveRecycler(String),
+    /// `POST /v1/jit`: a just-in-time service (a VM per client).
+    AddJit(AddJit),
+    /// `GET /v1/jit`.
+    ListJits,
+    /// `DELETE /v1/jit/{id}`: the service and its VMs go.
+    RemoveJit(String),
     /// `GET /v1/pool`.
     GetPool,
     /// `PUT /v1/pool`: set pool sizes (the `ready` field is ignored).
@@ -385,6 +412,9 @@ impl Action {
             Action::AddRecycler(r) => call("POST", format!("{API_PREFIX}/recyclers"), json(r)),
             Action::ListRecyclers => call("GET", format!("{API_PREFIX}/recyclers"), None),
             Action::RemoveRecycler(id) => call("DELETE", format!("{API_PREFIX}/recyclers/{}", percent_encode(id)), None),
+            Action::AddJit(j) => call("POST", format!("{API_PREFIX}/jit"), json(j)),
+            Action::ListJits => call("GET", format!("{API_PREFIX}/jit"), None),
+            Action::RemoveJit(id) => call("DELETE", format!("{API_PREFIX}/jit/{}", percent_encode(id)), None),
             Action::GetPool => call("GET", format!("{API_PREFIX}/pool"), None),
             Action::SetPool(p) => call("PUT", format!("{API_PREFIX}/pool"), json(p)),
         }
@@ -470,6 +500,13 @@ impl Action {
             }
             ("GET", ["recyclers"]) => Action::ListRecyclers,
             ("DELETE", ["recyclers", id]) => Action::RemoveRecycler(id.to_string()),
+            ("POST", ["jit"]) => {
+                let j: AddJit = req.json()?;
+                check_jit(&j).map_err(|m| HttpError::new(400, m))?;
+                Action::AddJit(j)
+            }
+            ("GET", ["jit"]) => Action::ListJits,
+            ("DELETE", ["jit", id]) => Action::RemoveJit(id.to_string()),
             ("GET", ["pool"]) => Action::GetPool,
             ("PUT", ["pool"]) => Action::SetPool(req.json()?),
             (m, ["version"] | ["vms"] | ["vms", _] | ["vms", _, _] | ["pool"]) => {
@@ -617,6 +654,9 @@ mod tests {
             Action::AddRecycler(AddRecycler { lib: "/l/hello.so".into(), mem: Some(16 << 20), tenant: Some("acme".into()) }),
             Action::ListRecyclers,
             Action::RemoveRecycler("r1".into()),
+            Action::AddJit(AddJit { image: "daytime".into(), port: "8013:13".parse().unwrap(), args: vec!["a".into()], mem: Some(16 << 20), idle_ms: Some(500), max_vms: Some(9), tenant: Some("acme".into()) }),
+            Action::ListJits,
+            Action::RemoveJit("j1".into()),
             Action::GetPool,
             Action::SetPool(pool),
         ];

@@ -181,6 +181,21 @@ impl Client {
         self.call(&Action::RemoveRecycler(id.into()))
     }
 
+    /// `POST /v1/jit`.
+    pub fn add_jit(&mut self, j: &crate::AddJit) -> Result<crate::JitInfo> {
+        self.call(&Action::AddJit(j.clone()))
+    }
+
+    /// `GET /v1/jit`.
+    pub fn jits(&mut self) -> Result<Vec<crate::JitInfo>> {
+        self.call(&Action::ListJits)
+    }
+
+    /// `DELETE /v1/jit/{id}`.
+    pub fn remove_jit(&mut self, id: &str) -> Result<()> {
+        self.call(&Action::RemoveJit(id.into()))
+    }
+
     /// `POST /v1/templates`: make a template.
     pub fn make_template(&mut self, t: &crate::CreateTemplate) -> Result<crate::TemplateInfo> {
         self.call(&Action::MakeTemplate(t.clone()))

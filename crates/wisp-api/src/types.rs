@@ -503,6 +503,83 @@ pub struct RecyclerInfo {
     pub ready_us: u64,
 }
 
+/// `POST /v1/jit`: serve a host port with an image, just in time: the
+/// first connection from a new client address boots a VM of the image that
+/// serves that client (this and its later connections), and a VM that has
+/// had no connection for `idle_ms` is removed (`docs/usecases.md`,
+/// "Just-in-time VMs").
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct AddJit {
+    /// The image each client's VM runs (it serves TCP on `port.vm`).
+    pub image: String,
+    /// The host port (and address, by default 127.0.0.1) served, and the
+    /// VM's port its connections go to.
+    pub port: PortMap,
+    /// The VMs' arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Guest RAM of each VM (default: the daemon's default size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem: Option<u64>,
+    /// A client's VM with no connection for this long is removed, in ms
+    /// (default 30,000; 10 to 86,400,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_ms: Option<u64>,
+    /// Most VMs (clients) at once; a new client beyond is refused
+    /// (default and most: 4,096).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_vms: Option<u32>,
+    /// Whose VMs they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
+/// Bounds of [`AddJit`]'s numbers.
+pub const JIT_IDLE_MS: std::ops::RangeInclusive<u64> = 10..=86_400_000;
+/// Most VMs one just-in-time service keeps.
+pub const JIT_MAX_VMS: u32 = 4096;
+
+/// A just-in-time service.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct JitInfo {
+    /// Its id.
+    pub id: String,
+    pub image: String,
+    pub port: PortMap,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    pub mem: u64,
+    pub idle_ms: u64,
+    pub max_vms: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// VMs booted, connections served, and connections refused or failed
+    /// (over the caps, a VM that did not start or answer) since it began.
+    pub boots: u64,
+    pub connections: u64,
+    pub failed: u64,
+    /// Each client's VM now.
+    #[serde(default)]
+    pub clients: Vec<JitClient>,
+}
+
+/// One client of a just-in-time service and its VM.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct JitClient {
+    /// The client's address.
+    pub client: String,
+    /// Its VM's id and address.
+    pub vm: String,
+    pub ip: String,
+    /// Connections served by it, and open now.
+    pub connections: u64,
+    pub open: u32,
+    /// Microseconds from its first connection's arrival to the VM taking
+    /// it (the VM booted, its port answering).
+    pub boot_us: u64,
+}
+
 /// A live update done.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct UpdateInfo {

@@ -10,6 +10,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 mod app;
 mod direct;
 mod guestio;
+mod jit;
 mod libs;
 mod recycler;
 mod remote;
@@ -321,6 +322,12 @@ enum Cmd {
         #[command(subcommand)]
         cmd: recycler::RecyclerCmd,
     },
+    /// Just-in-time services: a host port served by a VM per client,
+    /// booted by its first connection (docs/usecases.md).
+    Jit {
+        #[command(subcommand)]
+        cmd: jit::JitCmd,
+    },
     /// Show or set the pool of prepared shells.
     Pool {
         /// Keep COUNT shells of MEM ready, as MEM=COUNT (e.g. 16M=8).
@@ -429,6 +436,7 @@ fn main() -> ExitCode {
         Cmd::Shfs { cmd } => shfs::run(cmd).map(|c| (c, None)),
         Cmd::Lib { cmd } => libs::run(cmd).map(|c| (c, None)),
         Cmd::Recycler { cmd } => recycler::manage(&socket, cmd).map(|c| (c, None)),
+        Cmd::Jit { cmd } => jit::manage(&socket, cmd).map(|c| (c, None)),
         Cmd::Build { path } => app::build(&path).map(|image| {
             println!("{}", image.display());
             (0, None)

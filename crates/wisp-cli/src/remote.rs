@@ -31,7 +31,7 @@ fn progress(len: u64, what: &str) -> ProgressBar {
 
 /// The image as the daemon should see it: bundled names pass through,
 /// paths become absolute.
-fn image_ref(image: &str) -> Result<String, String> {
+pub fn image_ref(image: &str) -> Result<String, String> {
     let p = Path::new(image);
     if image.contains('/') || p.exists() {
         return std::fs::canonicalize(p)
@@ -407,7 +407,7 @@ pub fn manage(socket: &Path, cmd: Cmd) -> Result<u8, String> {
             println!("{}", vm.id);
             Ok(0)
         }
-        Cmd::Run(_) | Cmd::Inspect { .. } | Cmd::New { .. } | Cmd::Build { .. } | Cmd::Shfs { .. } | Cmd::Lib { .. } | Cmd::Recycler { .. } => unreachable!("handled in main"),
+        Cmd::Run(_) | Cmd::Inspect { .. } | Cmd::New { .. } | Cmd::Build { .. } | Cmd::Shfs { .. } | Cmd::Lib { .. } | Cmd::Recycler { .. } | Cmd::Jit { .. } => unreachable!("handled in main"),
     }
 }
 

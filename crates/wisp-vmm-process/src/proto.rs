@@ -128,6 +128,10 @@ pub enum Request {
         /// last (a recycling group's runs: the application library).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         libs: Vec<String>,
+        /// Its NIC, whose tap's descriptor comes right after the image's
+        /// (not in a recycling group).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        net: Option<NetSpec>,
     },
     /// To a recycling group: serve a recycler endpoint (`endpoint.rs`). The
     /// descriptors: the endpoint's listening socket (bound by the daemon),

@@ -132,7 +132,7 @@ fn give(p: &Parked, what: Hand) {
 fn serve_run(host: &dyn Hosting, shell: &mut Option<wisp_vmm::Result<Shell>>, narrowed: &mut bool, job: Job, kept: Option<Kept>) -> Option<Kept> {
     let t = Instant::now();
     let kept = kept.filter(|k| k.files == job.files);
-    let Job { shared, image, args, timeout, conn, attach, client, received_ns, data, stdin: _, libraries, files } = job;
+    let Job { shared, image, args, timeout, conn, attach, client, received_ns, data, net: _, stdin: _, libraries, files } = job;
     let fail = |conn: &std::os::unix::net::UnixStream, e: String| {
         let _ = send_line(conn, &Reply::err(&e), None);
         shared.end(ExitInfo { code: ERROR.into(), reason: e });

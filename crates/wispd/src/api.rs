@@ -201,11 +201,11 @@ fn status(e: &ActionError) -> u16 {
     use crate::pool::PoolError;
     use ActionError::*;
     match e {
-        Pool(PoolError::TooLarge { .. } | PoolError::TooManySizes) | TooManyVms(_) | TooManyRecyclers(_) => 429,
+        Pool(PoolError::TooLarge { .. } | PoolError::TooManySizes) | TooManyVms(_) | TooManyRecyclers(_) | TooManyJits(_) => 429,
         GuestMemory { .. } => 507,
         BadMemory(_) | InvalidName(_) | GuestData(_) | Invalid(_) | BadImage(_) | StartRefused(_) | Pool(_) | Snapshot { .. } => 400,
         Limits(_) | TooManyCpus { .. } | MemoryBelowVm { .. } | NoCgroups => 400,
-        NotFound(_) | Gone(_) | NoTemplate(_) | NoRecycler(_) => 404,
+        NotFound(_) | Gone(_) | NoTemplate(_) | NoRecycler(_) | NoJit(_) => 404,
         // A host address that is not this host's cannot be listened on: the request was wrong.
         PortInUse { source, .. } if source.kind() == io::ErrorKind::AddrNotAvailable => 400,
         NameInUse(_) | Ambiguous(_) | Exited(_) | Running(_) | Refused(_) | Unreachable { .. } | PortInUse { .. } | Migrating(_) => 409,
@@ -259,6 +259,8 @@ fn route(d: &Arc<Daemon>, req: &Request, w: &mut UnixStream, keep: bool, arrived
         Outcome::Templates(t) => json(w, 200, &t, keep),
         Outcome::Recycler(r) => json(w, 201, &r, keep),
         Outcome::Recyclers(r) => json(w, 200, &r, keep),
+        Outcome::Jit(j) => json(w, 201, &j, keep),
+        Outcome::Jits(j) => json(w, 200, &j, keep),
         Outcome::Migrated(m) => json(w, 200, &m, keep),
         Outcome::RemovedVms(r) => json(w, 200, &r, keep),
         Outcome::Removed => {

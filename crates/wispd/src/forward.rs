@@ -61,26 +61,8 @@ impl Forward {
     /// Listen on `map.host` at `map`'s host address and forward to `vm_ip:map.vm`.
     pub fn start(map: PortMap, vm_ip: Ipv4Addr) -> io::Result<Forward> {
         let listener = Arc::new(TcpListener::bind(SocketAddr::new(map.host_addr(), map.host))?);
-        let l = listener.clone();
         let target = SocketAddr::from((vm_ip, map.vm));
-        let (limits, all) = limits();
-        let (limits, all, here) = (*limits, all.clone(), Slots::new(limits.max_per_port));
-        std::thread::Builder::new().name(format!("fwd{}", map.host)).spawn(move || {
-            for conn in l.incoming() {
-                let Ok(client) = conn else { break };
-                // Both slots or none (one taken alone is given back here).
-                let (Some(a), Some(b)) = (all.try_take(), here.try_take()) else {
-                    refuse(client);
-                    continue;
-                };
-                let _ = std::thread::Builder::new().name(format!("fwd{}", map.host)).spawn(move || {
-                    let _slots = (a, b);
-                    if let Ok(vm) = TcpStream::connect_timeout(&target, CONNECT_TIMEOUT) {
-                        splice(client, vm, limits.idle_timeout);
-                    }
-                });
-            }
-        })?;
+        serve(listener.clone(), map.host, move |_| TcpStream::connect_timeout(&target, CONNECT_TIMEOUT).ok().map(|vm| (vm, ())))?;
         Ok(Forward { listener })
     }
 
@@ -108,8 +90,47 @@ impl Forward {
 impl Drop for Forward {
     fn drop(&mut self) {
         // Wakes the accept loop with an error, which ends it.
-        let _ = rustix::net::shutdown(&*self.listener, rustix::net::Shutdown::Both);
+        shut(&self.listener);
     }
+}
+
+/// Accept on `listener` until it is shut down (named `fwd<port>`). Each
+/// connection within the caps gets a thread that asks `connect` (with the
+/// client's address) for the other end and a guard it keeps for the
+/// connection's life, then copies both ways; `None` closes the client's
+/// connection. Forwards and just-in-time services (`daemon/jit.rs`) share it.
+pub fn serve<G, F>(listener: Arc<TcpListener>, port: u16, connect: F) -> io::Result<()>
+where
+    G: Send + 'static,
+    F: Fn(SocketAddr) -> Option<(TcpStream, G)> + Send + Sync + 'static,
+{
+    let (limits, all) = limits();
+    let (limits, all, here) = (*limits, all.clone(), Slots::new(limits.max_per_port));
+    let connect = Arc::new(connect);
+    std::thread::Builder::new().name(format!("fwd{port}")).spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(client) = conn else { break };
+            // Both slots or none (one taken alone is given back here).
+            let (Some(a), Some(b)) = (all.try_take(), here.try_take()) else {
+                refuse(client);
+                continue;
+            };
+            let connect = connect.clone();
+            let _ = std::thread::Builder::new().name(format!("fwd{port}")).spawn(move || {
+                let _slots = (a, b);
+                let Ok(from) = client.peer_addr() else { return };
+                if let Some((vm, _guard)) = connect(from) {
+                    splice(client, vm, limits.idle_timeout);
+                }
+            });
+        }
+    })?;
+    Ok(())
+}
+
+/// Shut `listener` down: its accept loop ([`serve`]) ends.
+pub fn shut(listener: &TcpListener) {
+    let _ = rustix::net::shutdown(listener, rustix::net::Shutdown::Both);
 }
 
 /// Refuse a connection over the caps: reset it at once.

@@ -225,11 +225,11 @@ impl Daemon {
         // A recycled run goes to a recycling group (`group.rs`).
         let (worker, hosted) = match &image {
             Some(_) if req.recycle => {
-                let (w, h) = self.host_in_group(req.tenant.as_deref().unwrap_or(""), mem, true, &mut undo)?;
+                let (w, h) = self.host_in_group(req.tenant.as_deref().unwrap_or(""), mem, true, false, &mut undo)?;
                 (w, Some(h))
             }
             Some(image) if self.cfg.vms_per_process > 1 && super::group::groupable(&req, image) => {
-                let (w, h) = self.host_in_group(req.tenant.as_deref().unwrap_or(""), mem, false, &mut undo)?;
+                let (w, h) = self.host_in_group(req.tenant.as_deref().unwrap_or(""), mem, false, req.wants_nic(), &mut undo)?;
                 (w, Some(h))
             }
             _ => {
@@ -337,6 +337,7 @@ impl Daemon {
                 data: data.is_some(),
                 stdin: req.stdin,
                 libs: libs.iter().map(|l| l.name.clone()).collect(),
+                net: spec,
             },
             None => Request::Start {
                 image_name: image.as_ref().map_or_else(|| "snapshot".into(), |i| i.image.name.clone()),
@@ -454,13 +455,13 @@ impl Daemon {
     /// [`Worker`] (the group's process, a session to the group's control
     /// socket, and the pending `wait` that watches the VM in a pidfd's
     /// place) and what goes with the `host` request.
-    fn host_in_group(&self, tenant: &str, mem: u64, recycle: bool, undo: &mut Rollback<'_>) -> Result<(Worker, Hosted), ActionError> {
+    fn host_in_group(&self, tenant: &str, mem: u64, recycle: bool, nic: bool, undo: &mut Rollback<'_>) -> Result<(Worker, Hosted), ActionError> {
         // A group that cannot make the slot (its process died) is closed,
         // and the VM goes to another, once.
         let mut tries = 2;
         let (place, slot) = loop {
             let mut place = self.take_place(tenant, mem, recycle)?;
-            match self.take_slot(&mut place) {
+            match self.take_slot(&mut place, nic) {
                 Ok(s) => break (place, s),
                 Err(e) => {
                     self.close_group(&place.group);

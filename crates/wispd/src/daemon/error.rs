@@ -140,6 +140,12 @@ pub enum ActionError {
     /// As many recycler endpoints as the daemon serves.
     #[error("too many recycler endpoints: at most {0}")]
     TooManyRecyclers(usize),
+    /// No just-in-time service has this id.
+    #[error("no such just-in-time service: {0}")]
+    NoJit(String),
+    /// As many just-in-time services as the daemon serves.
+    #[error("too many just-in-time services: at most {0}")]
+    TooManyJits(usize),
     /// A snapshot file cannot be written, read or used (its path and why).
     #[error("snapshot {path}: {why}")]
     Snapshot { path: String, why: String },

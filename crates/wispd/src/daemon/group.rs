@@ -60,6 +60,9 @@ pub struct Group {
     pidfd: Option<OwnedFd>,
     /// The next VM's directory, files, socket and connections, made ahead.
     next: Option<Slot>,
+    /// Its last VM had a NIC: the next slot gets a tap made ahead too
+    /// (a just-in-time service's VMs, `jit.rs`, come in runs).
+    nic_ahead: bool,
 }
 
 /// What a VM of a group needs made before the group is asked to host it
@@ -98,6 +101,8 @@ pub struct Groups {
     /// rather than make one each.
     making: Mutex<std::collections::HashSet<(bool, String, u64)>>,
     made: std::sync::Condvar,
+    /// The VM network, for taps made ahead with slots.
+    net: std::sync::OnceLock<Arc<super::net::VmNet>>,
 }
 
 /// A kind of group being made; the mark goes (and waiters look again)
@@ -121,14 +126,19 @@ impl Groups {
         self.by_id.lock().unwrap().values().filter(|g| !g.closed && g.next.is_some()).count() as u32
     }
 
+    /// Give the groups the VM network (once): slots get taps made ahead.
+    pub(super) fn set_net(&self, net: Arc<super::net::VmNet>) {
+        let _ = self.net.set(net);
+    }
+
     /// Have group `id`'s next slot made (by the `slots` thread, started on
     /// first use; VM directories go in `vms_dir`).
     fn refill(&self, id: &str, vms_dir: &Path) {
         let mut tx = self.slots.lock().unwrap();
         if tx.is_none() {
             let (t, rx) = mpsc::channel::<String>();
-            let (map, dir) = (self.by_id.clone(), vms_dir.to_path_buf());
-            let started = std::thread::Builder::new().name("slots".into()).spawn(move || slots_loop(&map, &dir, rx));
+            let (map, dir, net) = (self.by_id.clone(), vms_dir.to_path_buf(), self.net.get().cloned());
+            let started = std::thread::Builder::new().name("slots".into()).spawn(move || slots_loop(&map, &dir, net.as_deref(), rx));
             if started.is_err() {
                 return;
             }
@@ -170,18 +180,23 @@ impl Groups {
 /// The `slots` thread: makes the slot of each group named on `rx` that
 /// has none (a group gone or closed meanwhile gets none, and a slot made
 /// for a group that went meanwhile is removed).
-fn slots_loop(groups: &Mutex<HashMap<String, Group>>, vms_dir: &Path, rx: mpsc::Receiver<String>) {
+fn slots_loop(groups: &Mutex<HashMap<String, Group>>, vms_dir: &Path, net: Option<&super::net::VmNet>, rx: mpsc::Receiver<String>) {
     while let Ok(id) = rx.recv() {
-        let want = groups.lock().unwrap().get(&id).filter(|g| !g.closed && g.next.is_none() && g.members < g.hosts as usize).map(|g| (g.dir.clone(), g.uid));
-        let Some((group_dir, uid)) = want else { continue };
+        let want = groups.lock().unwrap().get(&id).filter(|g| !g.closed && g.next.is_none() && g.members < g.hosts as usize).map(|g| (g.dir.clone(), g.uid, g.nic_ahead));
+        let Some((group_dir, uid, nic)) = want else { continue };
         match make_slot(vms_dir, &group_dir, uid) {
             Ok(slot) => {
+                // The tap before the slot is seen: a create finds both or
+                // makes its own.
+                if let Some(net) = net.filter(|_| nic) {
+                    net.prepare(&slot.hd.id);
+                }
                 let mut map = groups.lock().unwrap();
                 match map.get_mut(&id).filter(|g| g.next.is_none()) {
                     Some(g) => g.next = Some(slot),
                     None => {
                         drop(map);
-                        drop_slot(slot);
+                        drop_slot(slot, net);
                     }
                 }
             }
@@ -216,8 +231,11 @@ fn make_slot(vms_dir: &Path, group_dir: &Path, uid: u32) -> Result<Slot, ActionE
     }
 }
 
-/// A slot not used: its directory goes.
-fn drop_slot(slot: Slot) {
+/// A slot not used: its directory goes, and its tap if one was made.
+fn drop_slot(slot: Slot, net: Option<&super::net::VmNet>) {
+    if let Some(net) = net {
+        net.release(&slot.hd.id);
+    }
     let _ = fs::remove_dir_all(&slot.hd.dir);
 }
 
@@ -248,7 +266,6 @@ pub struct HostedDir {
 /// Whether the VM `req` asks for (of image `image`) may go to a group.
 pub fn groupable(req: &CreateVm, image: &CachedImage) -> bool {
     !image.image.forks()
-        && !req.wants_nic()
         && req.volumes.is_empty()
         && req.libs.is_empty()
         && req.memory.is_none()
@@ -330,6 +347,7 @@ impl Daemon {
             child: w.child.take(),
             pidfd: w.pidfd.take(),
             next: None,
+            nic_ahead: false,
         };
         let mut g = g;
         let p = place(&mut g);
@@ -346,7 +364,7 @@ impl Daemon {
             Some(g) => g.next = Some(slot),
             None => {
                 drop(groups);
-                drop_slot(slot);
+                drop_slot(slot, self.groups.net.get().map(|n| &**n));
             }
         }
     }
@@ -385,7 +403,7 @@ impl Daemon {
     /// directory and record.
     fn end_group(&self, mut g: Group) {
         if let Some(slot) = g.next.take() {
-            drop_slot(slot);
+            drop_slot(slot, self.groups.net.get().map(|n| &**n));
         }
         let _ = proto::call(&g.dir.join("ctl.sock"), &Request::Shutdown, None, Some(Duration::from_secs(1)));
         if let Some(fd) = &g.pidfd {
@@ -400,13 +418,17 @@ impl Daemon {
         self.remove_dir(&dir);
     }
 
-    /// The slot for a VM of the group at `place`: the one made ahead, else
-    /// one made now. Either way the group's next one is made ahead.
-    pub(super) fn take_slot(&self, place: &mut Place) -> Result<Slot, ActionError> {
+    /// The slot for a VM of the group at `place` (with a NIC if `nic`):
+    /// the one made ahead, else one made now. Either way the group's next
+    /// one is made ahead (with a tap if this VM has a NIC).
+    pub(super) fn take_slot(&self, place: &mut Place, nic: bool) -> Result<Slot, ActionError> {
         let slot = match place.slot.take() {
             Some(s) => Ok(s),
             None => make_slot(&self.vms_dir(), &place.group_dir, place.uid),
         };
+        if let Some(g) = self.groups.by_id.lock().unwrap().get_mut(&place.group) {
+            g.nic_ahead = nic;
+        }
         if place.room {
             self.groups.refill(&place.group, &self.vms_dir());
         }
@@ -460,6 +482,7 @@ impl Daemon {
                     child: None,
                     pidfd: Some(pidfd),
                     next: None,
+                    nic_ahead: false,
                 };
                 self.groups.adopt(g);
             }

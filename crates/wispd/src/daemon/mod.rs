@@ -53,6 +53,7 @@ mod net;
 pub mod process;
 mod quota;
 mod record;
+mod jit;
 mod recyclers;
 mod remove;
 mod snapshot;
@@ -137,6 +138,10 @@ pub enum Outcome {
     Recycler(wisp_api::RecyclerInfo),
     /// Every recycler endpoint.
     Recyclers(Vec<wisp_api::RecyclerInfo>),
+    /// A just-in-time service started.
+    Jit(wisp_api::JitInfo),
+    /// Every just-in-time service.
+    Jits(Vec<wisp_api::JitInfo>),
 }
 
 /// Why the daemon could not start.
@@ -181,7 +186,7 @@ pub struct Daemon {
     libs: libs::LibCache,
     epoll: OwnedFd,
     uids: Uids,
-    net: VmNet,
+    net: Arc<VmNet>,
     records: Records,
     /// The PID namespace VMM processes start in (none if it could not be
     /// made: they then live in the daemon's, and the daemon says so).
@@ -194,6 +199,8 @@ pub struct Daemon {
     groups: group::Groups,
     /// Recycler endpoints (`recyclers.rs`).
     recyclers: recyclers::Recyclers,
+    /// Just-in-time services (`jit.rs`).
+    jits: jit::Jits,
 }
 
 impl Daemon {
@@ -212,7 +219,7 @@ impl Daemon {
             crate::fsutil::private_dir(dir).map_err(InitError::StateDir)?;
         }
         let epoll = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(InitError::Epoll)?;
-        let net = VmNet::new(&cfg.bridge, cfg.subnet);
+        let net = Arc::new(VmNet::new(&cfg.bridge, cfg.subnet));
         let pidns = crate::pidns::PidNs::open_or_create(&cfg.state_dir)
             .inspect_err(|e| eprintln!("wispd: no PID namespace for VMM processes ({e}): they share the daemon's"))
             .inspect(|ns| eprintln!("wispd: VMM processes start in the PID namespace of process {}", ns.pid))
@@ -238,7 +245,9 @@ impl Daemon {
             host_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             groups: group::Groups::default(),
             recyclers: recyclers::Recyclers::default(),
+            jits: jit::Jits::default(),
         });
+        d.groups.set_net(d.net.clone());
         d.adopt(old_layout);
         Ok(d)
     }
@@ -305,6 +314,12 @@ impl Daemon {
             Action::ListRecyclers => Outcome::Recyclers(self.recyclers()),
             Action::RemoveRecycler(id) => {
                 self.remove_recycler(&id)?;
+                Outcome::Removed
+            }
+            Action::AddJit(j) => Outcome::Jit(self.add_jit(j)?),
+            Action::ListJits => Outcome::Jits(self.jits()),
+            Action::RemoveJit(id) => {
+                self.remove_jit(&id)?;
                 Outcome::Removed
             }
             Action::GetPool => Outcome::Pool(wisp_api::PoolInfo { group_spares: self.groups.spares(), ..self.pool.info() }),
