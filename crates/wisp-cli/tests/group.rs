@@ -84,6 +84,41 @@ fn vms_of_one_tenant_share_a_process_and_behave_like_any_vm() {
     });
 }
 
+/// The group processes of daemon `d` (its state directory in their command line).
+fn group_processes(d: &Daemon) -> Vec<u32> {
+    let dir = d.dir.to_string_lossy().into_owned();
+    let procs = std::fs::read_dir("/proc").unwrap().flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
+    procs
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            cmd.contains("__worker") && cmd.contains("--group") && cmd.contains(&dir)
+        })
+        .collect()
+}
+
+#[test]
+fn the_next_group_is_made_before_one_fills() {
+    let d = Daemon::start("group-ahead", &["--pool", "16M=1", "--vms-per-process", "4"]);
+    let mut c = d.client();
+    // Four to a group: the third VM leaves room for one, and the next
+    // group is made then, off the creates' path.
+    let first: Vec<VmInfo> = (0..3).map(|_| create(&mut c, "sleeper", &["1h", "20ms"], Some("acme"))).collect();
+    common::eventually(Duration::from_secs(20), || format!("no group made ahead: {:?}", group_processes(&d)), || (group_processes(&d).len() == 2).then_some(()));
+    // The fourth fills the first group, the fifth goes to the one made ahead
+    // (and no third is made: it has room enough).
+    let fourth = create(&mut c, "sleeper", &["1h", "20ms"], Some("acme"));
+    let fifth = create(&mut c, "sleeper", &["1h", "20ms"], Some("acme"));
+    assert_eq!(fourth.group, first[0].group, "{fourth:?}");
+    assert!(fifth.group.is_some() && fifth.group != first[0].group, "{fifth:?}");
+    assert!(group_processes(&d).contains(&fifth.pid));
+    assert_eq!(group_processes(&d).len(), 2, "{:?}", group_processes(&d));
+    // Another tenant's VMs get no place in it.
+    let other = create(&mut c, "sleeper", &["1h"], Some("other"));
+    assert_ne!(other.pid, fifth.pid);
+    assert_eq!(d.wisp(&["rm", "-f", "--all"]).status.code(), Some(0));
+}
+
 #[test]
 fn a_misbehaving_guest_in_a_group_stops_only_itself() {
     let d = Daemon::start("group-hostile", &["--pool", "16M=1", "--vms-per-process", "4"]);

@@ -289,14 +289,29 @@ impl Daemon {
         let open = || {
             let mut groups = self.groups.by_id.lock().unwrap();
             loop {
-                let open = groups.values_mut().find(|g| !g.closed && g.recycle == recycle && g.tenant == tenant && g.mem == mem && g.members < g.hosts as usize);
+                // The fullest open group first: a group made ahead fills
+                // after the one before it.
+                let open = groups
+                    .values_mut()
+                    .filter(|g| !g.closed && g.recycle == recycle && g.tenant == tenant && g.mem == mem && g.members < g.hosts as usize)
+                    .max_by_key(|g| g.members);
                 match open {
                     // A group whose process has ended (killed, crashed)
                     // takes no more: the next candidate.
                     Some(g) if g.ended() => g.closed = true,
                     Some(g) => {
                         g.members += 1;
-                        return Some(place(g));
+                        let p = place(g);
+                        // Nearly full: the next group is made now, off
+                        // any create's path (a group's start is tens of ms).
+                        let (left, nic) = (g.hosts as usize - g.members, g.nic_ahead);
+                        if !recycle && left <= (g.hosts as usize / 8).max(1) {
+                            let room = |o: &Group| !o.closed && !o.recycle && o.tenant == tenant && o.mem == mem && o.hosts as usize - o.members > left;
+                            if !groups.values().any(room) {
+                                self.make_group_ahead(tenant, mem, nic);
+                            }
+                        }
+                        return Some(p);
                     }
                     None => return None,
                 }
@@ -322,6 +337,49 @@ impl Daemon {
             making.insert(key.clone());
             break Making { groups: &self.groups, key };
         };
+        let mut g = self.make_group(tenant, mem, recycle)?;
+        g.members = 1;
+        let p = place(&mut g);
+        self.groups.by_id.lock().unwrap().insert(g.id.clone(), g);
+        Ok(p)
+    }
+
+    /// Make the next group of `tenant` and `mem` bytes (not recycling) on
+    /// a thread of its own, unless one of the kind is being made; it joins
+    /// the open groups empty, its first slot made ahead (with a tap if
+    /// `nic`: the group before it had one ahead).
+    fn make_group_ahead(&self, tenant: &str, mem: u64, nic: bool) {
+        let Some(d) = self.me.get().and_then(std::sync::Weak::upgrade) else { return };
+        let key = (false, tenant.to_string(), mem);
+        {
+            let mut making = self.groups.making.lock().unwrap();
+            if !making.insert(key.clone()) {
+                return;
+            }
+        }
+        let tenant = tenant.to_string();
+        let mark = key.clone();
+        let started = std::thread::Builder::new().name("group-ahead".into()).spawn(move || {
+            let _making = Making { groups: &d.groups, key };
+            match d.make_group(&tenant, mem, false) {
+                Ok(mut g) => {
+                    g.nic_ahead = nic;
+                    let id = g.id.clone();
+                    d.groups.by_id.lock().unwrap().insert(id.clone(), g);
+                    d.groups.refill(&id, &d.vms_dir());
+                }
+                Err(e) => eprintln!("wispd: the next group of tenant '{tenant}': {e}"),
+            }
+        });
+        if started.is_err() {
+            self.groups.making.lock().unwrap().remove(&mark);
+            self.groups.made.notify_all();
+        }
+    }
+
+    /// Start a group process of `tenant` and `mem` bytes (recycling or
+    /// not), with no member yet.
+    fn make_group(&self, tenant: &str, mem: u64, recycle: bool) -> Result<Group, ActionError> {
         let n = if recycle { self.cfg.recyclers_per_process } else { self.cfg.vms_per_process };
         let limits = quota::family_limits(mem, None, None, Some(n));
         let cg = self.cgroups.as_ref().map(|c| (c, &limits));
@@ -332,7 +390,7 @@ impl Daemon {
             self.discard_worker(w);
             return Err(ActionError::Prepare(process::SpawnError::NotReady("the group's directory has no owner".into())));
         };
-        let g = Group {
+        Ok(Group {
             id: w.id.clone(),
             pid: w.pid,
             start: process::proc_start(w.pid),
@@ -341,18 +399,14 @@ impl Daemon {
             tenant: tenant.to_string(),
             mem,
             hosts: n,
-            members: 1,
+            members: 0,
             closed: false,
             recycle,
             child: w.child.take(),
             pidfd: w.pidfd.take(),
             next: None,
             nic_ahead: false,
-        };
-        let mut g = g;
-        let p = place(&mut g);
-        self.groups.by_id.lock().unwrap().insert(g.id.clone(), g);
-        Ok(p)
+        })
     }
 
     /// Put the slot `place` took back in its group (an endpoint takes a

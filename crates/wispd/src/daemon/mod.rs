@@ -201,6 +201,9 @@ pub struct Daemon {
     recyclers: recyclers::Recyclers,
     /// Just-in-time services (`jit.rs`).
     jits: jit::Jits,
+    /// The daemon itself, for work it starts on threads of their own (a
+    /// group made ahead, `group.rs`).
+    me: std::sync::OnceLock<std::sync::Weak<Daemon>>,
 }
 
 impl Daemon {
@@ -246,8 +249,10 @@ impl Daemon {
             groups: group::Groups::default(),
             recyclers: recyclers::Recyclers::default(),
             jits: jit::Jits::default(),
+            me: std::sync::OnceLock::new(),
         });
         d.groups.set_net(d.net.clone());
+        let _ = d.me.set(Arc::downgrade(&d));
         d.adopt(old_layout);
         Ok(d)
     }
