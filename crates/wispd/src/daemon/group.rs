@@ -138,12 +138,7 @@ impl Groups {
         if tx.is_none() {
             let (t, rx) = mpsc::channel::<String>();
             let (map, dir, net) = (self.by_id.clone(), vms_dir.to_path_buf(), self.net.get().cloned());
-            // At idle priority, as the pool's refill: a slot (and its tap)
-            // is made on CPU time no create wants.
-            let started = std::thread::Builder::new().name("slots".into()).spawn(move || {
-                let _ = wisp_jail::priority::background();
-                slots_loop(&map, &dir, net.as_deref(), rx)
-            });
+            let started = std::thread::Builder::new().name("slots".into()).spawn(move || slots_loop(&map, &dir, net.as_deref(), rx));
             if started.is_err() {
                 return;
             }
@@ -366,18 +361,12 @@ impl Daemon {
         let mark = key.clone();
         let started = std::thread::Builder::new().name("group-ahead".into()).spawn(move || {
             let _making = Making { groups: &d.groups, key };
-            // At idle priority (brought back once ready, as a pool's shell).
-            let _ = wisp_jail::priority::background();
             match d.make_group(&tenant, mem, false) {
-                Ok(mut g) if wisp_jail::priority::foreground_process(g.pid).is_ok() => {
+                Ok(mut g) => {
                     g.nic_ahead = nic;
                     let id = g.id.clone();
                     d.groups.by_id.lock().unwrap().insert(id.clone(), g);
                     d.groups.refill(&id, &d.vms_dir());
-                }
-                Ok(g) => {
-                    eprintln!("wispd: the next group of tenant '{tenant}' stays in the background: stopped");
-                    d.end_group(g);
                 }
                 Err(e) => eprintln!("wispd: the next group of tenant '{tenant}': {e}"),
             }

@@ -294,14 +294,7 @@ impl Daemon {
         };
         let svc = Arc::new(Service { info, idle, listener: Arc::new(listener), state: Mutex::default(), changed: Condvar::new() });
         let (d, s) = (self.clone(), svc.clone());
-        // Removing idle VMs is no client's wait: at idle priority.
-        std::thread::Builder::new()
-            .name("jit-reap".into())
-            .spawn(move || {
-                let _ = wisp_jail::priority::background();
-                s.reap(&d)
-            })
-            .map_err(ActionError::Vmm)?;
+        std::thread::Builder::new().name("jit-reap".into()).spawn(move || s.reap(&d)).map_err(ActionError::Vmm)?;
         let (d, s) = (self.clone(), svc.clone());
         if let Err(e) = forward::serve(svc.listener.clone(), svc.info.port.host, move |from| s.connect(&d, from.ip())) {
             svc.lock().stopped = true;
