@@ -302,16 +302,13 @@ impl Daemon {
                     Some(g) => {
                         g.members += 1;
                         let p = place(g);
-                        // Nearly full: the next group is made now, off
-                        // any create's path (a group's start is tens of ms).
+                        // Nearly full: the next group is to be made now, off
+                        // any create's path (a group's start is tens of ms),
+                        // once this lock (and the mark's) is let go.
                         let (left, nic) = (g.hosts as usize - g.members, g.nic_ahead);
-                        if !recycle && left <= (g.hosts as usize / 8).max(1) {
-                            let room = |o: &Group| !o.closed && !o.recycle && o.tenant == tenant && o.mem == mem && o.hosts as usize - o.members > left;
-                            if !groups.values().any(room) {
-                                self.make_group_ahead(tenant, mem, nic);
-                            }
-                        }
-                        return Some(p);
+                        let room = |o: &Group| !o.closed && !o.recycle && o.tenant == tenant && o.mem == mem && o.hosts as usize - o.members > left;
+                        let ahead = (!recycle && left <= (g.hosts as usize / 8).max(1) && !groups.values().any(room)).then_some(nic);
+                        return Some((p, ahead));
                     }
                     None => return None,
                 }
@@ -319,10 +316,16 @@ impl Daemon {
         };
         // One new group of a kind at a time: creates that come meanwhile
         // wait for it (at most its start's time) and take places in it.
+        let taken = |(p, ahead): (Place, Option<bool>)| {
+            if let Some(nic) = ahead {
+                self.make_group_ahead(tenant, mem, nic);
+            }
+            Ok(p)
+        };
         let key = (recycle, tenant.to_string(), mem);
         let _making = loop {
-            if let Some(p) = open() {
-                return Ok(p);
+            if let Some(found) = open() {
+                return taken(found);
             }
             let mut making = self.groups.making.lock().unwrap();
             if making.contains(&key) {
@@ -331,8 +334,9 @@ impl Daemon {
             }
             // (Looked at again under the mark's lock: a group made just now
             // was listed before its mark went.)
-            if let Some(p) = open() {
-                return Ok(p);
+            if let Some(found) = open() {
+                drop(making);
+                return taken(found);
             }
             making.insert(key.clone());
             break Making { groups: &self.groups, key };
