@@ -1,63 +1,29 @@
 #!/usr/bin/env python3
-"""LightVM's use cases as services (issue 18), side by side with their
-obvious alternatives on this host. So far: the key-value service (item 5).
+"""LightVM's use cases as services (issue 18), each side by side with its
+obvious alternative on this host, in parts (`--parts`, default all); a
+part run alone replaces its own results in the JSON and keeps the others'.
 
-- kv: `kvstore` (a wisp VM speaking Redis' protocol, on a tap in a network
-  namespace this script makes) against `redis-server` (Debian's, no
-  persistence: `--save '' --appendonly no`) as a host process on loopback
-  and in a namespace container (its own network namespace, reached over a
-  veth pair). The same client for all three, `redis-benchmark` (Debian's),
-  in the same namespace: GET and SET, 50 clients, not pipelined (N
-  requests) and pipelined 16 deep (16 N), ROUNDS rounds with the peers
-  taking turns, medians of requests per second. Each server is one
-  thread (redis-server's default; the VM has one vCPU). What differs is
-  the path: loopback for the host process, a veth for the container, a
-  tap and the VM's exits for wisp.
+- kv (bench/usecases_kv.py): kvstore against redis-server, host process
+  and namespace container, under redis-benchmark.
+- jit (bench/usecases_jit.py): just-in-time VMs (a VM booted per new
+  client) against socket activation (a process per connection), open-loop
+  arrivals, first-response latency.
 
-    python3 bench/usecases.py --wisp target/release/wisp --out bench/results/usecases.json
+    python3 bench/usecases.py --wisp target/release/wisp --out bench/results/usecases.json [--parts jit]
 """
 
-import csv
-import io
+import json
 import os
-import shutil
 import sys
-import time
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 sys.path.insert(0, BENCH)
 import common  # noqa: E402
-from net import Net  # noqa: E402  (bench/net.py's namespaces: the client's with the VM's tap, the container's over a veth)
+import usecases_jit  # noqa: E402
+import usecases_kv  # noqa: E402
 
-log = common.log
-PORT = 6380
-TESTS = "get,set"
-
-
-def wait_ready(ns, host, deadline_s=20):
-    """Until the server at `host` answers PING (redis-cli from the client's
-    namespace)."""
-    end = time.time() + deadline_s
-    while time.time() < end:
-        r = ns.x("redis-cli", "-h", host, "-p", str(PORT), "PING", check=False)
-        if r.stdout.strip() == "PONG":
-            return
-        time.sleep(0.05)
-    raise RuntimeError("no PONG from %s" % host)
-
-
-def benchmark(ns, host, n, pipeline):
-    """redis-benchmark against `host`: requests per second by test."""
-    r = ns.x("timeout", "300", "redis-benchmark", "-h", host, "-p", str(PORT), "-n", str(n), "-c", "50", "-P", str(pipeline),
-             "-t", TESTS, "--csv", check=False)
-    if r.returncode != 0:
-        raise RuntimeError("redis-benchmark %s: %s %s" % (host, r.stdout[-300:], r.stderr[-300:]))
-    out = {}
-    for row in csv.reader(io.StringIO(r.stdout)):
-        if len(row) >= 2 and row[0] != "test":
-            out[row[0].split()[0].lower()] = float(row[1])
-    return out
+PARTS = {"kv": usecases_kv, "jit": usecases_jit}
 
 
 def plot(doc, png):
@@ -67,20 +33,10 @@ def plot(doc, png):
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    kv = doc["kv"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    peers = ["wisp", "container", "native"]
-    names = {"wisp": "kvstore (wisp VM)", "container": "redis-server\n(container)", "native": "redis-server\n(host process)"}
-    for ax, depth in zip(axes, ["1", "16"]):
-        width = 0.35
-        for i, t in enumerate(["get", "set"]):
-            vals = [kv[p]["P%s" % depth][t]["median"] / 1e3 for p in peers]
-            ax.bar([x + i * width for x in range(len(peers))], vals, width, label=t.upper())
-        ax.set_xticks([x + width / 2 for x in range(len(peers))])
-        ax.set_xticklabels([names[p] for p in peers], fontsize=8)
-        ax.set_ylabel("thousand requests/s (median)")
-        ax.set_title("redis-benchmark, 50 clients, pipeline %s" % depth)
-        ax.legend()
+    parts = [p for p in PARTS if p in doc.get("parts", {})]
+    fig, axes = plt.subplots(len(parts), 2, figsize=(11, 4 * len(parts)), squeeze=False)
+    for row, p in zip(axes, parts):
+        PARTS[p].plot(row, doc["parts"][p])
     fig.suptitle(doc["machine"].get("cpu", ""), fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=100)
@@ -90,57 +46,42 @@ def plot(doc, png):
 def main():
     def extra(ap):
         ap.add_argument("--wisp", default=os.path.join(ROOT, "target/release/wisp"))
-        ap.add_argument("--requests", type=int, default=100000)
-        ap.add_argument("--rounds", type=int, default=5)
+        ap.add_argument("--parts", default=",".join(PARTS), help="which parts to run: %s" % ",".join(PARTS))
+        ap.add_argument("--requests", type=int, default=100000, help="kv: requests per redis-benchmark run")
+        ap.add_argument("--rounds", type=int, default=5, help="kv: rounds")
+        ap.add_argument("--clients", type=int, default=300, help="jit: arrivals per rate and peer")
     args = common.bench_args(__doc__, os.path.join(ROOT, "bench/results/usecases.json"), plot, extra)
     if args is None:
         return
-    for tool in ("redis-server", "redis-benchmark", "redis-cli"):
-        if not shutil.which(tool):
-            raise common.Skip("%s not found (scripts/install-bench-deps.sh)" % tool)
-    os.makedirs(os.path.join(BENCH, "build"), exist_ok=True)  # (the servers' logs)
-    ns = Net()
-    ns.up()
+    wanted = [p for p in args.parts.split(",") if p]
+    unknown = [p for p in wanted if p not in PARTS]
+    if unknown:
+        raise SystemExit("unknown parts %s (known: %s)" % (unknown, ", ".join(PARTS)))
+    os.makedirs(os.path.join(BENCH, "build"), exist_ok=True)  # (the servers' logs, the C peers)
     try:
-        env = dict(os.environ, WISP_SOCKET="/nonexistent/wisp-bench.sock", WISP_IMAGE_DIR=os.path.join(ROOT, "build", "images"))
-        redis = ["redis-server", "--port", str(PORT), "--save", "", "--appendonly", "no", "--protected-mode", "no"]
-        servers = {
-            "wisp": (ns.spawn([os.path.abspath(args.wisp), "run", "--timeout", "1800s", "--tap", "wtap0", "--ip", "10.88.0.2/24", "kvstore", "--", str(PORT)], "kv-wisp", env=env), "10.88.0.2"),
-            "native": (ns.spawn(redis + ["--bind", "127.0.0.1"], "kv-native"), "127.0.0.1"),
-            "container": (ns.spawn(redis + ["--bind", "10.88.2.2"], "kv-container", ns=ns.ns2), "10.88.2.2"),
-        }
-        for name, (_, host) in servers.items():
-            wait_ready(ns, host)
-        rows = {p: {"P1": {"get": [], "set": []}, "P16": {"get": [], "set": []}} for p in servers}
-        for r in range(args.rounds):
-            for name, (_, host) in servers.items():
-                for depth in (1, 16):
-                    got = benchmark(ns, host, args.requests * depth, depth)
-                    for t in ("get", "set"):
-                        rows[name]["P%d" % depth][t].append(got[t])
-            log("[usecases] kv round %d: %s" % (r + 1, {p: {d: {t: round(v[-1]) for t, v in ts.items()} for d, ts in x.items()} for p, x in rows.items()}))
-    finally:
-        ns.down()
-    kv = {p: {d: {t: common.summary(v, 1) for t, v in ts.items()} for d, ts in x.items()} for p, x in rows.items()}
-    med = lambda p, d, t: kv[p][d][t]["median"]  # noqa: E731
-    doc = {
-        "what": "LightVM's use cases as services (issue 18): so far the key-value service against redis-server",
-        "method": __doc__.strip(),
-        "requests": args.requests,
-        "rounds": args.rounds,
-        "kv": kv,
-        "ratios": {
-            "kv_get_vs_redis_native": round(med("wisp", "P1", "get") / med("native", "P1", "get"), 3),
-            "kv_set_vs_redis_native": round(med("wisp", "P1", "set") / med("native", "P1", "set"), 3),
-            "kv_get_pipelined_vs_redis_native": round(med("wisp", "P16", "get") / med("native", "P16", "get"), 3),
-            "kv_get_vs_redis_container": round(med("wisp", "P1", "get") / med("container", "P1", "get"), 3),
-            "kv_get_pipelined_vs_redis_container": round(med("wisp", "P16", "get") / med("container", "P16", "get"), 3),
-        },
-        "ratios_note": "requests per second of kvstore (a wisp VM on a tap) over redis-server's on loopback (native) or over a veth"
-                       " (container); the same redis-benchmark, 50 clients, medians of the rounds; above 1: wisp serves more",
-        "targets": {"kv_get_vs_redis_native": 1.0},
-        "machine": common.machine_info(),
-    }
+        with open(args.out) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        doc = {}
+    doc.setdefault("parts", {})
+    doc.setdefault("part_ratios", {})
+    doc.setdefault("part_notes", {})
+    doc.setdefault("part_targets", {})
+    for name in wanted:
+        part, ratios, note, targets = PARTS[name].run(args)
+        doc["parts"][name] = part
+        doc["part_ratios"][name] = ratios
+        doc["part_notes"][name] = note
+        doc["part_targets"][name] = targets
+    # Older results of the kv part (before parts): kept as that part's.
+    for old in ("kv", "requests", "rounds", "method"):
+        doc.pop(old, None)
+    doc["what"] = "LightVM's use cases as services (issue 18), each against its obvious alternative on this host"
+    doc["method"] = __doc__.strip()
+    doc["ratios"] = {k: v for p in PARTS for k, v in doc["part_ratios"].get(p, {}).items()}
+    doc["ratios_note"] = " ".join(doc["part_notes"].get(p, "") for p in PARTS if p in doc["part_notes"])
+    doc["targets"] = {k: v for p in PARTS for k, v in doc["part_targets"].get(p, {}).items()}
+    doc["machine"] = common.machine_info()
     common.write_result(doc, args, plot, __file__)
 
 
