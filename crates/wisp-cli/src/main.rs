@@ -9,6 +9,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod app;
 mod direct;
+mod functions;
 mod guestio;
 mod jit;
 mod libs;
@@ -322,6 +323,12 @@ enum Cmd {
         #[command(subcommand)]
         cmd: recycler::RecyclerCmd,
     },
+    /// A functions service: registered functions called over HTTP, each
+    /// call in a VM of its own (docs/usecases.md).
+    Fn {
+        #[command(subcommand)]
+        cmd: functions::FnCmd,
+    },
     /// Just-in-time services: a host port served by a VM per client,
     /// booted by its first connection (docs/usecases.md).
     Jit {
@@ -437,6 +444,7 @@ fn main() -> ExitCode {
         Cmd::Lib { cmd } => libs::run(cmd).map(|c| (c, None)),
         Cmd::Recycler { cmd } => recycler::manage(&socket, cmd).map(|c| (c, None)),
         Cmd::Jit { cmd } => jit::manage(&socket, cmd).map(|c| (c, None)),
+        Cmd::Fn { cmd } => functions::run(&socket, cmd).map(|c| (c, None)),
         Cmd::Build { path } => app::build(&path).map(|image| {
             println!("{}", image.display());
             (0, None)

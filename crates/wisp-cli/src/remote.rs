@@ -407,7 +407,7 @@ pub fn manage(socket: &Path, cmd: Cmd) -> Result<u8, String> {
             println!("{}", vm.id);
             Ok(0)
         }
-        Cmd::Run(_) | Cmd::Inspect { .. } | Cmd::New { .. } | Cmd::Build { .. } | Cmd::Shfs { .. } | Cmd::Lib { .. } | Cmd::Recycler { .. } | Cmd::Jit { .. } => unreachable!("handled in main"),
+        Cmd::Run(_) | Cmd::Inspect { .. } | Cmd::New { .. } | Cmd::Build { .. } | Cmd::Shfs { .. } | Cmd::Lib { .. } | Cmd::Recycler { .. } | Cmd::Jit { .. } | Cmd::Fn { .. } => unreachable!("handled in main"),
     }
 }
 

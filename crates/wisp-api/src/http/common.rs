@@ -212,7 +212,7 @@ pub fn reason(status: u16) -> &'static str {
         422 => "Unprocessable Content",
         429 => "Too Many Requests", 431 => "Request Header Fields Too Large", 500 => "Internal Server Error",
         501 => "Not Implemented", 502 => "Bad Gateway", 503 => "Service Unavailable", 504 => "Gateway Timeout",
-        505 => "HTTP Version Not Supported",
+        505 => "HTTP Version Not Supported", 507 => "Insufficient Storage",
         _ => ["Unknown", "Informational", "Success", "Redirection", "Client Error", "Server Error"]
             .get(usize::from(status / 100)).unwrap_or(&"Unknown"),
     }
