@@ -61,6 +61,12 @@ pub enum FnCmd {
         /// Default output limit of a call, e.g. 1M.
         #[arg(long, value_parser = crate::units::parse_mem, default_value = "1M")]
         max_output: u64,
+        /// Register NAME as host executable PATH, run as a fresh process
+        /// per call, without a VM: the comparison the functions benchmark
+        /// makes (`bench/usecases_fn.py`), with the same server, time and
+        /// output limits (no memory limit). Only here, never over HTTP.
+        #[arg(long = "process-fn", value_name = "NAME=PATH")]
+        process_functions: Vec<String>,
     },
 }
 
@@ -83,6 +89,9 @@ pub struct Function {
     /// A library's recycler endpoint (its socket), once made.
     #[serde(default, skip_deserializing)]
     pub endpoint: Option<String>,
+    /// A host executable run as a process per call (`--process-fn`).
+    #[serde(default, skip_deserializing)]
+    pub process: bool,
 }
 
 /// A call's body: its arguments.
@@ -108,7 +117,7 @@ struct Service {
 
 /// Run `wisp fn` against the daemon at `socket`.
 pub fn run(socket: &Path, cmd: FnCmd) -> Result<u8, String> {
-    let FnCmd::Serve { listen, functions, time_limit, mem, max_output } = cmd;
+    let FnCmd::Serve { listen, functions, time_limit, mem, max_output, process_functions } = cmd;
     Client::connect(socket).map_err(|e| format!("cannot reach wispd at {}: {e} (functions run under wispd)", socket.display()))?;
     let svc = Arc::new(Service {
         socket: socket.to_path_buf(),
@@ -120,6 +129,14 @@ pub fn run(socket: &Path, cmd: FnCmd) -> Result<u8, String> {
         let (name, image) = f.split_once('=').ok_or_else(|| format!("--fn {f}: expected NAME=IMAGE"))?;
         let image = if image.ends_with(".so") { std::path::absolute(image).map_err(|e| e.to_string())?.display().to_string() } else { crate::remote::image_ref(image)? };
         svc.register(name, Function { image, ..Function::default() }).map_err(|e| format!("--fn {f}: {}", e.message))?;
+    }
+    for f in process_functions {
+        let (name, path) = f.split_once('=').ok_or_else(|| format!("--process-fn {f}: expected NAME=PATH"))?;
+        let path = std::fs::canonicalize(path).map_err(|e| format!("--process-fn {f}: {e}"))?.display().to_string();
+        svc.register(name, Function { image: path, ..Function::default() }).map_err(|e| format!("--process-fn {f}: {}", e.message))?;
+        if let Some(f) = svc.functions.lock().unwrap().get_mut(name) {
+            f.process = true;
+        }
     }
     let listener = TcpListener::bind(listen).map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     eprintln!("wisp fn: serving on {}", listener.local_addr().map_err(|e| e.to_string())?);
@@ -234,6 +251,7 @@ impl Service {
             return Err(bad("time_limit_ms, mem and max_output must be above 0".into()));
         }
         f.endpoint = None;
+        f.process = false;
         if f.image.ends_with(".so") {
             if !f.image.starts_with('/') {
                 return Err(bad(format!("library '{}': an absolute path is needed", f.image)));
@@ -275,6 +293,7 @@ impl Service {
         let t = Instant::now();
         let done = match &f.endpoint {
             Some(ep) => run_recycled(ep, &args, &limits),
+            None if f.process => run_process(&f.image, &args, &limits),
             None => self.run_fresh(&f.image, &args, &limits),
         };
         let mut a = match done {
@@ -396,6 +415,41 @@ fn run_recycled(socket: &str, args: &[String], limits: &Limits) -> Result<Ran, A
     // (A recycler's standard error is not kept: a panic in it is a panic.)
     let oom = code == OOM_CODE && reason.contains("memory allocation");
     Ok(Ran { code, reason, out, over, oom })
+}
+
+/// A call as a fresh host process of `path` (`--process-fn`): its standard
+/// output read up to the limit, killed at the time limit or past it.
+fn run_process(path: &str, args: &[String], limits: &Limits) -> Result<Ran, Answer> {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(path)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| Answer::error(502, format!("{path}: {e}")))?;
+    let mut stdout = child.stdout.take().expect("piped");
+    let limit = limits.output;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut out, mut over, mut buf) = (Vec::new(), false, [0u8; 16384]);
+        while let Ok(n @ 1..) = std::io::Read::read(&mut stdout, &mut buf) {
+            if !collect(&mut out, &mut over, &buf[..n], limit) {
+                break;
+            }
+        }
+        let _ = tx.send((out, over));
+    });
+    let (out, over, timed_out) = match rx.recv_timeout(limits.time) {
+        Ok((out, over)) => (out, over, false),
+        Err(_) => (Vec::new(), false, true),
+    };
+    if over || timed_out {
+        let _ = child.kill();
+    }
+    let status = child.wait().map_err(|e| Answer::error(502, format!("{path}: {e}")))?;
+    let code = if timed_out { TIMEOUT_CODE } else { status.code().unwrap_or(128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0)) };
+    Ok(Ran { code, reason: "exited".into(), out, over, oom: false })
 }
 
 fn api_error(e: ApiError) -> HttpError {

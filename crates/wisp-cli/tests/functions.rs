@@ -25,7 +25,10 @@ impl Server {
     fn start(d: &Daemon, fns: &[&str]) -> Server {
         let mut args = vec!["fn".to_string(), "serve".into(), "--listen".into(), "127.0.0.1:0".into(), "--time-limit".into(), "5s".into()];
         for f in fns {
-            args.extend(["--fn".to_string(), f.to_string()]);
+            match f.strip_prefix("process:") {
+                Some(p) => args.extend(["--process-fn".to_string(), p.to_string()]),
+                None => args.extend(["--fn".to_string(), f.to_string()]),
+            }
         }
         let mut child = Command::new(env!("CARGO_BIN_EXE_wisp"))
             .args(&args)
@@ -73,7 +76,7 @@ fn each_call_runs_in_a_vm_of_its_own_within_its_limits() {
     let d = Daemon::start("fn", &[]);
     let lib = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../build/libs/hello.so");
     let lib = std::fs::canonicalize(&lib).expect("make libs");
-    let srv = Server::start(&d, &["hello=hello", &format!("lib={}", lib.display())]);
+    let srv = Server::start(&d, &["hello=hello", &format!("lib={}", lib.display()), "process:echo=/bin/echo"]);
 
     // An image: a fresh VM per call, with the call's arguments, gone after.
     let (st, h, body) = srv.request("POST", "/functions/hello", r#"{"args":["a","b"]}"#);
@@ -89,6 +92,13 @@ fn each_call_runs_in_a_vm_of_its_own_within_its_limits() {
         assert_eq!(st, 200, "{body}");
         assert!(body.contains(&format!(r#"args: ["{arg}"]"#)) && body.matches("args:").count() == 1, "{body}");
     }
+
+    // The comparison the benchmark makes: a host process per call, same server.
+    let (st, _, body) = srv.request("POST", "/functions/echo", r#"{"args":["no","vm"]}"#);
+    assert_eq!((st, body.as_str()), (200, "no vm\n"));
+    // ... which HTTP cannot register.
+    let (st, _, body) = srv.request("PUT", "/functions/sh", r#"{"image":"/bin/sh","process":true}"#);
+    assert_eq!(st, 400, "{body}");
 
     // The limits: time (a guest that spins), memory (one that allocates
     // without bound), output (one that prints 100 kB).
