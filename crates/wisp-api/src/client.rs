@@ -130,6 +130,15 @@ impl Client {
             .ok_or_else(|| ApiError::Io(io::Error::new(io::ErrorKind::InvalidData, format!("no {VM_ID_HEADER} header"))))
     }
 
+    /// The exit status a [`Client::create_attached_with`]'s response ended
+    /// with (its `X-Wisp-Exit` trailer), if it came: the VMM process sends
+    /// it unless a slow reader had the console streamed from its ring.
+    pub fn attached_exit(&self) -> Option<ExitInfo> {
+        let code = self.http.last_header("x-wisp-exit")?.parse().ok()?;
+        let reason = self.http.last_header("x-wisp-exit-reason").unwrap_or("exited").to_string();
+        Some(ExitInfo { code, reason })
+    }
+
     /// `GET /v1/vms`.
     pub fn list(&mut self) -> Result<Vec<VmInfo>> {
         self.call(&Action::ListVms)

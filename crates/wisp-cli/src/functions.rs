@@ -162,16 +162,18 @@ struct Answer {
     body: Vec<u8>,
     json: bool,
     headers: Vec<(&'static str, String)>,
+    /// A call's VM, removed once the answer is written.
+    after: Option<String>,
 }
 
 impl Answer {
     fn error(status: u16, message: impl Into<String>) -> Answer {
         let body = serde_json::to_vec(&serde_json::json!({ "error": message.into() })).unwrap_or_default();
-        Answer { status, body, json: true, headers: Vec::new() }
+        Answer { status, body, json: true, headers: Vec::new(), after: None }
     }
 
     fn json<T: Serialize>(status: u16, v: &T) -> Answer {
-        Answer { status, body: serde_json::to_vec(v).unwrap_or_default(), json: true, headers: Vec::new() }
+        Answer { status, body: serde_json::to_vec(v).unwrap_or_default(), json: true, headers: Vec::new(), after: None }
     }
 }
 
@@ -202,6 +204,10 @@ impl Service {
             }
             let ctype = if a.json { "application/json" } else { "text/plain; charset=utf-8" };
             let ok = write_with_headers(&mut w, a.status, ctype, &head, &a.body, keep).is_ok();
+            // The call's VM goes after its answer: no caller waits for that.
+            if let Some(vm) = &a.after {
+                self.remove_vm(vm);
+            }
             if !ok || !keep {
                 return;
             }
@@ -221,7 +227,7 @@ impl Service {
                     if let Some(ep) = &f.endpoint {
                         self.remove_endpoint(ep);
                     }
-                    Answer { status: 204, body: Vec::new(), json: false, headers: Vec::new() }
+                    Answer { status: 204, body: Vec::new(), json: false, headers: Vec::new(), after: None }
                 }
                 None => Answer::error(404, format!("no such function: {name}")),
             },
@@ -296,11 +302,15 @@ impl Service {
             None if f.process => run_process(&f.image, &args, &limits),
             None => self.run_fresh(&f.image, &args, &limits),
         };
-        let mut a = match done {
-            Ok(ran) => ran.answer(&limits),
-            Err(a) => a,
+        let (mut a, vm) = match done {
+            Ok(mut ran) => {
+                let vm = ran.vm.take();
+                (ran.answer(&limits), vm)
+            }
+            Err(a) => (a, None),
         };
         a.headers.push(("X-Wisp-Call-Us", t.elapsed().as_micros().to_string()));
+        a.after = vm;
         a
     }
 
@@ -317,15 +327,26 @@ impl Service {
         let mut out = Vec::new();
         let mut over = false;
         let id = c.create_attached_with(&req, &mut |_| {}, &mut |d| collect(&mut out, &mut over, d, limits.output)).map_err(api_error)?;
-        // A new connection: the attached one ends with the console.
+        // The exit status ends the console's response; else it is waited
+        // for (on a new connection: the attached one ended with the console).
+        let told = c.attached_exit().filter(|_| !over);
         let mut c = self.daemon()?;
         if over {
             let _ = c.kill(&id);
         }
-        let exit = c.wait(&id).map_err(api_error)?;
+        let exit = match told {
+            Some(x) => x,
+            None => c.wait(&id).map_err(api_error)?,
+        };
         let oom = exit.code == OOM_CODE && stderr_says_oom(&mut c, &id);
-        let _ = c.remove(&id, true);
-        Ok(Ran { code: exit.code, reason: exit.reason, out, over, oom })
+        Ok(Ran { code: exit.code, reason: exit.reason, out, over, oom, vm: Some(id) })
+    }
+
+    /// Remove a call's VM (after its answer went).
+    fn remove_vm(&self, id: &str) {
+        if let Ok(mut c) = Client::connect(&self.socket) {
+            let _ = c.remove(id, true);
+        }
     }
 }
 
@@ -348,6 +369,8 @@ struct Ran {
     out: Vec<u8>,
     over: bool,
     oom: bool,
+    /// The VM to remove once the answer went (a fresh one's).
+    vm: Option<String>,
 }
 
 impl Ran {
@@ -360,9 +383,9 @@ impl Ran {
         } else if self.oom {
             Answer::error(507, format!("the call ran out of its memory ({} MiB)", limits.mem >> 20))
         } else if self.code == 0 {
-            Answer { status: 200, body: self.out, json: false, headers: Vec::new() }
+            Answer { status: 200, body: self.out, json: false, headers: Vec::new(), after: None }
         } else {
-            let mut a = Answer { status: 500, body: self.out, json: false, headers: Vec::new() };
+            let mut a = Answer { status: 500, body: self.out, json: false, headers: Vec::new(), after: None };
             if self.reason != "exited" {
                 a.headers.push(("X-Wisp-Exit-Reason", self.reason.replace(['\r', '\n'], " ")));
             }
@@ -403,7 +426,7 @@ fn run_recycled(socket: &str, args: &[String], limits: &Limits) -> Result<Ran, A
     let mut over = false;
     let status = c.stream("POST", "/v1/vms?attach=true", Some(&body), &mut |d| collect(&mut out, &mut over, d, limits.output));
     if over {
-        return Ok(Ran { code: 0, reason: "exited".into(), out, over, oom: false });
+        return Ok(Ran { code: 0, reason: "exited".into(), out, over, oom: false, vm: None });
     }
     let status = status.map_err(unreachable)?;
     if status != 201 {
@@ -414,7 +437,7 @@ fn run_recycled(socket: &str, args: &[String], limits: &Limits) -> Result<Ran, A
     let reason = c.last_header("x-wisp-exit-reason").unwrap_or("exited").to_string();
     // (A recycler's standard error is not kept: a panic in it is a panic.)
     let oom = code == OOM_CODE && reason.contains("memory allocation");
-    Ok(Ran { code, reason, out, over, oom })
+    Ok(Ran { code, reason, out, over, oom, vm: None })
 }
 
 /// A call as a fresh host process of `path` (`--process-fn`): its standard
@@ -449,7 +472,7 @@ fn run_process(path: &str, args: &[String], limits: &Limits) -> Result<Ran, Answ
     }
     let status = child.wait().map_err(|e| Answer::error(502, format!("{path}: {e}")))?;
     let code = if timed_out { TIMEOUT_CODE } else { status.code().unwrap_or(128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0)) };
-    Ok(Ran { code, reason: "exited".into(), out, over, oom: false })
+    Ok(Ran { code, reason: "exited".into(), out, over, oom: false, vm: None })
 }
 
 fn api_error(e: ApiError) -> HttpError {

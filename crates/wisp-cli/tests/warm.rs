@@ -28,6 +28,9 @@ fn run(c: &mut Client, image: &str, args: &[&str]) -> (String, VmInfo) {
         true
     });
     let id = id.unwrap_or_else(|e| panic!("create {image}: {e}"));
+    // The response ended with the VM's exit status (a trailer): no `wait`.
+    let told = c.attached_exit().unwrap_or_else(|| panic!("{image}: no X-Wisp-Exit trailer"));
+    assert_eq!(told, c.wait(&id).unwrap(), "{image}");
     (String::from_utf8_lossy(&out).into_owned(), c.get(&id).unwrap())
 }
 
@@ -97,7 +100,8 @@ fn an_attached_create_is_answered_by_the_vmm_process_and_refusals_by_the_daemon(
     assert!(head.starts_with("HTTP/1.1 201"), "{head}");
     assert!(head.contains("Connection: close") && head.contains("Transfer-Encoding: chunked"), "{head}");
     assert!(head.to_ascii_lowercase().contains("x-wisp-vm-id: "), "{head}");
-    assert!(rest.contains("Hello from wisp! args: [\"raw\"]\n") && rest.ends_with("0\r\n\r\n"), "{rest:?}");
+    // ... and the last chunk carries the exit status as trailer fields.
+    assert!(rest.contains("Hello from wisp! args: [\"raw\"]\n") && rest.ends_with("\r\n0\r\nX-Wisp-Exit: 0\r\nX-Wisp-Exit-Reason: exited\r\n\r\n"), "{rest:?}");
     // A start the VMM process refuses (daytime needs a NIC) is answered
     // by the daemon on the connection it handed over, with the reason.
     let mut c = d.client();
@@ -149,8 +153,8 @@ fn a_guest_that_never_leaves_the_guest_is_answered_served_and_killed() {
         let exit = c.wait(id).expect("wait");
         assert_ne!(exit.code, 0, "{exit:?}");
     }
-    // The attached connection ends with the VM.
+    // The attached connection ends with the VM, and says how.
     let mut rest = String::new();
     s.read_to_string(&mut rest).unwrap();
-    assert!(rest.ends_with("0\r\n\r\n"), "{rest:?}");
+    assert!(rest.ends_with("0\r\nX-Wisp-Exit: 137\r\nX-Wisp-Exit-Reason: killed\r\n\r\n"), "{rest:?}");
 }

@@ -234,8 +234,7 @@ impl RunOut {
     /// with the exit status as a trailer.
     fn finish(mut self, exit: &wisp_api::ExitInfo) {
         let mut end = std::mem::take(&mut self.head);
-        let reason: String = exit.reason.chars().filter(|c| !c.is_control()).collect();
-        end.extend_from_slice(format!("0\r\nX-Wisp-Exit: {}\r\nX-Wisp-Exit-Reason: {reason}\r\n\r\n", exit.code).as_bytes());
+        end.extend_from_slice(&wisp_api::http::exit_trailer(exit.code, &exit.reason));
         if self.ok {
             let _ = (&self.conn).write_all(&end);
         }

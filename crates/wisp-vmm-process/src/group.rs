@@ -427,7 +427,7 @@ fn run_vm(shell: wisp_vmm::Result<Shell>, job: Job, started: impl FnOnce()) {
         // Its family allows no fork: this does not happen.
         None => ExitInfo { code: ERROR.into(), reason: "a VM of a group forked".into() },
     };
-    drop(sink);
+    sink.finish(&exit);
     // The end is told first: destroying the KVM VM (~0.5 ms here) keeps no
     // waiter (nor a batch removal) waiting.
     shared.end(exit);

@@ -208,7 +208,8 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
             };
             sink = Sink::new(shared.clone(), None, None, None);
         };
-        drop(sink);
+        let exit = exit_info(&outcome, Runner::Daemon);
+        sink.finish(&exit);
         let st = vm.stats();
         if st.forks_prepared > 0 {
             // For the operator (and tests): how forks were served.
@@ -218,7 +219,7 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
             ));
         }
         drop(vm);
-        finish(&shared, exit_info(&outcome, Runner::Daemon));
+        finish(&shared, exit);
     }
 }
 

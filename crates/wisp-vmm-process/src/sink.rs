@@ -131,6 +131,19 @@ impl Sink {
         }
     }
 
+    /// The VM has ended with `exit`: a client's response ends with it as
+    /// trailer fields (`X-Wisp-Exit`, as a recycler endpoint's does), so
+    /// the client needs no `wait`. (Unless a streaming thread took the
+    /// connection over: its end is the plain last chunk.)
+    pub fn finish(mut self, exit: &wisp_api::ExitInfo) {
+        self.settle();
+        if let Some((conn, Framing::Chunked)) = &self.direct {
+            let _ = send_now(conn, &wisp_api::http::exit_trailer(exit.code, &exit.reason));
+            self.direct = None;
+            self.shared.release_conn();
+        }
+    }
+
     /// In a forked child process: forget this sink without a word. The
     /// attached connection is the parent VM's (the child's monitor closed
     /// its copy with every descriptor the VM does not own, before the

@@ -266,6 +266,14 @@ pub fn chunk_frame(data: &[u8], out: &mut Vec<u8>) {
 /// What ends a chunked body.
 pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 
+/// The last chunk of a VM's console response with its exit status as
+/// trailer fields: `X-Wisp-Exit` (the code) and `X-Wisp-Exit-Reason`
+/// (control characters left out).
+pub fn exit_trailer(code: i32, reason: &str) -> Vec<u8> {
+    let reason: String = reason.chars().filter(|c| !c.is_control()).collect();
+    format!("0\r\nX-Wisp-Exit: {code}\r\nX-Wisp-Exit-Reason: {reason}\r\n\r\n").into_bytes()
+}
+
 /// Send one chunk and flush; empty `data` is a no-op (an empty chunk would end the body).
 pub fn write_chunk<W: Write>(w: &mut W, data: &[u8]) -> io::Result<()> {
     if data.is_empty() {
