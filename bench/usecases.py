@@ -8,6 +8,9 @@ part run alone replaces its own results in the JSON and keeps the others'.
 - jit (bench/usecases_jit.py): just-in-time VMs (a VM booted per new
   client) against socket activation (a process per connection), open-loop
   arrivals, first-response latency.
+- fn (bench/usecases_fn.py): the functions service, a compute function on
+  a VM per call against a process per call, one at a time and under
+  LightVM's open-loop overload.
 
     python3 bench/usecases.py --wisp target/release/wisp --out bench/results/usecases.json [--parts jit]
 """
@@ -20,10 +23,11 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 sys.path.insert(0, BENCH)
 import common  # noqa: E402
+import usecases_fn  # noqa: E402
 import usecases_jit  # noqa: E402
 import usecases_kv  # noqa: E402
 
-PARTS = {"kv": usecases_kv, "jit": usecases_jit}
+PARTS = {"kv": usecases_kv, "jit": usecases_jit, "fn": usecases_fn}
 
 
 def plot(doc, png):
@@ -50,6 +54,8 @@ def main():
         ap.add_argument("--requests", type=int, default=100000, help="kv: requests per redis-benchmark run")
         ap.add_argument("--rounds", type=int, default=5, help="kv: rounds")
         ap.add_argument("--clients", type=int, default=300, help="jit: arrivals per rate and peer")
+        ap.add_argument("--calls", type=int, default=1000, help="fn: calls of the open loop")
+        ap.add_argument("--digits", type=int, default=3000, help="fn: decimals of e each call computes")
     args = common.bench_args(__doc__, os.path.join(ROOT, "bench/results/usecases.json"), plot, extra)
     if args is None:
         return

@@ -85,16 +85,12 @@ def until(what, cond, timeout=60):
 
 class JitPeer:
     """A private wispd serving daytime just in time on PORT: its state on a
-    tmpfs of its own (where /run is on a stock Debian host; on this one /run
-    is ext4, whose inode allocation cost a VM's directory ~4 ms of CPU), a
-    bridge and subnet of its own."""
+    tmpfs of its own (wispapi.Daemon's `tmpfs`), a bridge and subnet of its
+    own."""
 
     def __init__(self, wispd, extra, name):
-        import tempfile
         self.name = name
-        self.root = tempfile.mkdtemp(prefix="wisp-bench-jit-", dir="/run" if os.access("/run", os.W_OK) else None)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", self.root], check=True)
-        self.d = wispapi.Daemon(wispd, os.path.join(ROOT, "build", "images"), pool="16M=4", root=self.root,
+        self.d = wispapi.Daemon(wispd, os.path.join(ROOT, "build", "images"), pool="16M=4", tmpfs=True,
                                 extra=["--bridge", "wjit0", "--subnet", "10.96.0.0/16"] + extra)
         self.api = self.d.api()
         st, _ = self.api.call("POST", "/v1/jit", {"image": "daytime", "port": {"host": PORT, "vm": 13}, "idle_ms": IDLE_MS})
@@ -111,10 +107,8 @@ class JitPeer:
 
     def stop(self):
         # (Its log, kept: what a failed client met is in it.)
-        shutil.copy(os.path.join(self.root, "wispd.log"), os.path.join(ROOT, "bench", "build", "usecases-%s.log" % self.name))
+        shutil.copy(self.d.log.name, os.path.join(ROOT, "bench", "build", "usecases-%s.log" % self.name))
         self.d.stop()
-        subprocess.run(["umount", "-l", self.root], check=False)  # (lazily: the last VMM processes may still be ending)
-        os.rmdir(self.root)
         subprocess.run(["ip", "link", "del", "wjit0"], check=False, stderr=subprocess.DEVNULL)
 
 
