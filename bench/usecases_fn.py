@@ -61,7 +61,10 @@ def open_loop(fn, digits, n, gap):
         at = time.perf_counter()
         with lock:
             events.append((at - start, 1))
-        status, took = call(fn, digits)
+        try:
+            status, took = call(fn, digits)
+        except OSError:
+            status, took = 0, time.perf_counter() - at
         with lock:
             events.append((at - start + took, -1))
         out[i] = (at - start, took, status)
@@ -120,6 +123,9 @@ def loaded(fn, args, gap, service):
     calls, backlog = open_loop(fn, args.digits, args.calls, gap)
     lat = [c[1] for c in calls]
     failed = sum(1 for c in calls if c[2] != 200)
+    statuses = {}
+    for c in calls:
+        statuses[str(c[2])] = statuses.get(str(c[2]), 0) + 1
     done = max(c[0] + c[1] for c in calls)
     r = {
         "service_ms": round(service * 1e3, 3),
@@ -129,6 +135,7 @@ def loaded(fn, args, gap, service):
         "max_backlog": max(b for _, b in backlog),
         "backlog": backlog[:: max(1, len(backlog) // 400)],
         "failed": failed,
+        "statuses": statuses,
     }
     log("[usecases] fn %s: one at a time %.2f ms; %d calls every %.2f ms: median latency %.1f ms, all done in %.2f s, backlog at most %d, failed %d" % (
         fn, service * 1e3, args.calls, gap * 1e3, r["latency_ms"]["median"], done, r["max_backlog"], failed))

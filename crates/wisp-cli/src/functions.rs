@@ -20,6 +20,9 @@
 //!
 //! Served with a thread per connection (at most [`MAX_CONNECTIONS`]), the
 //! HTTP of `wisp_api::http`, the daemon's API through `wisp_api::client`.
+//! At most `--max-running` calls run at once; the others wait their turn,
+//! first come first served: an overloaded service builds a backlog rather
+//! than refusing calls or running more VMs than the host can serve.
 
 use std::collections::HashMap;
 use std::io::{BufReader, Write};
@@ -61,6 +64,10 @@ pub enum FnCmd {
         /// Default output limit of a call, e.g. 1M.
         #[arg(long, value_parser = crate::units::parse_mem, default_value = "1M")]
         max_output: u64,
+        /// Most calls running at once; more wait for one to end, in the
+        /// order they came (a backlog, not a refusal).
+        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
+        max_running: u32,
         /// Register NAME as host executable PATH, run as a fresh process
         /// per call, without a VM: the comparison the functions benchmark
         /// makes (`bench/usecases_fn.py`), with the same server, time and
@@ -113,17 +120,40 @@ struct Service {
     functions: Mutex<HashMap<String, Function>>,
     defaults: Defaults,
     open: AtomicUsize,
+    /// Calls running, and tickets (taken, served) that order the waiting.
+    running: Mutex<Running>,
+    turn: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct Running {
+    now: u32,
+    max: u32,
+    next_ticket: u64,
+    serving: u64,
+}
+
+/// A running call's place, given back when dropped.
+struct Place<'a>(&'a Service);
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        self.0.running.lock().unwrap().now -= 1;
+        self.0.turn.notify_all();
+    }
 }
 
 /// Run `wisp fn` against the daemon at `socket`.
 pub fn run(socket: &Path, cmd: FnCmd) -> Result<u8, String> {
-    let FnCmd::Serve { listen, functions, time_limit, mem, max_output, process_functions } = cmd;
+    let FnCmd::Serve { listen, functions, time_limit, mem, max_output, max_running, process_functions } = cmd;
     Client::connect(socket).map_err(|e| format!("cannot reach wispd at {}: {e} (functions run under wispd)", socket.display()))?;
     let svc = Arc::new(Service {
         socket: socket.to_path_buf(),
         functions: Mutex::new(HashMap::new()),
         defaults: Defaults { time_limit, mem, max_output },
         open: AtomicUsize::new(0),
+        running: Mutex::new(Running { max: max_running, ..Running::default() }),
+        turn: std::sync::Condvar::new(),
     });
     for f in functions {
         let (name, image) = f.split_once('=').ok_or_else(|| format!("--fn {f}: expected NAME=IMAGE"))?;
@@ -285,6 +315,22 @@ impl Service {
         Client::connect(&self.socket).map_err(|e| HttpError::new(503, format!("wispd: {e}")))
     }
 
+    /// A place among the calls running, once it is this call's turn (first
+    /// come, first served).
+    fn place(&self) -> Place<'_> {
+        let mut r = self.running.lock().unwrap();
+        let ticket = r.next_ticket;
+        r.next_ticket += 1;
+        while r.serving != ticket || r.now >= r.max {
+            r = self.turn.wait(r).unwrap();
+        }
+        r.serving += 1;
+        r.now += 1;
+        drop(r);
+        self.turn.notify_all();
+        Place(self)
+    }
+
     /// Call function `name` with `call`'s arguments.
     fn call(&self, name: &str, call: Call) -> Answer {
         let Some(f) = self.functions.lock().unwrap().get(name).cloned() else {
@@ -297,11 +343,13 @@ impl Service {
         };
         let args: Vec<String> = f.args.iter().cloned().chain(call.args).collect();
         let t = Instant::now();
+        let place = self.place();
         let done = match &f.endpoint {
             Some(ep) => run_recycled(ep, &args, &limits),
             None if f.process => run_process(&f.image, &args, &limits),
             None => self.run_fresh(&f.image, &args, &limits),
         };
+        drop(place);
         let (mut a, vm) = match done {
             Ok(mut ran) => {
                 let vm = ran.vm.take();
