@@ -23,7 +23,12 @@ struct Server {
 
 impl Server {
     fn start(d: &Daemon, fns: &[&str]) -> Server {
+        Server::start_with(d, fns, &[])
+    }
+
+    fn start_with(d: &Daemon, fns: &[&str], extra: &[&str]) -> Server {
         let mut args = vec!["fn".to_string(), "serve".into(), "--listen".into(), "127.0.0.1:0".into(), "--time-limit".into(), "5s".into()];
+        args.extend(extra.iter().map(|a| a.to_string()));
         for f in fns {
             match f.strip_prefix("process:") {
                 Some(p) => args.extend(["--process-fn".to_string(), p.to_string()]),
@@ -147,4 +152,27 @@ fn each_call_runs_in_a_vm_of_its_own_within_its_limits() {
     refused("POST", "/functions/hello", "", 404, "no such function: hello");
     let (st, _, body) = srv.request("GET", "/functions", "");
     assert!(st == 200 && body.contains("\"lib\"") && !body.contains("\"hello\""), "{body}");
+}
+
+#[test]
+fn calls_past_the_running_limit_wait_their_turn() {
+    let d = Daemon::start("fn-queue", &[]);
+    let srv = std::sync::Arc::new(Server::start_with(&d, &["hello=hello"], &["--max-running", "1"]));
+    let (st, _, body) = srv.request("PUT", "/functions/spin", r#"{"image":"hostile","args":["spin"],"time_limit_ms":1500}"#);
+    assert_eq!(st, 201, "{body}");
+    let s2 = srv.clone();
+    let long = std::thread::spawn(move || {
+        let (st, _, _) = s2.request("POST", "/functions/spin", "");
+        (st, Instant::now())
+    });
+    // Once the long call's VM runs, a second call waits for its place.
+    common::eventually(Duration::from_secs(10), || "the spinning call's VM did not start".into(), || {
+        d.client().list().unwrap().iter().any(|v| v.image == "hostile").then_some(())
+    });
+    let (st, _, body) = srv.request("POST", "/functions/hello", "");
+    let short_done = Instant::now();
+    assert_eq!(st, 200, "{body}");
+    let (st, long_done) = long.join().unwrap();
+    assert_eq!(st, 504);
+    assert!(short_done >= long_done, "the second call was answered before the first one ended");
 }
