@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
@@ -320,3 +321,22 @@ def kill_pidns_holder(state_dir):
             os.kill(pid, 9)
     except (OSError, ValueError, KeyError):
         pass
+
+
+def open_loop(n, gap_s, one, start=None):
+    """Call `one(i)` for i in 0..n on a thread of its own, the i-th at
+    `start` + i * `gap_s` whatever the others do (an open loop of arrivals,
+    paced by short sleeps: this is the load, not a synchronisation); wait
+    for all of them."""
+    import threading
+    start = start if start is not None else time.perf_counter() + 0.05
+    threads = []
+    for i in range(n):
+        at = start + i * gap_s
+        while time.perf_counter() < at:
+            time.sleep(min(0.0005, max(0.0, at - time.perf_counter())))
+        t = threading.Thread(target=one, args=(i,))
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()

@@ -69,16 +69,7 @@ def open_loop(fn, digits, n, gap):
             events.append((at - start + took, -1))
         out[i] = (at - start, took, status)
 
-    threads = []
-    for i in range(n):
-        at = start + i * gap
-        while time.perf_counter() < at:
-            time.sleep(min(0.0005, max(0.0, at - time.perf_counter())))
-        t = threading.Thread(target=one, args=(i,))
-        t.start()
-        threads.append(t)
-    for t in threads:
-        t.join()
+    common.open_loop(n, gap, one, start)
     events.sort()
     backlog, level = [], 0
     for t, d in events:

@@ -22,7 +22,6 @@ CPUs with the client. Run by bench/usecases.py."""
 import os
 import shutil
 import subprocess
-import threading
 import time
 
 import common
@@ -59,17 +58,7 @@ def arrivals(port, gap_ms, n, net):
         finally:
             s.close()
 
-    threads = []
-    start = time.perf_counter() + 0.05
-    for i in range(n):
-        at = start + i * gap_ms / 1e3
-        while time.perf_counter() < at:
-            time.sleep(min(0.0005, max(0.0, at - time.perf_counter())))
-        t = threading.Thread(target=one, args=(i,))
-        t.start()
-        threads.append(t)
-    for t in threads:
-        t.join()
+    common.open_loop(n, gap_ms / 1e3, one)
     for i, w in sorted(why.items()):
         log("[usecases] jit: client %d: %s" % (i, w))
     return out
