@@ -74,14 +74,23 @@ fn vms_of_one_tenant_share_a_process_and_behave_like_any_vm() {
     w = c.get(&w.id).unwrap();
     assert_eq!(c.wait(&w.id).unwrap().code, 0);
 
-    // Removed like any VM; with its last VM the group process goes.
-    let group_pid = vms[0].pid;
+    // Removed like any VM; with its last VM a group process goes, except
+    // one empty group of the kind (here the one made ahead), which the
+    // kind's next VM takes.
+    let pids: Vec<u32> = c.list().unwrap().into_iter().filter_map(|v| v.group.map(|_| v.pid)).collect();
     let all: Vec<String> = c.list().unwrap().into_iter().map(|v| v.id).collect();
     let r = c.remove_many(&all, true).unwrap();
     assert!(r.failed.is_empty(), "{r:?}");
-    common::eventually(Duration::from_secs(5), || format!("group process {group_pid} still there"), || {
-        (!std::path::Path::new(&format!("/proc/{group_pid}")).exists()).then_some(())
+    let alive = |p: &u32| std::path::Path::new(&format!("/proc/{p}")).exists();
+    let kept = common::eventually(Duration::from_secs(5), || format!("not exactly one group process left: {:?}", group_processes(&d)), || {
+        let left = group_processes(&d);
+        (left.len() == 1 && !pids.iter().any(|p| alive(p) && !left.contains(p))).then(|| left[0])
     });
+    let next = create(&mut c, "sleeper", &["1h"], Some("acme"));
+    assert_eq!(next.pid, kept, "the next VM of the kind goes to the empty group kept");
+    c.remove(&next.id, true).unwrap();
+    assert!(alive(&kept), "the only empty group of its kind stays");
+    assert_eq!(group_processes(&d), vec![kept]);
 }
 
 /// The group processes of daemon `d` (its state directory in their command line).
