@@ -369,7 +369,17 @@ impl Daemon {
                 Ok(mut g) => {
                     g.nic_ahead = nic;
                     let id = g.id.clone();
-                    d.groups.by_id.lock().unwrap().insert(id.clone(), g);
+                    let mut groups = d.groups.by_id.lock().unwrap();
+                    // Its kind's VMs went meanwhile and left an empty group:
+                    // at most one empty group of a kind (`leave_group`).
+                    let empty = |o: &Group| !o.closed && !o.recycle && o.members == 0 && o.tenant == tenant && o.mem == mem;
+                    if groups.values().any(empty) {
+                        drop(groups);
+                        d.end_group(g);
+                        return;
+                    }
+                    groups.insert(id.clone(), g);
+                    drop(groups);
                     d.groups.refill(&id, &d.vms_dir());
                 }
                 Err(e) => eprintln!("wispd: the next group of tenant '{tenant}': {e}"),
