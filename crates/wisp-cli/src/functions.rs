@@ -25,7 +25,7 @@
 //! than refusing calls or running more VMs than the host can serve.
 
 use std::collections::HashMap;
-use std::io::{BufReader, Write};
+use std::io::BufReader;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -228,12 +228,9 @@ impl Service {
             };
             let keep = req.keep_alive();
             let a = if req.body.len() > MAX_BODY { Answer::error(413, format!("a request body is at most {MAX_BODY} bytes")) } else { self.route(&req) };
-            let mut head = Vec::new();
-            for (k, v) in &a.headers {
-                head.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
-            }
+            let extra: Vec<(&str, &str)> = a.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
             let ctype = if a.json { "application/json" } else { "text/plain; charset=utf-8" };
-            let ok = write_with_headers(&mut w, a.status, ctype, &head, &a.body, keep).is_ok();
+            let ok = http::write_response_with(&mut w, a.status, ctype, &extra, &a.body, keep).is_ok();
             // The call's VM goes after its answer: no caller waits for that.
             if let Some(vm) = &a.after {
                 self.remove_vm(vm);
@@ -305,7 +302,7 @@ impl Service {
     }
 
     fn remove_endpoint(&self, socket: &str) {
-        let Ok(mut c) = Client::connect(&self.socket) else { return };
+        let Ok(mut c) = self.daemon() else { return };
         if let Some(r) = c.recyclers().ok().and_then(|l| l.into_iter().find(|r| r.socket == socket)) {
             let _ = c.remove_recycler(&r.id);
         }
@@ -392,7 +389,7 @@ impl Service {
 
     /// Remove a call's VM (after its answer went).
     fn remove_vm(&self, id: &str) {
-        if let Ok(mut c) = Client::connect(&self.socket) {
+        if let Ok(mut c) = self.daemon() {
             let _ = c.remove(id, true);
         }
     }
@@ -528,14 +525,4 @@ fn api_error(e: ApiError) -> HttpError {
         ApiError::Status(s, m) if (400..500).contains(&s) => HttpError::new(s, m),
         e => HttpError::new(502, format!("wispd: {e}")),
     }
-}
-
-/// A response with extra header lines `head` (each `Name: value\r\n`).
-fn write_with_headers(w: &mut TcpStream, status: u16, ctype: &str, head: &[u8], body: &[u8], keep: bool) -> std::io::Result<()> {
-    let mut out = format!("HTTP/1.1 {status} {}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n", http::reason(status), body.len()).into_bytes();
-    out.extend_from_slice(head);
-    out.extend_from_slice(if keep { b"Connection: keep-alive\r\n\r\n" } else { b"Connection: close\r\n\r\n" });
-    out.extend_from_slice(body);
-    w.write_all(&out)?;
-    w.flush()
 }

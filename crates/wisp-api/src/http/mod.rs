@@ -26,5 +26,5 @@ pub use common::{
 };
 pub use server::{
     chunk_frame, chunked_head, end_chunked, read_request, read_request_with, start_chunked, start_chunked_with,
-    write_chunk, write_error, write_json, write_response, exit_trailer, Request, LAST_CHUNK,
+    write_chunk, write_error, write_json, write_response, write_response_with, exit_trailer, Request, LAST_CHUNK,
 };

@@ -193,6 +193,15 @@ fn response_head(status: u16, content_type: &str) -> Vec<u8> {
     format!("HTTP/1.1 {status} {}\r\nContent-Type: {ct}\r\n", reason(status)).into_bytes()
 }
 
+/// [`response_head`] followed by the `extra` header fields.
+fn response_head_with(status: u16, content_type: &str, extra: &[(&str, &str)]) -> Vec<u8> {
+    let mut out = response_head(status, content_type);
+    for (k, v) in extra {
+        out.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
+    }
+    out
+}
+
 /// Write a complete response with a `Content-Length` body, and flush. 1xx, 204 and 304 responses go
 /// without a body, as HTTP requires.
 pub fn write_response<W: Write>(
@@ -202,7 +211,19 @@ pub fn write_response<W: Write>(
     body: &[u8],
     keep_alive: bool,
 ) -> io::Result<()> {
-    let mut out = response_head(status, content_type);
+    write_response_with(w, status, content_type, &[], body, keep_alive)
+}
+
+/// [`write_response`] with `extra` header fields.
+pub fn write_response_with<W: Write>(
+    w: &mut W,
+    status: u16,
+    content_type: &str,
+    extra: &[(&str, &str)],
+    body: &[u8],
+    keep_alive: bool,
+) -> io::Result<()> {
+    let mut out = response_head_with(status, content_type, extra);
     let body = if status < 200 || status == 204 || status == 304 { None } else { Some(body) };
     if let Some(body) = body {
         out.extend_from_slice(format!("Content-Length: {}\r\n", body.len()).as_bytes());
@@ -245,10 +266,7 @@ pub fn start_chunked_with<W: Write>(w: &mut W, status: u16, content_type: &str, 
 /// The head [`start_chunked_with`] writes, as bytes (for a writer elsewhere: the daemon hands an
 /// attached client's connection to the VMM process, which writes it).
 pub fn chunked_head(status: u16, content_type: &str, extra: &[(&str, &str)]) -> Vec<u8> {
-    let mut out = response_head(status, content_type);
-    for (k, v) in extra {
-        out.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
-    }
+    let mut out = response_head_with(status, content_type, extra);
     out.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
     out
 }
