@@ -77,6 +77,12 @@ pub struct Slot {
 }
 
 impl Group {
+    /// Whether it is an open group of this kind (recycling or not, tenant,
+    /// size).
+    fn open_of(&self, recycle: bool, tenant: &str, mem: u64) -> bool {
+        !self.closed && self.recycle == recycle && self.tenant == tenant && self.mem == mem
+    }
+
     /// Whether its process has ended or is ending: its pidfd is readable,
     /// or the session of its next VM's slot was closed (a process's
     /// descriptors close before it has quite ended).
@@ -231,7 +237,14 @@ fn make_slot(vms_dir: &Path, group_dir: &Path, uid: u32) -> Result<Slot, ActionE
     }
 }
 
-/// A slot not used: its directory goes, and its tap if one was made.
+impl Groups {
+    /// A slot not used: its directory goes, and its tap if one was made.
+    fn drop_slot(&self, slot: Slot) {
+        drop_slot(slot, self.net.get().map(|n| &**n));
+    }
+}
+
+/// [`Groups::drop_slot`], for the `slots` thread (which has the network, not the groups).
 fn drop_slot(slot: Slot, net: Option<&super::net::VmNet>) {
     if let Some(net) = net {
         net.release(&slot.hd.id);
@@ -293,7 +306,7 @@ impl Daemon {
                 // after the one before it.
                 let open = groups
                     .values_mut()
-                    .filter(|g| !g.closed && g.recycle == recycle && g.tenant == tenant && g.mem == mem && g.members < g.hosts as usize)
+                    .filter(|g| g.open_of(recycle, tenant, mem) && g.members < g.hosts as usize)
                     .max_by_key(|g| g.members);
                 match open {
                     // A group whose process has ended (killed, crashed)
@@ -306,7 +319,7 @@ impl Daemon {
                         // any create's path (a group's start is tens of ms),
                         // once this lock (and the mark's) is let go.
                         let (left, nic) = (g.hosts as usize - g.members, g.nic_ahead);
-                        let room = |o: &Group| !o.closed && !o.recycle && o.tenant == tenant && o.mem == mem && o.hosts as usize - o.members > left;
+                        let room = |o: &Group| o.open_of(false, tenant, mem) && o.hosts as usize - o.members > left;
                         let ahead = (!recycle && left <= (g.hosts as usize / 8).max(1) && !groups.values().any(room)).then_some(nic);
                         return Some((p, ahead));
                     }
@@ -372,7 +385,7 @@ impl Daemon {
                     let mut groups = d.groups.by_id.lock().unwrap();
                     // Its kind's VMs went meanwhile and left an empty group:
                     // at most one empty group of a kind (`leave_group`).
-                    let empty = |o: &Group| !o.closed && !o.recycle && o.members == 0 && o.tenant == tenant && o.mem == mem;
+                    let empty = |o: &Group| o.open_of(false, &tenant, mem) && o.members == 0;
                     if groups.values().any(empty) {
                         drop(groups);
                         d.end_group(g);
@@ -432,7 +445,7 @@ impl Daemon {
             Some(g) => g.next = Some(slot),
             None => {
                 drop(groups);
-                drop_slot(slot, self.groups.net.get().map(|n| &**n));
+                self.groups.drop_slot(slot);
             }
         }
     }
@@ -451,7 +464,7 @@ impl Daemon {
             // recycling group's recyclers wait at their ready point.
             let (tenant, mem, recycle) = (g.tenant.clone(), g.mem, g.recycle);
             let keep = !g.closed && g.members == 0 && {
-                let twin = |o: &Group| o.id != id && o.recycle == recycle && !o.closed && o.members == 0 && o.tenant == tenant && o.mem == mem;
+                let twin = |o: &Group| o.id != id && o.open_of(recycle, &tenant, mem) && o.members == 0;
                 !groups.values().any(twin)
             };
             let g = groups.get_mut(id).expect("found above");
@@ -474,7 +487,7 @@ impl Daemon {
     /// directory and record.
     fn end_group(&self, mut g: Group) {
         if let Some(slot) = g.next.take() {
-            drop_slot(slot, self.groups.net.get().map(|n| &**n));
+            self.groups.drop_slot(slot);
         }
         let _ = proto::call(&g.dir.join("ctl.sock"), &Request::Shutdown, None, Some(Duration::from_secs(1)));
         if let Some(fd) = &g.pidfd {
