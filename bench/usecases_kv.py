@@ -14,6 +14,7 @@ import csv
 import io
 import os
 import shutil
+import time
 
 import common
 from net import Net  # bench/net.py's namespaces: the client's with the VM's tap, the container's over a veth
