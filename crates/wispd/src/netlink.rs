@@ -21,11 +21,9 @@ pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 const RTM_NEWLINK: u16 = 16;
 const RTM_SETLINK: u16 = 19;
 const RTM_NEWADDR: u16 = 20;
-const RTM_NEWNEIGH: u16 = 28;
 const NLMSG_ERROR: u16 = 2;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
-const NLM_F_REPLACE: u16 = 0x100;
 const NLM_F_EXCL: u16 = 0x200;
 const NLM_F_CREATE: u16 = 0x400;
 const IFLA_IFNAME: u16 = 3;
@@ -38,10 +36,6 @@ const IFLA_BRPORT_ISOLATED: u16 = 33;
 const NLA_F_NESTED: u16 = 0x8000;
 const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
-const NDA_DST: u16 = 1;
-const NDA_LLADDR: u16 = 2;
-/// `NUD_PERMANENT`: never probed, never expires.
-const NUD_PERMANENT: u16 = 0x80;
 const IFF_UP: u32 = 1;
 const AF_UNSPEC: u8 = 0;
 const AF_INET: u8 = 2;
@@ -154,13 +148,6 @@ impl Netlink {
         self.request(RTM_SETLINK, 0, &port_isolation(index, isolated))
     }
 
-    /// Tell the host that `addr` on link `index` is at `mac`, for good
-    /// (`ip neigh replace ADDR lladdr MAC dev LINK nud permanent`): its
-    /// first packet to a new VM goes out without an ARP exchange.
-    pub fn set_neighbour(&mut self, index: u32, addr: [u8; 4], mac: [u8; 6]) -> io::Result<()> {
-        self.request(RTM_NEWNEIGH, NLM_F_CREATE | NLM_F_REPLACE, &permanent_neighbour(index, addr, mac))
-    }
-
     /// Add IPv4 address `addr/prefix` to link `index` (no error if present).
     pub fn add_address(&mut self, index: u32, addr: [u8; 4], prefix: u8) -> io::Result<()> {
         match self.request(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, &new_address(index, addr, prefix)) {
@@ -168,18 +155,6 @@ impl Netlink {
             r => r,
         }
     }
-}
-
-/// RTM_NEWNEIGH's body: `struct ndmsg` (IPv4 on link `index`, permanent),
-/// the address and the link-layer address.
-fn permanent_neighbour(index: u32, addr: [u8; 4], mac: [u8; 6]) -> Vec<u8> {
-    let mut body = vec![AF_INET, 0, 0, 0];
-    body.extend_from_slice(&index.to_ne_bytes());
-    body.extend_from_slice(&NUD_PERMANENT.to_ne_bytes());
-    body.extend_from_slice(&[0, 0]);
-    attr(&mut body, NDA_DST, &addr);
-    attr(&mut body, NDA_LLADDR, &mac);
-    body
 }
 
 /// A request: `struct nlmsghdr` (asking for an acknowledgement), then `body`.

@@ -153,18 +153,9 @@ impl VmNet {
             nl.set_port_isolated(index, !peers).map_err(|source| NetError::Isolate { tap: tap_name.clone(), source })?;
         }
         nl.set_link(index, None).map_err(|source| NetError::Up { tap: tap_name.clone(), source })?;
-        let mac = wisp_vmm::mac_for_ipv4(ip);
-        // A VM's MAC follows from its address (and the monitor lets no
-        // other leave), so the entry is right for whichever VM has the
-        // address: the host's first packet to it needs no ARP exchange
-        // (a connection to a VM that just booted waits for none). Best
-        // effort: without it the host asks, as before.
-        if let Err(e) = nl.set_neighbour(bridge, ip, mac) {
-            eprintln!("wispd: neighbour entry for {}: {e}", Ipv4Addr::from(ip));
-        }
         let wisp_vmm::tap::Tap { fd: tap, offloads } = tap;
         st.used.insert(host);
-        Ok((NetSpec { ip, prefix, gateway: (base + 1).to_be_bytes(), mac, rate: (0, 0), offloads }, tap))
+        Ok((NetSpec { ip, prefix, gateway: (base + 1).to_be_bytes(), mac: wisp_vmm::mac_for_ipv4(ip), rate: (0, 0), offloads }, tap))
     }
 
     /// Make the tap of pooled shell `id` ahead (once the bridge exists):
