@@ -214,15 +214,12 @@ impl Control {
     /// Deliver event bits (see `wisp_abi::events`) to the guest: its next or
     /// current idle hypercall returns them.
     pub fn post_events(&self, bits: u64) {
-        // Sequentially consistent with the park's store of `parked` and its
-        // look at the events (`vm/hypercall.rs` `park`): either the park
-        // sees these bits or `wake_idle` sees the park.
-        self.bell.get().events.fetch_or(bits, Ordering::SeqCst);
+        self.bell.get().events.fetch_or(bits, Ordering::AcqRel);
         self.wake_idle();
     }
 
     pub(crate) fn take_events(&self) -> u64 {
-        self.bell.get().events.swap(0, Ordering::SeqCst)
+        self.bell.get().events.swap(0, Ordering::AcqRel)
     }
 
     /// Event bits pending, without taking them.

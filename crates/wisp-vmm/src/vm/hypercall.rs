@@ -142,19 +142,8 @@ impl Vm {
         }
         let bell = self.control.bell();
         let seq = bell.seq.load(Ordering::Acquire);
-        // Parked first, the events looked at after (both sequentially
-        // consistent, as `post_events` posts then looks at `parked`): an
-        // event posted after this look finds the park announced and writes
-        // the eventfd; one posted before is seen here. Looked at the other
-        // way round, an event posted in between woke nobody, and the guest
-        // slept with a frame in its ring (a just-in-time client's ACK,
-        // `bench/usecases.py`: its connection hung until the client gave up).
-        if !self.control.set_parked(true) {
-            return self.control.take_events();
-        }
         let pending = self.control.take_events();
-        if pending != 0 {
-            self.control.set_parked(false);
+        if pending != 0 || !self.control.set_parked(true) {
             return pending;
         }
         match self.control.idle_fd() {
