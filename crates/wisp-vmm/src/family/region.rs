@@ -40,7 +40,7 @@ pub struct Bell {
 
 impl Bell {
     pub fn ring(&self) {
-        self.seq.fetch_add(1, Ordering::AcqRel);
+        self.seq.fetch_add(1, Ordering::SeqCst);
         futex_wake(&self.seq);
     }
 }

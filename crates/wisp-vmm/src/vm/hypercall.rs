@@ -146,7 +146,15 @@ impl Vm {
         if pending != 0 || !self.control.set_parked(true) {
             return pending;
         }
+        // An event posted after the look above and before the park was
+        // announced wrote no eventfd (`wake_idle` writes it only to a
+        // parked thread), but it rang the bell: the sequence moved. (The
+        // announcement and this read are both sequentially consistent, as
+        // the poster's ring and its read of `parked` are: one of the two
+        // sides sees the other.)
+        let rung = bell.seq.load(Ordering::SeqCst) != seq;
         match self.control.idle_fd() {
+            _ if rung => {}
             Some(idle) if !self.family.has_relatives() => self.park_on_fds(idle, wait),
             _ => {
                 if self.family.has_relatives() {
