@@ -246,7 +246,7 @@ fn run(data: &[u8]) -> Option<()> {
                 for (vnet, head_len, f) in &sent {
                     assert!((1..=MAX_GSO_FRAME as usize).contains(&f.len()), "a {}-byte frame left", f.len());
                     assert_eq!(*head_len, f.len().min(HEAD_MAX));
-                    assert!(own_frame(f, MAC, IP), "a frame under another identity left: {:02x?}", &f[..f.len().min(64)]);
+                    assert!(own_frame(f, MAC, IP, &[]), "a frame under another identity left: {:02x?}", &f[..f.len().min(64)]);
                     // The header that reaches the tap is the monitor's: it passes the monitor's own
                     // checks against the frame as it leaves, and asks only what the tap does.
                     let d = SlotDesc { len: f.len() as u32, vnet: *vnet, reserved: 0 };

@@ -28,7 +28,7 @@ pub fn run(a: &RunArgs, t_main: u64) -> Result<(u8, Option<Vm>), String> {
     let libraries = a.libs.iter().map(|p| crate::libs::device(p)).collect::<Result<Vec<_>, _>>()?;
     let shell = boot::prepare(mem.unwrap_or(DEFAULT_MEM)).map_err(|e| e.to_string())?;
     let family = boot::direct_family(a.family_limit.unwrap_or(wisp_api::MAX_FAMILY));
-    let mut vm = boot::load(shell, Boot { image: &img, args, net, data, disks, libraries, family }).map_err(|e| e.to_string())?;
+    let mut vm = boot::load(shell, Boot { image: &img, args, net: net.into_iter().collect(), data, disks, libraries, family }).map_err(|e| e.to_string())?;
     if a.interactive {
         guestio::feed_stdin(vm.attach_stdin());
     }

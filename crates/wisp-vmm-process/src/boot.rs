@@ -14,8 +14,9 @@ pub struct Boot<'a> {
     pub image: &'a Image,
     /// Its arguments (argument 0, the image name, is added).
     pub args: &'a [String],
-    /// Its NIC, if any.
-    pub net: Option<NetConfig>,
+    /// Its NICs, in order (device-table order: the first is the one the
+    /// library OS's network stack takes).
+    pub net: Vec<NetConfig>,
     /// Its environment and files, if any.
     pub data: Option<DataDevice>,
     /// Its disks, in order.
@@ -56,7 +57,7 @@ pub fn load(shell: Shell, boot: Boot<'_>) -> wisp_vmm::Result<Vm> {
 pub fn restore_held(
     shell: Shell,
     chain: &[OwnedFd],
-    net: Option<NetConfig>,
+    net: Vec<NetConfig>,
     disks: Vec<BlockConfig>,
     family: FamilyOptions,
     more: Option<Box<dyn FnOnce() -> Result<OwnedFd, String> + '_>>,
@@ -75,25 +76,25 @@ pub fn restore_held(
     Ok(vm)
 }
 
-/// The devices of a restored VM, in the snapshot's order: a NIC on `net`,
+/// The devices of a restored VM, in the snapshot's order: its NICs on `net`, in order,
 /// environment and files already in the saved pages, and a disk for each
 /// saved one from `disks`, in order (the contents of a disk are not in a
 /// snapshot: the restore is given its volume). What the snapshot had and
 /// what the restore was given must match, one for one.
-pub fn saved_devices(saved: &[DeviceState], net: Option<NetConfig>, disks: Vec<BlockConfig>) -> wisp_vmm::Result<Vec<Box<dyn Device>>> {
+pub fn saved_devices(saved: &[DeviceState], net: Vec<NetConfig>, disks: Vec<BlockConfig>) -> wisp_vmm::Result<Vec<Box<dyn Device>>> {
     let err = |m: String| wisp_vmm::Error::Devices(m);
-    let (mut net, mut disks) = (net, disks.into_iter());
+    let (mut net, mut disks) = (net.into_iter(), disks.into_iter());
     let mut out: Vec<Box<dyn Device>> = Vec::with_capacity(saved.len());
     for (i, d) in saved.iter().enumerate() {
         out.push(match DeviceKind::from_u32(d.kind) {
-            Some(DeviceKind::Net) => Box::new(Nic::new(net.take().ok_or_else(|| err("the saved VM had a NIC: its restore needs one".into()))?)),
+            Some(DeviceKind::Net) => Box::new(Nic::new(net.next().ok_or_else(|| err(format!("the saved VM had a NIC (device {i}): its restore needs one")))?)),
             Some(DeviceKind::Data) if d.size > 0 && d.size <= wisp_abi::layout::MAX_MEM => Box::new(DataDevice::restored(d.size)),
             Some(DeviceKind::Block) => Box::new(Disk::new(disks.next().ok_or_else(|| err(format!("the saved VM had a disk (device {i}): its restore needs its volume (--volume)")))?)),
             _ => return Err(err(format!("saved device {i} is of kind {} with a {}-byte region: not one a VM here can have", d.kind, d.size))),
         });
     }
-    if net.is_some() {
-        return Err(err("the saved VM had no NIC".into()));
+    if net.next().is_some() {
+        return Err(err("the restore was given more NICs than the saved VM had".into()));
     }
     if disks.next().is_some() {
         return Err(err("the restore was given more volumes than the saved VM had disks".into()));
@@ -161,7 +162,7 @@ mod tests {
     }
 
     fn refused(saved: &[DeviceState], disks: Vec<BlockConfig>) -> String {
-        match saved_devices(saved, None, disks) {
+        match saved_devices(saved, Vec::new(), disks) {
             Ok(_) => panic!("restored with {saved:?}"),
             Err(e) => e.to_string(),
         }
@@ -169,7 +170,7 @@ mod tests {
 
     #[test]
     fn a_restore_gets_the_devices_its_snapshot_lists() {
-        let ok = saved_devices(&[dev(DeviceKind::Data, 8192), dev(DeviceKind::Block, 0)], None, vec![volume()]).unwrap();
+        let ok = saved_devices(&[dev(DeviceKind::Data, 8192), dev(DeviceKind::Block, 0)], Vec::new(), vec![volume()]).unwrap();
         assert_eq!(ok.iter().map(|d| d.kind()).collect::<Vec<_>>(), [DeviceKind::Data, DeviceKind::Block]);
         assert_eq!(ok[0].region_size(), 8192, "the saved region's size");
         assert!(refused(&[dev(DeviceKind::Net, 0)], vec![]).contains("its restore needs one"));

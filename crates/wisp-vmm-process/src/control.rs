@@ -26,7 +26,8 @@ pub(crate) struct StartCmd {
     pub args: Vec<String>,
     pub timeout: Option<Duration>,
     pub attach: bool,
-    pub net: Option<NetConfig>,
+    /// Its NICs, in order.
+    pub net: Vec<NetConfig>,
     /// The family's uplink to the daemon (the guest may fork).
     pub uplink: Option<OwnedFd>,
     /// Most VMs in the family, if the daemon set it.
@@ -74,7 +75,7 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
             Some(Err(e)) => Reply::err(e.to_string()),
             None => Reply::err("preload needs the image descriptor"),
         },
-        Request::Start { image_name, preloaded, restore, bases, args, timeout_ms, attach, net, uplink, family_limit, client_head, data, stdin, volumes, template, hold, libs } => {
+        Request::Start { image_name, preloaded, restore, bases, args, timeout_ms, attach, net, links, uplink, family_limit, client_head, data, stdin, volumes, template, hold, libs } => {
             if hold && !restore {
                 let _ = send_line(&conn, &Reply::err("only a restore is held"), None);
                 return None;
@@ -97,14 +98,21 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
                     }
                 }
             }
-            let net = match (net.is_some().then(|| fds.next()).flatten(), net) {
-                (_, None) => None,
-                (Some(tap), Some(n)) => Some(n.into_config(tap)),
-                (None, Some(_)) => {
-                    let _ = send_line(&conn, &Reply::err("a NIC needs the tap descriptor"), None);
-                    return None;
+            if net.is_none() && !links.is_empty() {
+                let _ = send_line(&conn, &Reply::err("further NICs need a first one"), None);
+                return None;
+            }
+            let mut nics = Vec::with_capacity(1 + links.len());
+            for n in net.into_iter().chain(links) {
+                match fds.next() {
+                    Some(tap) => nics.push(n.into_config(tap)),
+                    None => {
+                        let _ = send_line(&conn, &Reply::err("a NIC needs the tap descriptor"), None);
+                        return None;
+                    }
                 }
-            };
+            }
+            let net = nics;
             let uplink = if uplink { fds.next() } else { None };
             let client = match client_head {
                 None => None,

@@ -280,15 +280,17 @@ fn serve_group(g: &Group) -> Job {
         let Some((req, fds)) = read_request(&conn) else { continue };
         let received_ns = crate::monotonic_ns();
         let reply = match req {
-            Request::Host { vm: _, image_name, args, timeout_ms, attach, client_head, data, stdin, libs, net } => {
+            Request::Host { vm: _, image_name, args, timeout_ms, attach, client_head, data, stdin, libs, net, links } => {
                 if g.running.load(Ordering::Acquire) >= g.n {
                     Reply::err(format!("this group runs {} VMs already", g.n))
                 } else if !libs.is_empty() && !g.recycle {
                     Reply::err("only a recycling group's VMs map libraries")
                 } else if net.is_some() && g.recycle {
                     Reply::err("a recycling group's VMs have no NIC")
+                } else if net.is_none() && !links.is_empty() {
+                    Reply::err("further NICs need a first one")
                 } else {
-                    match host(fds, image_name, client_head, data, libs, net, &g.last) {
+                    match host(fds, image_name, client_head, data, libs, net.into_iter().chain(links).collect(), &g.last) {
                         Err(e) => Reply::err(e),
                         Ok((shared, listener, image, net, client, data, libraries, files)) => {
                             g.running.fetch_add(1, Ordering::AcqRel);
@@ -339,21 +341,21 @@ fn serve_group(g: &Group) -> Job {
 
 /// A VM's pieces from a `host` request's descriptors: exit.json,
 /// console.log, stderr.log, the control socket's listener, the image, its
-/// NIC if `net` describes one (the tap), the client if `client_head` says one comes, the data region, the libraries, and
+/// NICs `net` describes (a tap each), the client if `client_head` says one comes, the data region, the libraries, and
 /// the files of the image and libraries.
 type Pieces = (
     Arc<Shared>,
     UnixListener,
     Image,
-    Option<wisp_vmm::NetConfig>,
+    Vec<wisp_vmm::NetConfig>,
     Option<(UnixStream, Vec<u8>)>,
     Option<wisp_vmm::DataDevice>,
     Vec<wisp_vmm::devices::library::LibraryDevice>,
     Vec<(u64, u64)>,
 );
 
-fn host(fds: Vec<OwnedFd>, image_name: String, client_head: Option<String>, data: bool, libs: Vec<String>, net: Option<crate::proto::NetSpec>, last: &Mutex<Option<Last>>) -> Result<Pieces, String> {
-    let want = 5 + usize::from(net.is_some()) + usize::from(client_head.is_some()) + usize::from(data) + libs.len();
+fn host(fds: Vec<OwnedFd>, image_name: String, client_head: Option<String>, data: bool, libs: Vec<String>, net: Vec<crate::proto::NetSpec>, last: &Mutex<Option<Last>>) -> Result<Pieces, String> {
+    let want = 5 + net.len() + usize::from(client_head.is_some()) + usize::from(data) + libs.len();
     if fds.len() != want {
         return Err(format!("host needs {want} descriptors, {} came", fds.len()));
     }
@@ -376,7 +378,7 @@ fn host(fds: Vec<OwnedFd>, image_name: String, client_head: Option<String>, data
         }
     };
     drop(last);
-    let net = net.map(|n| n.into_config(next()));
+    let net = net.into_iter().map(|n| n.into_config(next())).collect();
     let client = client_head.map(|h| (UnixStream::from(next()), h.into_bytes()));
     let data = if data { Some(boot::data_from_fd(next())?) } else { None };
     // Checked here too (the daemon is not trusted blindly).

@@ -29,8 +29,8 @@ pub(crate) struct Job {
     pub(crate) client: Option<(UnixStream, Vec<u8>)>,
     pub(crate) received_ns: u64,
     pub(crate) data: Option<wisp_vmm::DataDevice>,
-    /// Its NIC (a plain group's VM only).
-    pub(crate) net: Option<wisp_vmm::NetConfig>,
+    /// Its NICs (a plain group's VM only).
+    pub(crate) net: Vec<wisp_vmm::NetConfig>,
     pub(crate) stdin: bool,
     /// Shared libraries (a recycling group's: the application).
     pub(crate) libraries: Vec<wisp_vmm::devices::library::LibraryDevice>,

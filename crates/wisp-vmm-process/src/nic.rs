@@ -28,6 +28,7 @@ pub fn tap_nic(tap: &str, ip: ([u8; 4], u8), mac: Option<[u8; 6]>, gw: Option<[u
         ip,
         gateway: gw,
         rate,
+        routes: Vec::new(),
     })
 }
 
@@ -42,6 +43,7 @@ impl NetSpec {
             ip: (self.ip, self.prefix),
             gateway: Some(self.gateway),
             rate: NetRate { tx: r, rx: r },
+            routes: self.routes,
         }
     }
 }

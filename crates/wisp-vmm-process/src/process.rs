@@ -138,7 +138,7 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
         };
         let loaded = match (&image, restored) {
             (Some(image), _) => {
-                let boot = Boot { image, args: &cmd.args, net: cmd.net.take(), data: cmd.data.take(), disks: std::mem::take(&mut cmd.disks), libraries: std::mem::take(&mut cmd.libraries), family };
+                let boot = Boot { image, args: &cmd.args, net: std::mem::take(&mut cmd.net), data: cmd.data.take(), disks: std::mem::take(&mut cmd.disks), libraries: std::mem::take(&mut cmd.libraries), family };
                 boot::load(shell, boot)
             }
             (None, Some(fd)) => {
@@ -147,7 +147,7 @@ fn run(dir: &Path, mem: u64, uid: u32) -> Result<(), String> {
                 // The snapshot's NIC on the tap the daemon made (its saved
                 // identity is checked against it and taken over), its disks
                 // on the volumes given.
-                let (net, disks) = (cmd.net.take(), std::mem::take(&mut cmd.disks));
+                let (net, disks) = (std::mem::take(&mut cmd.net), std::mem::take(&mut cmd.disks));
                 // A held restore says so once its pages are mapped, and
                 // waits on the start's connection for the last increment.
                 let more = cmd.hold.then(|| Box::new(|| wait_held(&conn)) as Box<dyn FnOnce() -> Result<OwnedFd, String>>);

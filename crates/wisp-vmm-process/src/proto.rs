@@ -54,6 +54,10 @@ pub enum Request {
         /// A NIC on the tap passed as the second descriptor.
         #[serde(default)]
         net: Option<NetSpec>,
+        /// Further NICs (with `net` only), each on a tap passed right
+        /// after the first NIC's, in order.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        links: Vec<NetSpec>,
         /// The family's uplink to the daemon comes as the last descriptor:
         /// the guest may fork.
         #[serde(default)]
@@ -132,6 +136,10 @@ pub enum Request {
         /// (not in a recycling group).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         net: Option<NetSpec>,
+        /// Further NICs (with `net` only), each on a tap passed right
+        /// after the first NIC's, in order.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        links: Vec<NetSpec>,
     },
     /// To a recycling group: serve a recycler endpoint (`endpoint.rs`). The
     /// descriptors: the endpoint's listening socket (bound by the daemon),
@@ -215,6 +223,10 @@ pub struct NetSpec {
     /// (`wisp_abi::net::offload` bits; none if absent).
     #[serde(default)]
     pub offloads: u64,
+    /// Prefixes the VM routes for: IPv4 sources its frames may carry
+    /// besides `ip` (`wisp_vmm::NetConfig::routes`; none if absent).
+    #[serde(default)]
+    pub routes: Vec<([u8; 4], u8)>,
 }
 
 /// State of the VM in a VMM process.

@@ -216,7 +216,7 @@ pub(crate) fn boot_recycler(
     libraries: Vec<wisp_vmm::devices::library::LibraryDevice>,
 ) -> wisp_vmm::Result<Vm> {
     let family = boot::daemon_family(false, Some(1));
-    let mut vm = boot::load(shell, Boot { image, args, net: None, data, disks: Vec::new(), libraries, family })?;
+    let mut vm = boot::load(shell, Boot { image, args, net: Vec::new(), data, disks: Vec::new(), libraries, family })?;
     vm.set_reusable();
     Ok(vm)
 }

@@ -66,6 +66,11 @@ pub struct NetConfig {
     pub gateway: Option<[u8; 4]>,
     /// Rate limits of each direction (default: none).
     pub rate: NetRate,
+    /// The prefixes this VM routes for (a firewall's or router's): IPv4
+    /// sources its frames may carry besides its own address. Given by
+    /// whoever made the NIC, never by the guest; empty for a VM that
+    /// speaks only for itself.
+    pub routes: Vec<([u8; 4], u8)>,
 }
 
 /// Rate limits of a NIC (`wisp run --net-rate`): bytes and frames per
@@ -95,9 +100,17 @@ pub struct NetStats {
     pub tx_spoofed: u64,
 }
 
-/// Whether `frame`, sent by the NIC with `mac` and IPv4 address `ip`,
-/// carries only its own identity (see the module comment).
-pub fn own_frame(frame: &[u8], mac: [u8; 6], ip: [u8; 4]) -> bool {
+/// Whether IPv4 address `a` lies in `prefix`.
+pub fn in_prefix(a: [u8; 4], (net, len): ([u8; 4], u8)) -> bool {
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len.min(32) as u32) };
+    u32::from_be_bytes(a) & mask == u32::from_be_bytes(net) & mask
+}
+
+/// Whether `frame`, sent by the NIC with `mac` and IPv4 address `ip`
+/// that routes for `routes`, carries only its own identity (see the
+/// module comment): its MAC always; as IPv4 source its address or one of
+/// `routes`; in ARP its own address only.
+pub fn own_frame(frame: &[u8], mac: [u8; 6], ip: [u8; 4], routes: &[([u8; 4], u8)]) -> bool {
     const ARP: u16 = 0x0806;
     const IPV4: u16 = 0x0800;
     if frame.len() < 14 || frame[6..12] != mac {
@@ -107,7 +120,12 @@ pub fn own_frame(frame: &[u8], mac: [u8; 6], ip: [u8; 4]) -> bool {
         // Ethernet/IPv4 ARP: sender hardware address at 22, protocol at 28.
         ARP => frame.len() >= 42 && frame[22..28] == mac && (frame[28..32] == ip || frame[28..32] == [0; 4]),
         // IPv4: source address at 26 (after a 20-byte minimum header).
-        IPV4 => frame.len() >= 34 && frame[26..30] == ip,
+        IPV4 => {
+            frame.len() >= 34 && {
+                let src = [frame[26], frame[27], frame[28], frame[29]];
+                src == ip || routes.iter().any(|r| in_prefix(src, *r))
+            }
+        }
         _ => false,
     }
 }
@@ -127,6 +145,7 @@ pub struct Nic {
     gateway: Option<[u8; 4]>,
     offloads: u64,
     rate: NetRate,
+    routes: Vec<([u8; 4], u8)>,
     state: NicState,
     /// Given a saved identity (a restored or moved VM): it announces
     /// itself when it starts.
@@ -199,7 +218,7 @@ impl Rings {
 impl Nic {
     /// A NIC on `cfg.tap`.
     pub fn new(cfg: NetConfig) -> Nic {
-        Nic { mac: cfg.mac, ip: cfg.ip, gateway: cfg.gateway, offloads: cfg.offloads, rate: cfg.rate, state: NicState::Ready(cfg.tap), restored: false }
+        Nic { mac: cfg.mac, ip: cfg.ip, gateway: cfg.gateway, offloads: cfg.offloads, rate: cfg.rate, routes: cfg.routes, state: NicState::Ready(cfg.tap), restored: false }
     }
 
     /// A gratuitous ARP for this NIC's address, as its tap takes frames
@@ -263,7 +282,7 @@ impl Device for Nic {
         let tap_raw = std::os::fd::AsRawFd::as_raw_fd(&tap);
         // Where the rings stand before the guest first runs: from here on
         // the monitor's indices are its own.
-        let ring = NicRing::new(&ram, base, self.mac, self.ip.0, self.offloads, self.rate, Instant::now()).map_err(std::io::Error::other)?;
+        let ring = NicRing::new(&ram, base, self.mac, self.ip.0, self.offloads, self.rate, Instant::now()).map_err(std::io::Error::other)?.routing(self.routes.clone());
         let backend: Arc<dyn Backend> = Arc::new(tapio::Tap::new(tap));
         let watchable = Arc::new(AtomicBool::new(true));
         let park_watch = Arc::new(ParkWatch::new());
@@ -496,18 +515,29 @@ mod tests {
             h.extend_from_slice(&[10, 9, 0, 1]);
             h
         };
-        assert!(own_frame(&eth(mac, 0x0800, &ipv4(ip)), mac, ip));
-        assert!(own_frame(&eth(mac, 0x0806, &arp(mac, ip)), mac, ip));
-        assert!(own_frame(&eth(mac, 0x0806, &arp(mac, [0; 4])), mac, ip), "ARP probe");
+        assert!(own_frame(&eth(mac, 0x0800, &ipv4(ip)), mac, ip, &[]));
+        assert!(own_frame(&eth(mac, 0x0806, &arp(mac, ip)), mac, ip, &[]));
+        assert!(own_frame(&eth(mac, 0x0806, &arp(mac, [0; 4])), mac, ip, &[]), "ARP probe");
         let other = [0x52, 0x54, 0, 9, 0, 3];
-        assert!(!own_frame(&eth(other, 0x0800, &ipv4(ip)), mac, ip), "another source MAC");
-        assert!(!own_frame(&eth(mac, 0x0806, &arp(mac, [10, 9, 0, 1])), mac, ip), "claims the gateway");
-        assert!(!own_frame(&eth(mac, 0x0806, &arp(other, ip)), mac, ip), "another sender MAC");
-        assert!(!own_frame(&eth(mac, 0x0800, &ipv4([10, 9, 0, 7])), mac, ip), "another source IP");
-        assert!(!own_frame(&eth(mac, 0x86dd, &[0; 40]), mac, ip), "IPv6 is not the NIC's");
-        assert!(!own_frame(&eth(mac, 0x8100, &ipv4(ip)), mac, ip), "VLAN-tagged");
-        assert!(!own_frame(&eth(mac, 0x0800, &[0x45; 10]), mac, ip), "truncated");
-        assert!(!own_frame(&[0; 13], mac, ip));
+        assert!(!own_frame(&eth(other, 0x0800, &ipv4(ip)), mac, ip, &[]), "another source MAC");
+        assert!(!own_frame(&eth(mac, 0x0806, &arp(mac, [10, 9, 0, 1])), mac, ip, &[]), "claims the gateway");
+        assert!(!own_frame(&eth(mac, 0x0806, &arp(other, ip)), mac, ip, &[]), "another sender MAC");
+        assert!(!own_frame(&eth(mac, 0x0800, &ipv4([10, 9, 0, 7])), mac, ip, &[]), "another source IP");
+        assert!(!own_frame(&eth(mac, 0x86dd, &[0; 40]), mac, ip, &[]), "IPv6 is not the NIC's");
+        assert!(!own_frame(&eth(mac, 0x8100, &ipv4(ip)), mac, ip, &[]), "VLAN-tagged");
+        assert!(!own_frame(&eth(mac, 0x0800, &[0x45; 10]), mac, ip, &[]), "truncated");
+        assert!(!own_frame(&[0; 13], mac, ip, &[]));
+        // A NIC that routes for prefixes: their sources pass, others not,
+        // and ARP stays its own.
+        let routes = [([10, 200, 7, 0], 24), ([192, 168, 0, 9], 32)];
+        assert!(own_frame(&eth(mac, 0x0800, &ipv4([10, 200, 7, 33])), mac, ip, &routes));
+        assert!(own_frame(&eth(mac, 0x0800, &ipv4([192, 168, 0, 9])), mac, ip, &routes));
+        assert!(own_frame(&eth(mac, 0x0800, &ipv4(ip)), mac, ip, &routes));
+        assert!(!own_frame(&eth(mac, 0x0800, &ipv4([10, 200, 8, 1])), mac, ip, &routes), "outside the routed prefix");
+        assert!(!own_frame(&eth(mac, 0x0800, &ipv4([192, 168, 0, 8])), mac, ip, &routes), "next to a /32");
+        assert!(!own_frame(&eth(mac, 0x0806, &arp(mac, [10, 200, 7, 33])), mac, ip, &routes), "ARP for a routed address");
+        assert!(!own_frame(&eth(other, 0x0800, &ipv4([10, 200, 7, 33])), mac, ip, &routes), "another MAC");
+        assert!(own_frame(&eth(mac, 0x0800, &ipv4([8, 8, 8, 8])), mac, ip, &[([0; 4], 0)]), "a default route");
     }
 
     #[test]

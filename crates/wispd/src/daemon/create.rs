@@ -338,6 +338,7 @@ impl Daemon {
                 stdin: req.stdin,
                 libs: libs.iter().map(|l| l.name.clone()).collect(),
                 net: spec,
+                links: Vec::new(),
             },
             None => Request::Start {
                 image_name: image.as_ref().map_or_else(|| "snapshot".into(), |i| i.image.name.clone()),
@@ -349,6 +350,7 @@ impl Daemon {
                 timeout_ms: req.timeout_ms,
                 attach: matches!(attach, Attach::Daemon),
                 net: spec,
+                links: Vec::new(),
                 uplink: uplink.is_some(),
                 family_limit: req.family_limit,
                 client_head,

@@ -155,7 +155,7 @@ impl VmNet {
         nl.set_link(index, None).map_err(|source| NetError::Up { tap: tap_name.clone(), source })?;
         let wisp_vmm::tap::Tap { fd: tap, offloads } = tap;
         st.used.insert(host);
-        Ok((NetSpec { ip, prefix, gateway: (base + 1).to_be_bytes(), mac: wisp_vmm::mac_for_ipv4(ip), rate: (0, 0), offloads }, tap))
+        Ok((NetSpec { ip, prefix, gateway: (base + 1).to_be_bytes(), mac: wisp_vmm::mac_for_ipv4(ip), rate: (0, 0), offloads, routes: Vec::new() }, tap))
     }
 
     /// Make the tap of pooled shell `id` ahead (once the bridge exists):

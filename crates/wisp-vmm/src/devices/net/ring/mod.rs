@@ -249,6 +249,8 @@ pub struct NicRing {
     /// What its frames may say they come from.
     mac: [u8; 6],
     ip: [u8; 4],
+    /// Further IPv4 sources it may send from (`NetConfig::routes`).
+    routes: Vec<([u8; 4], u8)>,
     /// The tap's offloads (`wisp_abi::net::offload` bits): what TX headers may ask for.
     offloads: u64,
     /// TX slots taken (the monitor's copy of `hdr::TX_CONS`).
@@ -270,6 +272,7 @@ impl NicRing {
             base,
             mac,
             ip,
+            routes: Vec::new(),
             offloads,
             tx_cons: mem.load_u32(base + hdr::TX_CONS)?,
             rx_prod: mem.load_u32(base + hdr::RX_PROD)?,
@@ -277,6 +280,13 @@ impl NicRing {
             rx_limit: limiter(rate.rx, now),
             stats: NetStats::default(),
         })
+    }
+
+    /// The same rings, for a NIC that routes for `routes` (its frames may
+    /// carry those IPv4 sources too).
+    pub fn routing(mut self, routes: Vec<([u8; 4], u8)>) -> NicRing {
+        self.routes = routes;
+        self
     }
 
     /// Its counters.
@@ -375,7 +385,7 @@ impl NicRing {
                     return Ok(Tx { taken, wait: Some(l.ready_in_ops_at(plan.wire_bytes, plan.segs as u64, now)) });
                 }
             }
-            if own_frame(&head[..hl], self.mac, self.ip) {
+            if own_frame(&head[..hl], self.mac, self.ip, &self.routes) {
                 send(mem, &TxFrame { vnet: plan.vnet, head: &head[..hl], rest: chain(buf, slot, hl, len - hl) });
                 self.stats.tx_frames += 1;
                 self.stats.tx_segments += plan.segs as u64;
