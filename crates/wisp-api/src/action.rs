@@ -234,7 +234,7 @@ pub enum Action {
 
 /// A create request whose options do not fit together: a 400, from the
 /// router (`Action::from_request`) and from the daemon alike.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum InvalidCreate {
     /// `net_rate` for a VM without a NIC.
     RateWithoutNic,
@@ -251,6 +251,15 @@ pub enum InvalidCreate {
     /// A recycled run with what a recycled VM does not have, or without
     /// its one application library.
     Recycle(&'static str),
+    /// A link that cannot be made as asked.
+    Link(String),
+}
+
+/// Whether two IPv4 prefixes share an address.
+pub fn overlap((a, la): ([u8; 4], u8), (b, lb): ([u8; 4], u8)) -> bool {
+    let len = la.min(lb).min(32);
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len as u32) };
+    u32::from_be_bytes(a) & mask == u32::from_be_bytes(b) & mask
 }
 
 impl std::fmt::Display for InvalidCreate {
@@ -263,6 +272,7 @@ impl std::fmt::Display for InvalidCreate {
             InvalidCreate::RestoreWith(what) => return write!(f, "restore takes no {what}: a restored VM has its snapshot's memory and devices"),
             InvalidCreate::RestorePath => "restore: the snapshots' paths must be absolute (and at most 64 bases)",
             InvalidCreate::Recycle(what) => return write!(f, "recycle: {what} (a recycled run is one application library run by the recycler image)"),
+            InvalidCreate::Link(why) => return f.write_str(why),
         })
     }
 }
@@ -270,9 +280,9 @@ impl std::fmt::Display for InvalidCreate {
 impl std::error::Error for InvalidCreate {}
 
 impl CreateVm {
-    /// Whether the VM gets a NIC: `net`, or host ports to forward.
+    /// Whether the VM gets a NIC: `net`, host ports to forward, or links.
     pub fn wants_nic(&self) -> bool {
-        self.net || !self.ports.is_empty()
+        self.net || !self.ports.is_empty() || !self.links.is_empty()
     }
 
     /// Check the request as a whole: options of a NIC need one.
@@ -285,6 +295,16 @@ impl CreateVm {
         }
         if self.tenant.as_deref().is_some_and(|t| !crate::valid_tenant(t)) {
             return Err(InvalidCreate::Tenant);
+        }
+        if let Some(why) = self.links.iter().find_map(|l| l.invalid()) {
+            return Err(InvalidCreate::Link(why));
+        }
+        if self.links.len() > crate::types::MAX_LINKS {
+            return Err(InvalidCreate::Link(format!("at most {} links", crate::types::MAX_LINKS)));
+        }
+        let subnets: Vec<_> = self.links.iter().filter_map(|l| l.subnet()).collect();
+        if subnets.iter().enumerate().any(|(i, a)| subnets[..i].iter().any(|b| overlap(*a, *b))) {
+            return Err(InvalidCreate::Link("two links' subnets overlap".into()));
         }
         if self.recycle {
             let given = [

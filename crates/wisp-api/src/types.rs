@@ -5,6 +5,65 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+/// A VM's further link (`CreateVm::links`): a NIC whose host end is a
+/// network device moved into network namespace `netns` (a name under
+/// `/run/netns`, as `ip netns add` makes), named `ifname` there and up.
+/// The VM has `address` on the link; the link's subnet is the client's,
+/// and the host routes it through the VM (whose first NIC may send from
+/// it). What the client's end of the link is given (its address, its
+/// route through the VM) is the namespace owner's to set.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LinkSpec {
+    pub netns: String,
+    #[serde(default = "default_ifname")]
+    pub ifname: String,
+    /// `A.B.C.D/N` (N from 8 to 30).
+    pub address: String,
+}
+
+fn default_ifname() -> String {
+    "eth0".into()
+}
+
+/// Most links a VM may have besides its first NIC.
+pub const MAX_LINKS: usize = 4;
+
+impl LinkSpec {
+    /// The VM's address and the link's prefix length, if `address` is a
+    /// host address of a /8 to /30 subnet.
+    pub fn parsed(&self) -> Option<([u8; 4], u8)> {
+        let (a, len) = self.address.split_once('/')?;
+        let ip: Ipv4Addr = a.parse().ok()?;
+        let len: u8 = len.parse().ok().filter(|l| (8..=30).contains(l))?;
+        let host = u32::from(ip) & !(u32::MAX << (32 - len as u32));
+        (host != 0 && host != !(u32::MAX << (32 - len as u32))).then_some((ip.octets(), len))
+    }
+
+    /// The link's subnet (network address, prefix length).
+    pub fn subnet(&self) -> Option<([u8; 4], u8)> {
+        let (ip, len) = self.parsed()?;
+        Some(((u32::from_be_bytes(ip) & (u32::MAX << (32 - len as u32))).to_be_bytes(), len))
+    }
+
+    /// Why the link is not one to make, if it is not.
+    pub fn invalid(&self) -> Option<String> {
+        let name_ok = |s: &str, most: usize| {
+            (1..=most).contains(&s.len()) && !s.starts_with('.') && !s.starts_with('-') && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+        };
+        if !name_ok(&self.netns, 64) {
+            return Some(format!("link netns {:?}: a name under /run/netns (1-64 of [A-Za-z0-9_.-])", self.netns));
+        }
+        if !name_ok(&self.ifname, 15) {
+            return Some(format!("link ifname {:?}: an interface name (1-15 of [A-Za-z0-9_.-])", self.ifname));
+        }
+        if self.parsed().is_none() {
+            return Some(format!("link address {:?}: a host address and its prefix, A.B.C.D/N with N from 8 to 30", self.address));
+        }
+        None
+    }
+}
+
 /// `POST /v1/vms`: create and start a VM.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -40,6 +99,11 @@ pub struct CreateVm {
     /// reaches, and is reached by, every VM on the bridge.
     #[serde(default, skip_serializing_if = "is_false")]
     pub net_peers: bool,
+    /// Further links (implies `net`): a VM that routes for a client — a
+    /// personal firewall — gets a NIC per link whose host end lives in the
+    /// client's network namespace (`LinkSpec`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<LinkSpec>,
     /// Memory limit of the VM's family in bytes: guest RAM, monitors and
     /// the copy-on-write growth of every VM it forks (default: what
     /// `family_limit` VMs of `mem` bytes each may use).
@@ -305,6 +369,9 @@ pub struct VmInfo {
     /// Forwarded host ports.
     #[serde(default)]
     pub ports: Vec<PortMap>,
+    /// Its further links (`CreateVm::links`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<LinkSpec>,
     /// Its NIC's bridge port is open to the other VMs (`CreateVm::net_peers`);
     /// false: isolated, or no NIC.
     #[serde(default)]

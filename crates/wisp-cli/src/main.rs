@@ -84,6 +84,12 @@ pub struct RunArgs {
     /// the gateway and VMs started with --net-peers.
     #[arg(long, conflicts_with = "tap")]
     pub net_peers: bool,
+    /// A further link (implies --net; repeatable): a NIC whose host end is
+    /// moved into network namespace NETNS (named IFNAME there, default
+    /// eth0), the VM having ADDRESS on it; the host routes the link's
+    /// subnet through the VM — a personal firewall's client link.
+    #[arg(long = "link", value_name = "NETNS[:IFNAME]=ADDRESS/N", value_parser = units::parse_link, conflicts_with = "tap")]
+    pub links: Vec<wisp_api::LinkSpec>,
     /// Connect a NIC to this tap device (without wispd; needs --ip).
     #[arg(long, requires = "ip")]
     pub tap: Option<String>,
@@ -418,7 +424,7 @@ fn run(mut a: RunArgs, socket: &std::path::Path, t_main: u64) -> Result<(u8, Opt
             Err(e) if a.detach || a.name.is_some() || a.count.is_some() => {
                 Err(format!("cannot reach wispd at {}: {e} (start it with `wispd`)", socket.display()))
             }
-            Err(e) if a.net || !a.ports.is_empty() => Err(format!("--net needs wispd (cannot reach {}: {e}); without it use --tap", socket.display())),
+            Err(e) if a.net || !a.ports.is_empty() || !a.links.is_empty() => Err(format!("--net and --link need wispd (cannot reach {}: {e}); without it use --tap", socket.display())),
             // The limits are control groups, which wispd makes and removes
             // with each family; a VM in this process has none.
             Err(e) if a.memory.is_some() || a.cpus.is_some() => Err(format!(

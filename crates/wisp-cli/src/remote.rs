@@ -80,6 +80,7 @@ pub fn run(mut c: Client, a: &RunArgs, socket: &Path) -> Result<u8, String> {
         ports: a.ports.clone(),
         net_rate: a.net_rate.map(|r| wisp_api::NetRate { bytes_per_sec: r.tx.bytes, frames_per_sec: r.tx.ops }),
         net_peers: a.net_peers,
+        links: a.links.clone(),
         memory: a.memory,
         cpus: a.cpus,
         family_limit: a.family_limit,

@@ -64,6 +64,20 @@ pub fn parse_port_map(s: &str) -> Result<wisp_api::PortMap, String> {
     s.parse()
 }
 
+/// `NETNS[:IFNAME]=ADDRESS/N` (`wisp run --link`).
+pub fn parse_link(s: &str) -> Result<wisp_api::LinkSpec, String> {
+    let (at, address) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected NETNS[:IFNAME]=ADDRESS/N, e.g. client7=10.200.7.1/30"))?;
+    let (netns, ifname) = match at.split_once(':') {
+        Some((n, i)) => (n, i.to_string()),
+        None => (at, "eth0".to_string()),
+    };
+    let l = wisp_api::LinkSpec { netns: netns.into(), ifname, address: address.into() };
+    match l.invalid() {
+        Some(why) => Err(why),
+        None => Ok(l),
+    }
+}
+
 /// Parse a MAC address, e.g. `52:54:00:12:34:56`.
 pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     let parts: Vec<&str> = s.split(':').collect();

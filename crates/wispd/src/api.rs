@@ -208,7 +208,8 @@ fn status(e: &ActionError) -> u16 {
         NotFound(_) | Gone(_) | NoTemplate(_) | NoRecycler(_) | NoJit(_) => 404,
         // A host address that is not this host's cannot be listened on: the request was wrong.
         PortInUse { source, .. } if source.kind() == io::ErrorKind::AddrNotAvailable => 400,
-        NameInUse(_) | Ambiguous(_) | Exited(_) | Running(_) | Refused(_) | Unreachable { .. } | PortInUse { .. } | Migrating(_) => 409,
+        NameInUse(_) | Ambiguous(_) | Exited(_) | Running(_) | Refused(_) | Unreachable { .. } | PortInUse { .. } | Migrating(_) | LinkTaken(_) => 409,
+        Link(_) => 400,
         EndedBeforeLine { .. } | StdinRefused(_) => 409,
         Timeout(_) | NoLineInTime { .. } => 504,
         Prepare(_) | Network(_) | Record(_) | Vmm(_) | Contain(_) => 500,

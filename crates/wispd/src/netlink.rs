@@ -21,6 +21,8 @@ pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 const RTM_NEWLINK: u16 = 16;
 const RTM_SETLINK: u16 = 19;
 const RTM_NEWADDR: u16 = 20;
+const RTM_NEWROUTE: u16 = 24;
+const RTM_DELROUTE: u16 = 25;
 const NLMSG_ERROR: u16 = 2;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
@@ -31,6 +33,14 @@ const IFLA_MASTER: u16 = 10;
 const IFLA_PROTINFO: u16 = 12;
 const IFLA_LINKINFO: u16 = 18;
 const IFLA_INFO_KIND: u16 = 1;
+const IFLA_NET_NS_FD: u16 = 28;
+const RTA_DST: u16 = 1;
+const RTA_GATEWAY: u16 = 5;
+/// `rtmsg` constants: the main table, a route the administrator (here
+/// the daemon) made, of global scope, unicast.
+const RT_TABLE_MAIN: u8 = 254;
+const RTPROT_STATIC: u8 = 4;
+const RTN_UNICAST: u8 = 1;
 /// In `IFLA_PROTINFO` of a bridge port (`enum` in `linux/if_link.h`).
 const IFLA_BRPORT_ISOLATED: u16 = 33;
 const NLA_F_NESTED: u16 = 0x8000;
@@ -148,6 +158,35 @@ impl Netlink {
         self.request(RTM_SETLINK, 0, &port_isolation(index, isolated))
     }
 
+    /// Move link `index` into the network namespace `ns` (an open
+    /// `/run/netns` file), named `name` there. (The kernel brings a moved
+    /// link down: bring it up from inside, [`Netlink::set_up_by_name`].)
+    pub fn move_to_netns(&mut self, index: u32, ns: std::os::fd::BorrowedFd<'_>, name: &str) -> io::Result<()> {
+        self.request(RTM_NEWLINK, 0, &move_link(index, std::os::fd::AsRawFd::as_raw_fd(&ns) as u32, name))
+    }
+
+    /// Bring link `name` up, found by its name (a socket opened in another
+    /// network namespace, where this daemon's indices mean nothing).
+    pub fn set_up_by_name(&mut self, name: &str) -> io::Result<()> {
+        let mut body = ifinfo(0, IFF_UP, IFF_UP);
+        attr(&mut body, IFLA_IFNAME, &cstr(name));
+        self.request(RTM_NEWLINK, 0, &body)
+    }
+
+    /// Add (or delete) the route to `dst/len` through gateway `via`. A
+    /// route being added that is there already is an error (`EEXIST`);
+    /// one being deleted that is gone is not.
+    pub fn route(&mut self, add: bool, (dst, len): ([u8; 4], u8), via: [u8; 4]) -> io::Result<()> {
+        let body = route_body((dst, len), via);
+        if add {
+            return self.request(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL, &body);
+        }
+        match self.request(RTM_DELROUTE, 0, &body) {
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+            r => r,
+        }
+    }
+
     /// Add IPv4 address `addr/prefix` to link `index` (no error if present).
     pub fn add_address(&mut self, index: u32, addr: [u8; 4], prefix: u8) -> io::Result<()> {
         match self.request(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, &new_address(index, addr, prefix)) {
@@ -168,6 +207,34 @@ fn message(ty: u16, flags: u16, seq: u32, body: &[u8]) -> Vec<u8> {
     msg.extend_from_slice(&0u32.to_ne_bytes());
     msg.extend_from_slice(body);
     msg
+}
+
+/// `name` with its terminating NUL, as IFLA_IFNAME carries it.
+fn cstr(name: &str) -> Vec<u8> {
+    let mut c = name.as_bytes().to_vec();
+    c.push(0);
+    c
+}
+
+/// RTM_NEWLINK's body moving link `index` into the namespace of
+/// descriptor `ns_fd`, renamed `name` (the kernel's `do_setlink` renames
+/// as it moves).
+fn move_link(index: u32, ns_fd: u32, name: &str) -> Vec<u8> {
+    let mut body = ifinfo(index as i32, 0, 0);
+    attr(&mut body, IFLA_NET_NS_FD, &ns_fd.to_ne_bytes());
+    attr(&mut body, IFLA_IFNAME, &cstr(name));
+    body
+}
+
+/// RTM_NEWROUTE/RTM_DELROUTE's body: `struct rtmsg` for `dst/len` in the
+/// main table, through gateway `via`.
+fn route_body((dst, len): ([u8; 4], u8), via: [u8; 4]) -> Vec<u8> {
+    // family, dst_len, src_len, tos, table, protocol, scope, type, flags.
+    let mut body = vec![AF_INET, len, 0, 0, RT_TABLE_MAIN, RTPROT_STATIC, 0, RTN_UNICAST];
+    body.extend_from_slice(&0u32.to_ne_bytes());
+    attr(&mut body, RTA_DST, &dst);
+    attr(&mut body, RTA_GATEWAY, &via);
+    body
 }
 
 /// RTM_NEWLINK's body for a new bridge `name`.

@@ -271,7 +271,7 @@ impl Daemon {
                 eprintln!("wispd: VM {id}: address not restored: {why}");
                 info.ip = None;
             }
-            Some(Ok(())) => {}
+            Some(Ok(())) => self.links.adopt(&id, info.ip.as_deref(), &info.links),
             None => {}
         }
         if info.ip.is_none() {

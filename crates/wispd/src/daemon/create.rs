@@ -66,6 +66,8 @@ struct Rollback<'a> {
     name: Option<String>,
     worker: Option<Worker>,
     ip: Option<String>,
+    /// The VM whose links were made (`links.rs`), until it is in the table.
+    links: Option<String>,
     vm: Option<String>,
     /// A place taken in a group, and the VM directory made for it, until
     /// the VM is in the table.
@@ -74,7 +76,7 @@ struct Rollback<'a> {
 
 impl<'a> Rollback<'a> {
     fn new(d: &'a Daemon) -> Rollback<'a> {
-        Rollback { d, admitted: None, name: None, worker: None, ip: None, vm: None, place: None }
+        Rollback { d, admitted: None, name: None, worker: None, ip: None, links: None, vm: None, place: None }
     }
 
     /// The VM is in the table now, with its name, process and address:
@@ -85,6 +87,7 @@ impl<'a> Rollback<'a> {
         }
         self.name = None;
         self.ip = None;
+        self.links = None;
         self.place = None;
         self.vm = Some(id.to_string());
     }
@@ -106,6 +109,9 @@ impl Drop for Rollback<'_> {
         }
         if let Some(n) = self.name.take() {
             self.d.vms.lock().release_name(&n);
+        }
+        if let Some(id) = self.links.take() {
+            self.d.links.remove(&id);
         }
         if let Some(ip) = self.ip.take() {
             self.d.net.free(Some(&ip));
@@ -253,7 +259,7 @@ impl Daemon {
         }
         // A restored VM with a NIC keeps its address (its guest has it).
         let restore_ip = restore.as_ref().and_then(|r| r.nic_ip());
-        let net = if req.wants_nic() || restore_ip.is_some() {
+        let mut net = if req.wants_nic() || restore_ip.is_some() {
             let (mut spec, tap) = self.net.alloc_at(&worker.id, req.net_peers, restore_ip).map_err(ActionError::Network)?;
             spec.rate = req.net_rate.map_or((0, 0), |r| (r.bytes_per_sec, r.frames_per_sec));
             undo.ip = Some(Ipv4Addr::from(spec.ip).to_string());
@@ -263,6 +269,17 @@ impl Daemon {
             self.net.release(&worker.id);
             None
         };
+        // Its links: their taps in the clients' namespaces, their routes.
+        let links = match net.as_mut() {
+            Some((spec, _)) if !req.links.is_empty() => {
+                undo.links = Some(worker.id.clone());
+                let made = self.links.make(&worker.id, spec.ip, self.cfg.subnet, &req.links)?;
+                spec.routes = made.subnets.clone();
+                Some(made)
+            }
+            _ => None,
+        };
+        let (link_specs, link_taps) = links.map_or((Vec::new(), Vec::new()), |m| (m.specs, m.taps));
         // Host ports first: a port in use fails the request before the VM starts.
         let forwards = match &net {
             Some((spec, _)) => Forward::start_all(&req.ports, Ipv4Addr::from(spec.ip))
@@ -276,6 +293,7 @@ impl Daemon {
         let preloaded = image.as_ref().is_some_and(|image| worker.preloaded.as_ref().is_some_and(|p| Arc::ptr_eq(p, image)));
         let info = VmInfo {
             ports: req.ports.clone(),
+            links: req.links.clone(),
             net_peers: req.net_peers,
             ip: net.as_ref().map(|(spec, _)| Ipv4Addr::from(spec.ip).to_string()),
             id: worker.id.clone(),
@@ -338,7 +356,7 @@ impl Daemon {
                 stdin: req.stdin,
                 libs: libs.iter().map(|l| l.name.clone()).collect(),
                 net: spec,
-                links: Vec::new(),
+                links: link_specs,
             },
             None => Request::Start {
                 image_name: image.as_ref().map_or_else(|| "snapshot".into(), |i| i.image.name.clone()),
@@ -350,7 +368,7 @@ impl Daemon {
                 timeout_ms: req.timeout_ms,
                 attach: matches!(attach, Attach::Daemon),
                 net: spec,
-                links: Vec::new(),
+                links: link_specs,
                 uplink: uplink.is_some(),
                 family_limit: req.family_limit,
                 client_head,
@@ -366,6 +384,7 @@ impl Daemon {
         fds.extend((!preloaded).then(|| image.as_ref().map_or_else(|| restore.as_ref().expect("a restore without an image").memfd.as_fd(), |i| i.memfd.as_fd())));
         fds.extend(bases.iter().map(|b| b.memfd.as_fd()));
         fds.extend(tap.as_ref().map(|t| t.as_fd()));
+        fds.extend(link_taps.iter().map(|t| t.as_fd()));
         if let Some((mine, theirs)) = &uplink {
             fds.push(theirs.as_fd());
             if !watched {

@@ -93,6 +93,12 @@ pub enum ActionError {
     /// No VMM process could be prepared.
     #[error("cannot prepare a VM: {0}")]
     Prepare(SpawnError),
+    /// A link (`CreateVm::links`) could not be made as asked.
+    #[error("cannot make the VM's link: {0}")]
+    Link(String),
+    /// A link's subnet is another's (a VM's link, a host route).
+    #[error("{0}")]
+    LinkTaken(String),
     /// The VM's NIC could not be set up.
     #[error("cannot set up the VM's network: {0}")]
     Network(NetError),

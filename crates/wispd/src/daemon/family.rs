@@ -253,6 +253,7 @@ impl Daemon {
                 boot_trace: None,
                 ip: None,
                 ports: Vec::new(),
+                links: Vec::new(),
                 // The NIC stays with the parent: a forked VM has none.
                 net_peers: false,
                 parent: Some(parent.id.clone()),

@@ -48,6 +48,7 @@ mod group;
 mod guestdata;
 mod lifecycle;
 mod libs;
+mod links;
 pub mod migrate;
 mod net;
 pub mod process;
@@ -201,6 +202,7 @@ pub struct Daemon {
     recyclers: recyclers::Recyclers,
     /// Just-in-time services (`jit.rs`).
     jits: jit::Jits,
+    links: links::Links,
     /// The daemon itself, for work it starts on threads of their own (a
     /// group made ahead, `group.rs`).
     me: std::sync::OnceLock<std::sync::Weak<Daemon>>,
@@ -249,6 +251,7 @@ impl Daemon {
             groups: group::Groups::default(),
             recyclers: recyclers::Recyclers::default(),
             jits: jit::Jits::default(),
+            links: links::Links::default(),
             me: std::sync::OnceLock::new(),
         });
         d.groups.set_net(d.net.clone());

@@ -132,6 +132,7 @@ impl Daemon {
         if let Some(g) = release {
             self.leave_group(&g);
         }
+        self.links.remove(id);
         self.net.free(ip.as_deref());
         self.net.release(id);
         self.family_ended(&root);

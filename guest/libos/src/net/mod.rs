@@ -41,6 +41,7 @@
 //! Each socket keeps one waker per direction: at most one task should wait
 //! to read (or accept, or receive) and one to write on a socket at a time.
 
+pub mod link;
 mod nic;
 mod tcp;
 mod udp;
@@ -132,16 +133,20 @@ fn find_nic() -> Option<(u32, &'static DeviceDesc, NetConfig)> {
     let info = crate::env::boot_info();
     let n = (info.device_count as usize).min(MAX_DEVICES);
     let (i, dev) = info.devices[..n].iter().enumerate().find(|(_, d)| d.kind == DeviceKind::Net as u32)?;
+    Some((i as u32, dev, decode_config(dev)))
+}
+
+/// The address configuration of a NIC's device-table entry.
+fn decode_config(dev: &DeviceDesc) -> NetConfig {
     let mac = decode_mac(dev.params[0]);
     let (ip, prefix) = decode_ipv4(dev.params[1]);
     let (gw, _) = decode_ipv4(dev.params[2]);
-    let cfg = NetConfig {
+    NetConfig {
         mac,
         ip: Ipv4Addr::from(ip),
         prefix,
         gateway: if gw == [0; 4] { None } else { Some(Ipv4Addr::from(gw)) },
-    };
-    Some((i as u32, dev, cfg))
+    }
 }
 
 /// Whether `cfg` is one the stack can use.

@@ -377,6 +377,86 @@ impl Nic {
     }
 }
 
+/// Raw frames, for an app that takes the NIC as a link (`net::link`):
+/// whole Ethernet frames with their virtio-net headers, no stack.
+impl Nic {
+    /// Hand the next RX frame and its header to `f` (nothing if the ring
+    /// is empty). Checksums are not checked: a frame passing through is
+    /// the receiver's to check.
+    pub(crate) fn recv_raw<R>(&mut self, f: impl FnOnce(&[u8], VnetHdr) -> R) -> Option<R> {
+        if self.dead || self.rx.available() == 0 {
+            return None;
+        }
+        let rx = &mut self.rx;
+        let d = desc_addr(rx.base, RX_DESC_OFF, rx.cons);
+        // SAFETY: as in `RxToken::consume`: the monitor published this
+        // chain (acquire load in `available`) and leaves it alone until
+        // `rx_cons` moves past it below; the descriptor is inside the
+        // checked region, read by a volatile copy.
+        let desc = unsafe { core::ptr::read_volatile(d as *const SlotDesc) };
+        let avail = rx.available();
+        let mut len = desc.len as usize;
+        let slots = slots_for(desc.len);
+        if len == 0 || slots > MAX_CHAIN || slots > avail {
+            len = 0;
+        }
+        let [(a0, l0), (a1, l1)] = pieces(rx.base, RX_BUF_OFF, rx.cons, 0, len);
+        let frame: &[u8] = if l1 == 0 {
+            // SAFETY: as in `RxToken::consume`: `len` contiguous bytes
+            // inside the RX buffers, untouched by the monitor until
+            // `rx_cons` moves.
+            unsafe { core::slice::from_raw_parts(a0 as *const u8, l0) }
+        } else {
+            rx.bounce.resize(len, 0);
+            // SAFETY: as in `RxToken::consume`: both pieces inside the RX
+            // buffers; `bounce` holds `l0 + l1` bytes.
+            unsafe {
+                core::ptr::copy_nonoverlapping(a0 as *const u8, rx.bounce.as_mut_ptr(), l0);
+                core::ptr::copy_nonoverlapping(a1 as *const u8, rx.bounce.as_mut_ptr().add(l0), l1);
+            }
+            &rx.bounce[..len]
+        };
+        let r = f(frame, desc.vnet);
+        rx.cons = rx.cons.wrapping_add(slots.max(1).min(avail));
+        field(rx.base, hdr::RX_CONS).store(rx.cons, Ordering::Release);
+        rx.frames += 1;
+        rx.freed = true;
+        Some(r)
+    }
+
+    /// Build a `len`-byte frame with `f` and queue it with header `vnet`
+    /// (the monitor checks it: a header this NIC's offloads do not allow
+    /// stops the NIC). `None` if the ring has no room, or `len` is not
+    /// 1..=`MAX_GSO_FRAME` (more than `MAX_FRAME` only as a super-frame).
+    pub(crate) fn send_raw<R>(&mut self, len: usize, vnet: VnetHdr, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
+        let most = if vnet.gso_type == 0 { MAX_FRAME as usize } else { self.tx.max };
+        if self.dead || len == 0 || len > most || self.tx.ring.free() < slots_for(len as u32) {
+            self.tx.full |= !self.dead && len != 0 && len <= most;
+            return None;
+        }
+        let tx = &mut self.tx;
+        tx.frames += 1;
+        if let Some(buf) = tx.ring.chain_mut(len) {
+            let r = f(buf);
+            tx.ring.publish_built(len, vnet);
+            return Some(r);
+        }
+        let r = f(&mut tx.scratch[..len]);
+        tx.ring.publish(&[&tx.scratch[..len]], len, vnet);
+        Some(r)
+    }
+
+    /// Whether the TX ring has room for the longest frame.
+    pub(crate) fn tx_room(&self) -> bool {
+        !self.dead && self.tx.ring.free() >= MAX_CHAIN
+    }
+
+    /// The offloads this NIC may use (`wisp_abi::net::offload` bits).
+    pub(crate) fn offloads(&self) -> u64 {
+        self.tx.offloads
+    }
+}
+
 impl phy::Device for Nic {
     type RxToken<'a> = RxToken<'a>;
     type TxToken<'a> = TxToken<'a>;

@@ -1,0 +1,158 @@
+//! Links: an app that processes packets itself (a firewall, a router —
+//! ClickOS's kind of VM) takes the VM's NICs as links and moves whole
+//! Ethernet frames, with no TCP/IP stack. Frames keep the virtio-net
+//! header they came with (a super-frame of the host's stays one, its
+//! checksum left to whoever segments it), so a frame can be passed from
+//! one link to another as it is, or with its addresses rewritten.
+//!
+//! Taking the links turns the socket stack off for this VM: sockets fail
+//! with [`Error::NoDevice`](super::Error::NoDevice) after, and links cannot
+//! be taken once a socket started the stack.
+//!
+//! ```ignore
+//! let mut links = wisp::net::link::take()?;
+//! loop {
+//!     let (a, b) = links.split_at_mut(1);
+//!     let moved = a[0].recv(|frame, h| {
+//!         let h = b[0].header_for(frame, h)?;
+//!         b[0].send(frame.len(), h, |buf| buf.copy_from_slice(frame))
+//!     });
+//!     b[0].flush();
+//!     if moved.is_none() { wisp::net::link::wait(&links, 1_000_000_000); }
+//! }
+//! ```
+
+use alloc::vec::Vec;
+
+use wisp_abi::bootinfo::MAX_DEVICES;
+use wisp_abi::net::{gso, offload, vnet_flags, VnetHdr};
+use wisp_abi::DeviceKind;
+
+use super::nic::{check, Nic};
+use super::{usable, Error, Net, NetConfig, Result, NET};
+
+/// One of the VM's NICs, taken as a link.
+pub struct Link {
+    nic: Nic,
+    config: NetConfig,
+}
+
+/// A frame's virtio-net header as this library passes it on.
+pub type Header = VnetHdr;
+
+/// Take every usable NIC as a link, in device-table order (the order the
+/// VM's NICs were given in). Fails with `NoDevice` if there is none, or
+/// if the socket stack already runs.
+pub fn take() -> Result<Vec<Link>> {
+    NET.with(|n| {
+        if let Net::Up(_) = n {
+            return Err(Error::NoDevice);
+        }
+        *n = Net::Absent;
+        let info = crate::env::boot_info();
+        let count = (info.device_count as usize).min(MAX_DEVICES);
+        let mut links = Vec::new();
+        for (i, dev) in info.devices[..count].iter().enumerate() {
+            if dev.kind != DeviceKind::Net as u32 {
+                continue;
+            }
+            let config = super::decode_config(dev);
+            if !usable(&config) {
+                crate::println!("wisp: net: NIC {} ignored: unusable address configuration {:?}", i, config);
+                continue;
+            }
+            match check(dev) {
+                Ok((base, offloads)) => {
+                    let doorbell = dev.flags & wisp_abi::bootinfo::device_flags::DOORBELL != 0;
+                    links.push(Link { nic: Nic::new(i as u32, base, offloads, doorbell), config });
+                }
+                Err(why) => crate::println!("wisp: net: NIC {} ignored: {}", i, why),
+            }
+        }
+        if links.is_empty() {
+            Err(Error::NoDevice)
+        } else {
+            Ok(links)
+        }
+    })
+}
+
+impl Link {
+    /// Its address configuration (from the device table).
+    pub fn config(&self) -> NetConfig {
+        self.config
+    }
+
+    /// Whether the monitor stopped it (it then neither sends nor receives).
+    pub fn is_down(&mut self) -> bool {
+        self.nic.is_dead()
+    }
+
+    /// Whether the TX ring has room for the longest frame.
+    pub fn has_room(&self) -> bool {
+        self.nic.tx_room()
+    }
+
+    /// Whether frames wait to be received.
+    pub fn has_frames(&self) -> bool {
+        self.nic.rx_waiting()
+    }
+
+    /// Give the next received frame and its header to `f`; `None` if none
+    /// waits.
+    pub fn recv<R>(&mut self, f: impl FnOnce(&[u8], Header) -> R) -> Option<R> {
+        self.nic.recv_raw(f)
+    }
+
+    /// The header a frame received with `h` may leave this link with, or
+    /// `None` if this NIC cannot send it so (the offload it needs is not
+    /// this NIC's): no checksum validity claim, the header length of a
+    /// super-frame recomputed from `frame` (a host's counts what it had
+    /// in its linear buffer, more than the headers).
+    pub fn header_for(&self, frame: &[u8], h: Header) -> Option<Header> {
+        let offloads = self.nic.offloads();
+        let csum = h.flags & vnet_flags::NEEDS_CSUM != 0;
+        if csum && offloads & offload::CSUM == 0 {
+            return None;
+        }
+        let mut out = VnetHdr { flags: h.flags & vnet_flags::NEEDS_CSUM, ..Default::default() };
+        if csum {
+            out.csum_start = h.csum_start;
+            out.csum_offset = h.csum_offset;
+        }
+        match h.gso_type {
+            gso::NONE => Some(out),
+            gso::TCPV4 if offloads & offload::TSO4 != 0 && csum => {
+                let ihl = (*frame.get(14)? & 0xf) as usize * 4;
+                let doff = (*frame.get(14 + ihl + 12)? >> 4) as usize * 4;
+                out.gso_type = gso::TCPV4;
+                out.hdr_len = (14 + ihl + doff) as u16;
+                out.gso_size = h.gso_size;
+                Some(out)
+            }
+            _ => None,
+        }
+    }
+
+    /// Queue a `len`-byte frame built by `f`, with header `h` (see
+    /// [`header_for`](Self::header_for)); `None` if the ring has no room.
+    pub fn send<R>(&mut self, len: usize, h: Header, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
+        self.nic.send_raw(len, h, f)
+    }
+
+    /// Tell the monitor about frames queued (once per batch), and about
+    /// RX slots freed.
+    pub fn flush(&mut self) {
+        self.nic.flush();
+    }
+}
+
+/// Park until frames arrive on any of `links` or `timeout_ns` passes
+/// (whichever first); returns at once if frames wait already. Events the
+/// park brings (a stop, family signals) are acted on as the executor does.
+pub fn wait(links: &[Link], timeout_ns: u64) {
+    if links.iter().any(|l| l.nic.rx_waiting()) {
+        return;
+    }
+    crate::process::dispatch_events(crate::hypercall::idle(timeout_ns));
+}
