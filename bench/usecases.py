@@ -11,6 +11,9 @@ part run alone replaces its own results in the JSON and keeps the others'.
 - fn (bench/usecases_fn.py): the functions service, a compute function on
   a VM per call against a process per call, one at a time and under
   LightVM's open-loop overload.
+- fw (bench/usecases_fw.py): personal firewalls, 1,000 firewall VMs each
+  on a client's path against nftables chains per client, throughput and
+  a further client's ping as the active clients grow.
 
     python3 bench/usecases.py --wisp target/release/wisp --out bench/results/usecases.json [--parts jit]
 """
@@ -24,10 +27,11 @@ ROOT = os.path.dirname(BENCH)
 sys.path.insert(0, BENCH)
 import common  # noqa: E402
 import usecases_fn  # noqa: E402
+import usecases_fw  # noqa: E402
 import usecases_jit  # noqa: E402
 import usecases_kv  # noqa: E402
 
-PARTS = {"kv": usecases_kv, "jit": usecases_jit, "fn": usecases_fn}
+PARTS = {"kv": usecases_kv, "jit": usecases_jit, "fn": usecases_fn, "fw": usecases_fw}
 
 
 def plot(doc, png):
@@ -56,6 +60,8 @@ def main():
         ap.add_argument("--clients", type=int, default=300, help="jit: arrivals per rate and peer")
         ap.add_argument("--calls", type=int, default=1000, help="fn: calls of the open loop")
         ap.add_argument("--digits", type=int, default=3000, help="fn: decimals of e each call computes")
+        ap.add_argument("--fw-vms", type=int, default=1000, help="fw: firewall VMs (and clients)")
+        ap.add_argument("--fw-seconds", type=float, default=5, help="fw: seconds of traffic per level and peer")
     args = common.bench_args(__doc__, os.path.join(ROOT, "bench/results/usecases.json"), plot, extra)
     if args is None:
         return

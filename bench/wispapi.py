@@ -133,7 +133,7 @@ def boot_to_first_line(api, body):
 class Daemon:
     """A private wispd for one benchmark run (own socket and state dir)."""
 
-    def __init__(self, wispd, images, pool="16M=8", root=None, extra=(), tmpfs=False):
+    def __init__(self, wispd, images, pool="16M=8", root=None, extra=(), tmpfs=False, netns=None):
         import os
         import subprocess
         import tempfile
@@ -147,8 +147,10 @@ class Daemon:
             subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", self.root], check=True)
         self.socket = os.path.join(self.root, "wispd.sock")
         self.log = open(os.path.join(self.root, "wispd.log"), "w")
+        # In network namespace `netns` (a name under /run/netns), if given.
+        inside = ["ip", "netns", "exec", netns] if netns else []
         self.proc = subprocess.Popen(
-            [wispd, "--socket", self.socket, "--state-dir", os.path.join(self.root, "state"),
+            inside + [wispd, "--socket", self.socket, "--state-dir", os.path.join(self.root, "state"),
              "--images", images, "--pool", pool] + list(extra),
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
         deadline = time.time() + 20

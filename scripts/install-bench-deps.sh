@@ -13,9 +13,10 @@
 #   wrk, nginx-light         bench/cache.py's client and its nginx peers (the package's own service is not used)
 #   time                     bench/cdnsim.py's peak memory (/usr/bin/time -v)
 #   redis-server, redis-tools  bench/usecases.py's peer and its client (redis-benchmark; the package's own service is not used)
+#   nftables                 bench/usecases.py's firewall peer (nft rules per client)
 set -eu
 
-PKGS="qemu-system-x86 linux-image-cloud-amd64 busybox-static crun util-linux gcc libc6-dev python3 python3-matplotlib iperf3 wrk nginx-light time redis-server redis-tools"
+PKGS="qemu-system-x86 linux-image-cloud-amd64 busybox-static crun util-linux gcc libc6-dev python3 python3-matplotlib iperf3 wrk nginx-light time redis-server redis-tools nftables"
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "install-bench-deps: run as root" >&2
