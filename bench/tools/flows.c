@@ -3,9 +3,12 @@
  * active client, so 1,000 clients cost one process, not 2,000 iperf3s.
  *
  *   flows sink PORT N
- *       Accept N connections on PORT (any address), read them all until
- *       each closes, then print "sink BYTES FIRST_NS LAST_NS": the bytes
- *       received and when the first and last of them came (monotonic).
+ *       Accept connections on PORT (any address) and read them until N of
+ *       them closed, or until a line on standard input says the senders
+ *       are done and every connection accepted has closed (2 s at most
+ *       after that line); then print "sink BYTES FIRST_NS LAST_NS
+ *       ACCEPTED": the bytes received, when the first and last of them
+ *       came (monotonic), and how many connections came.
  *   flows send SECONDS BITS_PER_S ADDR PORT NETNS...
  *       One connection to ADDR:PORT from each network namespace named
  *       (/run/netns/NAME; the socket is made inside it), each paced at
@@ -50,14 +53,22 @@ static int sink(int port, int n) {
     int ep = epoll_create1(0);
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = l};
     epoll_ctl(ep, EPOLL_CTL_ADD, l, &ev);
+    struct epoll_event in = {.events = EPOLLIN, .data.fd = 0};
+    epoll_ctl(ep, EPOLL_CTL_ADD, 0, &in);
     static char buf[1 << 16];
-    uint64_t bytes = 0, first = 0, last = 0;
+    uint64_t bytes = 0, first = 0, last = 0, done_at = 0;
     int accepted = 0, closed = 0;
     struct epoll_event evs[256];
-    while (closed < n) {
-        int k = epoll_wait(ep, evs, 256, -1);
+    while (closed < n && !(done_at && (closed == accepted || now() > done_at + 2000000000ull))) {
+        int k = epoll_wait(ep, evs, 256, done_at ? 100 : -1);
         for (int i = 0; i < k; i++) {
             int fd = evs[i].data.fd;
+            if (fd == 0) {
+                char line[64];
+                if (read(0, line, sizeof line) <= 0 || !done_at) done_at = now();
+                epoll_ctl(ep, EPOLL_CTL_DEL, 0, NULL);
+                continue;
+            }
             if (fd == l) {
                 int c = accept4(l, NULL, NULL, SOCK_NONBLOCK);
                 if (c < 0) continue;
@@ -83,8 +94,7 @@ static int sink(int port, int n) {
             }
         }
     }
-    (void)accepted;
-    printf("sink %llu %llu %llu\n", (unsigned long long)bytes, (unsigned long long)first, (unsigned long long)last);
+    printf("sink %llu %llu %llu %d\n", (unsigned long long)bytes, (unsigned long long)first, (unsigned long long)last, accepted);
     return 0;
 }
 

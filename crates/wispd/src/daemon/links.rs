@@ -134,12 +134,16 @@ fn fmt(a: [u8; 4]) -> std::net::Ipv4Addr {
 }
 
 /// Bring `ifname` up in network namespace `ns`: from a thread that moves
-/// into it (a netlink socket belongs to its maker's namespace), the
-/// daemon's own threads staying where they are.
+/// into it (a netlink socket belongs to its maker's namespace, and
+/// `/proc/sys/net` shows the opener's), the daemon's own threads staying
+/// where they are. IPv6 is off on it first: the VM routes IPv4 only, and
+/// the kernel would spend an address, neighbour discovery and router
+/// solicitations on a link that carries none.
 fn up_inside(ns: &std::fs::File, ifname: &str) -> std::io::Result<()> {
     std::thread::scope(|s| {
         s.spawn(|| {
             rustix::thread::move_into_link_name_space(ns.as_fd(), Some(rustix::thread::LinkNameSpaceType::Network))?;
+            let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6"), "1");
             Netlink::open()?.set_up_by_name(ifname)
         })
         .join()

@@ -27,9 +27,13 @@ wisp::main!(
 
 /// Frames taken from a link before the other is looked at.
 const BATCH: usize = 64;
-/// How long an idle loop keeps looking at the rings before it parks: the
-/// next frame of a flow usually comes sooner than a park and wake-up.
-const SPIN_NS: u64 = 50_000;
+/// How long an idle loop keeps looking at the rings before it parks, at
+/// most (adaptive, as Linux's halt polling: a frame within the window
+/// doubles it, a window spent for nothing halves it). Frames that come
+/// closer together than a park and wake-up cost are caught spinning; a
+/// client's frames a millisecond apart cost no spinning at all.
+const SPIN_MAX_NS: u64 = 50_000;
+const SPIN_MIN_NS: u64 = 500;
 /// Longest park (the gateway's address is asked for again after it, if
 /// still unknown).
 const PARK_NS: u64 = 1_000_000_000;
@@ -82,6 +86,7 @@ fn main() -> i32 {
     wisp::println!("firewall: up, uplink {}/{}, client's link {}/{}, {} rules", up.ip, up.prefix, cl.ip, cl.prefix, n);
     let mut asked = 0u64;
     let mut idle_since = None;
+    let mut window = SPIN_MIN_NS;
     loop {
         let now = monotonic_ns();
         // The gateway, until it is known (and again a park later).
@@ -98,15 +103,18 @@ fn main() -> i32 {
         }
         keep(&fw.stats);
         if moved > 0 {
-            idle_since = None;
+            if idle_since.take().is_some() {
+                window = (window * 2).min(SPIN_MAX_NS);
+            }
             continue;
         }
         let since = *idle_since.get_or_insert(now);
-        if now - since < SPIN_NS {
+        if now - since < window {
             core::hint::spin_loop();
             continue;
         }
         idle_since = None;
+        window = (window / 2).max(SPIN_MIN_NS);
         link::wait(&links, PARK_NS);
     }
 }
