@@ -68,6 +68,11 @@ pub mod device_flags {
     /// serve doorbells (older guests ignore it and use the notify
     /// hypercall, which stays).
     pub const DOORBELL: u32 = 1 << 16;
+    /// A NIC whose queued TX frames the monitor sends when the vCPU parks
+    /// (the idle hypercall), before it sleeps: a guest about to park may
+    /// leave a kick by exit (`wisp_abi::net::hdr::KICK_EXIT`) to the park
+    /// instead of paying two exits. Older guests ignore it.
+    pub const PARK_SENDS: u32 = 1 << 17;
 }
 
 /// One entry of the device table. The meaning of `base`, `size` and `params`

@@ -59,6 +59,14 @@ pub trait Device: Send {
     fn park_begins(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
+    /// The vCPU is about to park (the idle hypercall), before it looks at
+    /// its events: send what the guest left for the park (a NIC's queued
+    /// frames, `device_flags::PARK_SENDS`).
+    fn before_park(&self) {}
+    /// Further `wisp_abi::bootinfo::device_flags` of its entry.
+    fn flags(&self) -> u32 {
+        0
+    }
     /// The park that [`Device::park_begins`] announced ended after
     /// `parked`, `woken` by its bell or a descriptor (else by its
     /// deadline): serve the device on this thread if that brings the guest
@@ -148,7 +156,7 @@ impl Devices {
     /// The boot-info entry of device `index`.
     pub(crate) fn entry(&self, index: usize) -> Option<DeviceDesc> {
         let (d, base) = self.list.get(index)?;
-        let flags = wisp_abi::bootinfo::device_flags::DOORBELL;
+        let flags = wisp_abi::bootinfo::device_flags::DOORBELL | d.flags();
         Some(DeviceDesc { kind: d.kind() as u32, flags, base: *base, size: d.region_size(), params: d.params() })
     }
 
@@ -271,6 +279,13 @@ impl Devices {
     /// [`Device::park_begins`]).
     pub(crate) fn park_begins(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
         self.list.iter().filter_map(|(d, _)| d.park_begins()).collect()
+    }
+
+    /// The vCPU is about to park (see [`Device::before_park`]).
+    pub(crate) fn before_park(&self) {
+        for (d, _) in &self.list {
+            d.before_park();
+        }
     }
 
     /// The park ended (see [`Device::park_ended`]).

@@ -316,6 +316,19 @@ impl Device for Nic {
         }
     }
 
+    fn flags(&self) -> u32 {
+        wisp_abi::bootinfo::device_flags::PARK_SENDS
+    }
+
+    fn before_park(&self) {
+        if let NicState::Running(r) = &self.state {
+            // What the guest queued and left for the park (`PARK_SENDS`):
+            // unless the I/O thread is at the rings right now (then it
+            // sends them).
+            r.serve_here(false, false);
+        }
+    }
+
     fn park_ended(&self, woken: bool, parked: Duration) {
         if let NicState::Running(r) = &self.state {
             r.park_watch.end();

@@ -140,6 +140,9 @@ impl Vm {
         if let Some(w) = self.devices.window() {
             w.reap_at_park();
         }
+        // Before the events are looked at: a pass that brings frames posts
+        // NET, and the park returns at once.
+        self.devices.before_park();
         let bell = self.control.bell();
         let seq = bell.seq.load(Ordering::Acquire);
         let pending = self.control.take_events();

@@ -99,7 +99,7 @@ fn main() -> i32 {
         }
         let moved = pass(&mut fw, &mut links, Port::Client, now) + pass(&mut fw, &mut links, Port::Uplink, now);
         for l in links.iter_mut() {
-            l.flush();
+            l.flush_before_wait();
         }
         keep(&fw.stats);
         if moved > 0 {
@@ -115,7 +115,9 @@ fn main() -> i32 {
         }
         idle_since = None;
         window = (window / 2).max(SPIN_MIN_NS);
-        link::wait(&links, PARK_NS);
+        // Woken by frames; by the clock only while the gateway is unknown.
+        let timeout = if fw.uplink.gateway.is_some_and(|g| fw.uplink.neighbour(g).is_none()) { PARK_NS } else { u64::MAX };
+        link::wait(&mut links, timeout);
     }
 }
 

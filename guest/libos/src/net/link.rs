@@ -18,7 +18,7 @@
 //!         b[0].send(frame.len(), h, |buf| buf.copy_from_slice(frame))
 //!     });
 //!     b[0].flush();
-//!     if moved.is_none() { wisp::net::link::wait(&links, 1_000_000_000); }
+//!     if moved.is_none() { wisp::net::link::wait(&mut links, 1_000_000_000); }
 //! }
 //! ```
 
@@ -64,7 +64,8 @@ pub fn take() -> Result<Vec<Link>> {
             match check(dev) {
                 Ok((base, offloads)) => {
                     let doorbell = dev.flags & wisp_abi::bootinfo::device_flags::DOORBELL != 0;
-                    links.push(Link { nic: Nic::new(i as u32, base, offloads, doorbell), config });
+                    let park_sends = dev.flags & wisp_abi::bootinfo::device_flags::PARK_SENDS != 0;
+                    links.push(Link { nic: Nic::new(i as u32, base, offloads, doorbell, park_sends), config });
                 }
                 Err(why) => crate::println!("wisp: net: NIC {} ignored: {}", i, why),
             }
@@ -145,14 +146,25 @@ impl Link {
     pub fn flush(&mut self) {
         self.nic.flush();
     }
+
+    /// As [`flush`](Self::flush), for a caller that parks ([`wait`]) next
+    /// unless more frames come: where the monitor sends queued frames at a
+    /// park, a kick that would cost an exit is left to it (for 50 µs at
+    /// most: a later flush pays it then).
+    pub fn flush_before_wait(&mut self) {
+        self.nic.flush_lazy();
+    }
 }
 
 /// Park until frames arrive on any of `links` or `timeout_ns` passes
 /// (whichever first); returns at once if frames wait already. Events the
 /// park brings (a stop, family signals) are acted on as the executor does.
-pub fn wait(links: &[Link], timeout_ns: u64) {
+pub fn wait(links: &mut [Link], timeout_ns: u64) {
     if links.iter().any(|l| l.nic.rx_waiting()) {
         return;
+    }
+    for l in links.iter_mut() {
+        l.nic.parking();
     }
     crate::process::dispatch_events(crate::hypercall::idle(timeout_ns));
 }

@@ -126,12 +126,20 @@ fn checksums_hold(frame: &[u8]) -> bool {
     }
 }
 
+/// Longest a kick is left for the park (`Nic::flush_lazy`).
+pub(crate) const LAZY_KICK_NS: u64 = 50_000;
+
 /// The NIC's rings.
 pub(crate) struct Nic {
     /// Index of the NIC in the device table (for its `notify` kicks).
     index: u32,
     /// The monitor serves its doorbell (kicks without an exit, where KVM helps).
     doorbell: bool,
+    /// The monitor sends queued TX frames when the vCPU parks
+    /// (`device_flags::PARK_SENDS`).
+    park_sends: bool,
+    /// A kick by exit left for the park (`flush_lazy`), since when.
+    owed_since: Option<u64>,
     rx: Rx,
     tx: Tx,
     /// The monitor stopped the NIC (or broke the ring rules): never touch
@@ -278,7 +286,7 @@ impl Nic {
     /// The NIC described by device-table entry `index` (already `check`ed,
     /// `base` being its region, `offloads` what it may use, `doorbell`
     /// whether the monitor serves its doorbell).
-    pub(crate) fn new(index: u32, base: u64, offloads: u64, doorbell: bool) -> Nic {
+    pub(crate) fn new(index: u32, base: u64, offloads: u64, doorbell: bool, park_sends: bool) -> Nic {
         // The indices may not start at zero (the monitor owns their initial
         // values): continue from wherever they are.
         let rx_cons = field(base, hdr::RX_CONS).load(Ordering::Acquire);
@@ -288,6 +296,8 @@ impl Nic {
         Nic {
             index,
             doorbell,
+            park_sends,
+            owed_since: None,
             rx: Rx { base, cons: rx_cons, frames: 0, freed: false, bounce: Vec::new() },
             tx: Tx {
                 ring: TxRing { base, prod: tx_prod, queued: 0 },
@@ -346,10 +356,27 @@ impl Nic {
     /// thread if frames were queued while it sleeps, or RX slots were
     /// freed while it waits for them — once per batch, never per frame.
     pub(crate) fn flush(&mut self) {
+        self.flush_with(false);
+    }
+
+    /// As [`flush`](Self::flush), but a kick by exit is left for the park
+    /// when the monitor sends at parks (`PARK_SENDS`), for at most
+    /// [`LAZY_KICK_NS`]: for a caller that parks next, unless more frames
+    /// keep it busy (then a later flush kicks). One exit a frame, not two.
+    pub(crate) fn flush_lazy(&mut self) {
+        self.flush_with(true);
+    }
+
+    /// The vCPU parks now: a kick left for it is paid.
+    pub(crate) fn parking(&mut self) {
+        self.owed_since = None;
+    }
+
+    fn flush_with(&mut self, lazy: bool) {
         if self.dead {
             return;
         }
-        let queued = core::mem::take(&mut self.tx.ring.queued) != 0;
+        let queued = core::mem::take(&mut self.tx.ring.queued) != 0 || self.owed_since.is_some();
         let freed = core::mem::take(&mut self.rx.freed);
         if !queued && !freed {
             return;
@@ -368,6 +395,19 @@ impl Nic {
             // exit sends them before we run on, where the doorbell would
             // only wake its thread (`kick_exit` in `wisp_abi::net`).
             let exit = tx_kick && field(base, hdr::KICK_EXIT).load(Ordering::Acquire) == 1;
+            let rx_kick = freed && field(base, hdr::RX_WAIT).load(Ordering::Acquire) == 1;
+            if exit && lazy && self.park_sends && !rx_kick {
+                let now = crate::time::monotonic_ns();
+                match self.owed_since {
+                    None => {
+                        self.owed_since = Some(now);
+                        return;
+                    }
+                    Some(t) if now.saturating_sub(t) < LAZY_KICK_NS => return,
+                    Some(_) => {}
+                }
+            }
+            self.owed_since = None;
             if self.doorbell && !exit {
                 crate::hypercall::doorbell(self.index);
             } else {
