@@ -15,7 +15,7 @@ LIBS := build/libs
 RUST_LLD = $(shell rustc --print sysroot)/lib/rustlib/$(shell rustc -vV | sed -n 's/^host: //p')/bin/rust-lld
 WISP := target/release/wisp
 
-.PHONY: all deps host guest libs run test fuzz bench-boot bench-net bench-density bench-fork bench-app bench-cache bench-cdnsim bench-snapshot bench-libs bench-usecases demo-cache demo-migrate clean
+.PHONY: all deps host guest libs run test fuzz bench-boot bench-net bench-density bench-fork bench-app bench-cache bench-cdnsim bench-snapshot bench-libs bench-usecases demo-cache demo-migrate demo-firewall clean
 N ?= 10000
 
 all: host guest libs
@@ -121,6 +121,9 @@ demo-cache: all
 
 demo-migrate: all
 	scripts/demo-migrate.sh
+
+demo-firewall: all
+	scripts/demo-firewall.sh
 
 bench-app: all
 	python3 bench/app.py --wisp $(WISP) --out bench/results/app.json
