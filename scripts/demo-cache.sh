@@ -26,13 +26,7 @@ $W shfs add "$work/cache.img" docs >/dev/null
 $W shfs info "$work/cache.img"
 
 echo "== a cache VM serving it (wispd in network namespace $ns)"
-ip netns add "$ns"
-ip netns exec "$ns" ip link set lo up
-ip netns exec "$ns" "$D" --socket "$work/wispd.sock" --state-dir "$work/state" \
-    --subnet 10.123.0.0/24 --bridge wisp0 --pool 64M=1 >"$work/wispd.log" 2>&1 &
-pid=$!
-for _ in $(seq 200); do [ -S "$work/wispd.sock" ] && break; sleep 0.05; done
-export WISP_SOCKET=$work/wispd.sock
+start_wispd "$ns" 10.123.0.0/24 64M=1
 id=$($W run -d --net -p 8080:80 --volume "$work/cache.img:ro" --mem 64M cache)
 for _ in $(seq 200); do $W logs "$id" | grep -q "cache: serving" && break; sleep 0.05; done
 $W logs "$id"

@@ -9,3 +9,16 @@ end_pidns() {
     done
     true
 }
+
+# wispd of this demo in network namespace $1 (made here, loopback up), its
+# bridge wisp0 on subnet $2, a pool of $3; sets $pid and WISP_SOCKET once
+# its socket is there.
+start_wispd() {
+    ip netns add "$1"
+    ip netns exec "$1" ip link set lo up
+    ip netns exec "$1" "$D" --socket "$work/wispd.sock" --state-dir "$work/state" \
+        --subnet "$2" --bridge wisp0 --pool "$3" >"$work/wispd.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 200); do [ -S "$work/wispd.sock" ] && break; sleep 0.05; done
+    export WISP_SOCKET=$work/wispd.sock
+}

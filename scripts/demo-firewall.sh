@@ -26,15 +26,9 @@ cleanup() {
 trap cleanup EXIT
 
 echo "== wispd in network namespace $ns; a client in $client"
-ip netns add "$ns"
-ip netns exec "$ns" ip link set lo up
+start_wispd "$ns" 10.124.0.0/24 16M=1
 ip netns add "$client"
 ip netns exec "$client" ip link set lo up
-ip netns exec "$ns" "$D" --socket "$work/wispd.sock" --state-dir "$work/state" \
-    --subnet 10.124.0.0/24 --bridge wisp0 --pool 16M=1 >"$work/wispd.log" 2>&1 &
-pid=$!
-for _ in $(seq 200); do [ -S "$work/wispd.sock" ] && break; sleep 0.05; done
-export WISP_SOCKET=$work/wispd.sock
 
 cat >"$work/rules" <<'EOF'
 # the client may browse, and nothing else

@@ -189,6 +189,48 @@ impl Rx {
     fn available(&self) -> u32 {
         field(self.base, hdr::RX_PROD).load(Ordering::Acquire).wrapping_sub(self.cons)
     }
+
+    /// Give the chain at `rx_cons` (a frame is waiting: `available` > 0)
+    /// and its header to `f`, then hand the chain back to the monitor. A
+    /// length the ABI does not allow (a monitor bug) gives an empty frame.
+    fn take<R>(&mut self, f: impl FnOnce(&[u8], VnetHdr) -> R) -> R {
+        let d = desc_addr(self.base, RX_DESC_OFF, self.cons);
+        // SAFETY: the caller saw `rx_prod` (acquire) past `rx_cons`, so the
+        // monitor has finished writing this chain's descriptor and buffers
+        // and will not touch them again until we advance `rx_cons`. The
+        // descriptor lies inside the region `check` validated, 16-byte
+        // aligned; a volatile copy, no reference into shared memory.
+        let desc = unsafe { core::ptr::read_volatile(d as *const SlotDesc) };
+        let avail = self.available();
+        let mut len = desc.len as usize;
+        let slots = slots_for(desc.len);
+        if len == 0 || slots > MAX_CHAIN || slots > avail {
+            len = 0;
+        }
+        let [(a0, l0), (a1, l1)] = pieces(self.base, RX_BUF_OFF, self.cons, 0, len);
+        let frame: &[u8] = if l1 == 0 {
+            // SAFETY: as above, the chain's `len` bytes are contiguous
+            // (no wrap) inside the RX buffers; the monitor leaves them
+            // alone until we publish `rx_cons` below, after `f` is done.
+            unsafe { core::slice::from_raw_parts(a0 as *const u8, l0) }
+        } else {
+            self.bounce.resize(len, 0);
+            // SAFETY: as above; the two pieces lie inside the RX buffers
+            // and `bounce` holds `l0 + l1` bytes.
+            unsafe {
+                core::ptr::copy_nonoverlapping(a0 as *const u8, self.bounce.as_mut_ptr(), l0);
+                core::ptr::copy_nonoverlapping(a1 as *const u8, self.bounce.as_mut_ptr().add(l0), l1);
+            }
+            &self.bounce[..len]
+        };
+        let r = f(frame, desc.vnet);
+        // Done with the chain: hand it back.
+        self.cons = self.cons.wrapping_add(slots.max(1).min(avail));
+        field(self.base, hdr::RX_CONS).store(self.cons, Ordering::Release);
+        self.frames += 1;
+        self.freed = true;
+        r
+    }
 }
 
 impl TxRing {
@@ -427,41 +469,7 @@ impl Nic {
         if self.dead || self.rx.available() == 0 {
             return None;
         }
-        let rx = &mut self.rx;
-        let d = desc_addr(rx.base, RX_DESC_OFF, rx.cons);
-        // SAFETY: as in `RxToken::consume`: the monitor published this
-        // chain (acquire load in `available`) and leaves it alone until
-        // `rx_cons` moves past it below; the descriptor is inside the
-        // checked region, read by a volatile copy.
-        let desc = unsafe { core::ptr::read_volatile(d as *const SlotDesc) };
-        let avail = rx.available();
-        let mut len = desc.len as usize;
-        let slots = slots_for(desc.len);
-        if len == 0 || slots > MAX_CHAIN || slots > avail {
-            len = 0;
-        }
-        let [(a0, l0), (a1, l1)] = pieces(rx.base, RX_BUF_OFF, rx.cons, 0, len);
-        let frame: &[u8] = if l1 == 0 {
-            // SAFETY: as in `RxToken::consume`: `len` contiguous bytes
-            // inside the RX buffers, untouched by the monitor until
-            // `rx_cons` moves.
-            unsafe { core::slice::from_raw_parts(a0 as *const u8, l0) }
-        } else {
-            rx.bounce.resize(len, 0);
-            // SAFETY: as in `RxToken::consume`: both pieces inside the RX
-            // buffers; `bounce` holds `l0 + l1` bytes.
-            unsafe {
-                core::ptr::copy_nonoverlapping(a0 as *const u8, rx.bounce.as_mut_ptr(), l0);
-                core::ptr::copy_nonoverlapping(a1 as *const u8, rx.bounce.as_mut_ptr().add(l0), l1);
-            }
-            &rx.bounce[..len]
-        };
-        let r = f(frame, desc.vnet);
-        rx.cons = rx.cons.wrapping_add(slots.max(1).min(avail));
-        field(rx.base, hdr::RX_CONS).store(rx.cons, Ordering::Release);
-        rx.frames += 1;
-        rx.freed = true;
-        Some(r)
+        Some(self.rx.take(f))
     }
 
     /// Build a `len`-byte frame with `f` and queue it with header `vnet`
@@ -552,45 +560,10 @@ pub(crate) struct RxToken<'a> {
 
 impl phy::RxToken for RxToken<'_> {
     fn consume<R, F: FnOnce(&[u8]) -> R>(self, f: F) -> R {
-        let rx = self.rx;
-        let d = desc_addr(rx.base, RX_DESC_OFF, rx.cons);
-        // SAFETY: `receive` saw `rx_prod` (acquire) past `rx_cons`, so the
-        // monitor has finished writing this chain's descriptor and buffers
-        // and will not touch them again until we advance `rx_cons`. The
-        // descriptor lies inside the region `check` validated, 16-byte
-        // aligned; a volatile copy, no reference into shared memory.
-        let desc = unsafe { core::ptr::read_volatile(d as *const SlotDesc) };
-        let avail = rx.available();
-        let mut len = desc.len as usize;
-        let slots = slots_for(desc.len);
-        // A length the ABI does not allow is a monitor bug: drop the frame.
-        if len == 0 || slots > MAX_CHAIN || slots > avail {
-            len = 0;
-        }
-        let [(a0, l0), (a1, l1)] = pieces(rx.base, RX_BUF_OFF, rx.cons, 0, len);
-        let frame: &[u8] = if l1 == 0 {
-            // SAFETY: as above, the chain's `len` bytes are contiguous
-            // (no wrap) inside the RX buffers; the monitor leaves them
-            // alone until we publish `rx_cons` below, after `f` is done.
-            unsafe { core::slice::from_raw_parts(a0 as *const u8, l0) }
-        } else {
-            rx.bounce.resize(len, 0);
-            // SAFETY: as above; the two pieces lie inside the RX buffers
-            // and `bounce` holds `l0 + l1` bytes.
-            unsafe {
-                core::ptr::copy_nonoverlapping(a0 as *const u8, rx.bounce.as_mut_ptr(), l0);
-                core::ptr::copy_nonoverlapping(a1 as *const u8, rx.bounce.as_mut_ptr().add(l0), l1);
-            }
-            &rx.bounce[..len]
-        };
-        let vouched = desc.vnet.flags & (vnet_flags::NEEDS_CSUM | vnet_flags::DATA_VALID) != 0;
-        let r = f(if vouched || checksums_hold(frame) { frame } else { &[] });
-        // Done with the chain: hand it back.
-        rx.cons = rx.cons.wrapping_add(slots.max(1).min(avail));
-        field(rx.base, hdr::RX_CONS).store(rx.cons, Ordering::Release);
-        rx.frames += 1;
-        rx.freed = true;
-        r
+        self.rx.take(|frame, vnet| {
+            let vouched = vnet.flags & (vnet_flags::NEEDS_CSUM | vnet_flags::DATA_VALID) != 0;
+            f(if vouched || checksums_hold(frame) { frame } else { &[] })
+        })
     }
 }
 
