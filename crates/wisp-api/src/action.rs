@@ -609,6 +609,7 @@ mod tests {
             ],
             net_rate: Some(crate::NetRate { bytes_per_sec: 1 << 20, frames_per_sec: 2000 }),
             net_peers: true,
+            links: Vec::new(),
             memory: Some(256 << 20),
             cpus: Some(1.5),
             family_limit: Some(8),

@@ -206,7 +206,8 @@ fn a_firewall_vm_is_on_the_client_path_and_enforces_its_rules() {
 
 #[test]
 fn links_and_rules_that_cannot_be_are_refused_and_leave_nothing() {
-    let d = Daemon::start_in_netns("fw-bad", "10.79.0.0/24", &[]);
+    // Link subnets anywhere in 10/8, the daemon's own VM subnet included.
+    let d = Daemon::start_in_netns("fw-bad", "10.79.0.0/24", &["--link-subnets", "10.0.0.0/8"]);
     let c = Client::new("b");
     let dir = fresh_dir("fw-bad");
     let (good, bad) = (dir.join("good"), dir.join("bad"));
@@ -231,9 +232,19 @@ fn links_and_rules_that_cannot_be_are_refused_and_leave_nothing() {
     let o = d.wisp(&["run", "--net", "--file", &file(&good), "firewall"]);
     assert!(!o.status.success() && out(&o).contains("('client')"), "{}", out(&o));
 
+    // Only inside the daemon's link subnets: no request routes the host's
+    // own networks through a VM.
+    let o = run(&format!("{}=192.168.77.1/30", c.name), &good);
+    assert!(!o.status.success() && out(&o).contains("outside the daemon's link subnets 10.0.0.0/8"), "{}", out(&o));
+
     // A subnet is one VM's; a namespace's name one link's.
     let o = d.wisp(&["run", "-d", "--name", "one", "--link", &format!("{}=10.201.0.1/30", c.name), "--file", &file(&good), "firewall"]);
     assert!(o.status.success(), "{}", out(&o));
+    // Not saved nor moved (a restore gets one NIC; the taps are this host's).
+    let snap = dir.join("one.snap");
+    let o = d.wisp(&["snapshot", "one", snap.to_str().unwrap()]);
+    assert!(!o.status.success() && out(&o).contains("a VM with links cannot be saved yet"), "{}", out(&o));
+    assert!(!snap.exists());
     let o = run(&format!("{}:eth1=10.201.0.1/29", c.name), &good);
     assert!(!o.status.success() && out(&o).contains("overlaps a link of VM"), "{}", out(&o));
     let o = run(&format!("{}=10.202.0.1/30", c.name), &good);

@@ -71,6 +71,11 @@ struct Cli {
     /// VM subnet; the bridge takes its first address.
     #[arg(long, value_parser = parse_subnet, default_value = "10.99.0.0/24")]
     subnet: ([u8; 4], u8),
+    /// Where VMs' links (`wisp run --link`) may have their subnets: the
+    /// host routes a link's subnet through its VM, so only addresses set
+    /// aside for clients behind VMs belong here, never the host's own.
+    #[arg(long, value_parser = parse_subnet, default_value = "10.192.0.0/10")]
+    link_subnets: ([u8; 4], u8),
     /// Most VMs running at once, created and forked (more are answered 429).
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     max_vms: u32,
@@ -274,6 +279,7 @@ fn run(cli: Cli) -> Result<(), String> {
         image_dirs: image_dirs(cli.images),
         bridge: cli.bridge.clone(),
         subnet: cli.subnet,
+        link_subnets: cli.link_subnets,
         quotas,
         max_pool_shells: cli.max_pool_shells,
         image_cache_bytes: cli.image_cache,

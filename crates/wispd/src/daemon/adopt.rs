@@ -195,6 +195,11 @@ impl Daemon {
         } else if info.exit.is_some() {
             info.state = VmState::Exited;
         }
+        if !alive && !info.links.is_empty() {
+            // Its links' routes outlived it (the daemon was down): gone now.
+            self.links.adopt(id, info.ip.as_deref(), &info.links);
+            self.links.remove(id);
+        }
         let start = rec.start.or_else(|| alive.then(|| proc_start(rec.pid)).flatten());
         let p = Proc { uid: rec.uid, pid: rec.pid, start, contained: rec.contained, hosts: None };
         if let Err(e) = self.records.register(id, p, Some(info.clone())) {
@@ -269,6 +274,9 @@ impl Daemon {
         match info.ip.as_deref().map(|ip| self.net.claim(ip)) {
             Some(Err(why)) => {
                 eprintln!("wispd: VM {id}: address not restored: {why}");
+                // Routes through an address it no longer has must not stay.
+                self.links.adopt(&id, info.ip.as_deref(), &info.links);
+                self.links.remove(&id);
                 info.ip = None;
             }
             Some(Ok(())) => self.links.adopt(&id, info.ip.as_deref(), &info.links),

@@ -273,7 +273,7 @@ impl Daemon {
         let links = match net.as_mut() {
             Some((spec, _)) if !req.links.is_empty() => {
                 undo.links = Some(worker.id.clone());
-                let made = self.links.make(&worker.id, spec.ip, self.cfg.subnet, &req.links)?;
+                let made = self.links.make(&worker.id, spec.ip, (self.cfg.subnet, self.cfg.link_subnets), &req.links)?;
                 spec.routes = made.subnets.clone();
                 Some(made)
             }

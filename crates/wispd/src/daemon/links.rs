@@ -48,11 +48,14 @@ impl Links {
     /// daemon's subnet `own`: each subnet is claimed (refused if the
     /// daemon's or another VM's), each tap moved into its namespace and
     /// up, the routes added. On failure, nothing is left.
-    pub fn make(&self, id: &str, via: [u8; 4], own: ([u8; 4], u8), links: &[LinkSpec]) -> Result<Made, ActionError> {
+    pub fn make(&self, id: &str, via: [u8; 4], (own, pool): (([u8; 4], u8), ([u8; 4], u8)), links: &[LinkSpec]) -> Result<Made, ActionError> {
         let subnets: Vec<_> = links.iter().map(|l| l.subnet().ok_or_else(|| err(format!("link address {:?} is not usable", l.address)))).collect::<Result<_, _>>()?;
         {
             let mut routed = self.routed.lock().unwrap();
             for s in &subnets {
+                if s.1 < pool.1 || !overlap(*s, pool) {
+                    return Err(err(format!("link subnet {}/{} is outside the daemon's link subnets {}/{} (wispd --link-subnets)", fmt(s.0), s.1, fmt(pool.0), pool.1)));
+                }
                 if overlap(*s, own) {
                     return Err(err(format!("link subnet {}/{} overlaps the daemon's VM subnet", fmt(s.0), s.1)));
                 }
@@ -60,7 +63,8 @@ impl Links {
                     return Err(ActionError::LinkTaken(format!("link subnet {}/{} overlaps a link of VM {other}", fmt(s.0), s.1)));
                 }
             }
-            routed.insert(id.to_string(), (Vec::new(), via));
+            // Claimed whole now: a create running meanwhile sees them.
+            routed.insert(id.to_string(), (subnets.clone(), via));
         }
         let made = self.make_claimed(id, via, links, &subnets);
         if made.is_err() {
@@ -95,14 +99,12 @@ impl Links {
                 _ => err(format!("route {}/{} via {}: {e}", fmt(s.0), s.1, fmt(via))),
             })?;
             made.subnets.push(*s);
-            if let Some(e) = self.routed.lock().unwrap().get_mut(id) {
-                e.0.push(*s);
-            }
         }
         Ok(made)
     }
 
-    /// VM `id` is gone: its routes go (its taps went with its process).
+    /// VM `id` is gone: its routes go (its taps went with its process; a
+    /// route never added is no error).
     pub fn remove(&self, id: &str) {
         let Some((subnets, via)) = self.routed.lock().unwrap().remove(id) else { return };
         if subnets.is_empty() {

@@ -83,6 +83,8 @@ pub struct Config {
     pub bridge: String,
     /// VM subnet: network address and prefix; the bridge takes host 1.
     pub subnet: ([u8; 4], u8),
+    /// Where links' subnets may lie (`wispd --link-subnets`).
+    pub link_subnets: ([u8; 4], u8),
     /// What the daemon admits.
     pub quotas: Quotas,
     /// Most shells the pool keeps, all sizes together.

@@ -226,6 +226,7 @@ mod tests {
             boot_trace: None,
             ip: Some("10.99.0.2".into()),
             ports: vec![PortMap { host: 8080, vm: 80, addr: None }],
+            links: Vec::new(),
             net_peers: false,
             parent: None,
             family: None,

@@ -115,6 +115,9 @@ impl Daemon {
             return Err(ActionError::Exited(id));
         }
         let fail = |why: String| ActionError::Snapshot { path: body.path.clone(), why };
+        if !info.links.is_empty() {
+            return Err(fail("a VM with links cannot be saved yet (a restore gets one NIC)".into()));
+        }
         let peer = crate::access::peer(client.as_fd()).map_err(|e| fail(format!("the client's credentials: {e}")))?;
         let file = crate::access::create_as(&peer, Path::new(&body.path)).map_err(|e| fail(format!("{e} (created with the client's rights, uid {})", peer.uid)))?;
         let (snap, [_, ram_bytes, held_us]) = match self.save_into(&id, &dir, info.mem, file, Request::Snapshot { incremental: body.incremental, pause: false }, &body.path) {

@@ -309,6 +309,7 @@ pub(crate) mod tests {
             boot_trace: None,
             ip: None,
             ports: vec![],
+            links: Vec::new(),
             net_peers: false,
             parent: None,
             family: None,

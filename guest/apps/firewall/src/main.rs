@@ -115,6 +115,10 @@ fn main() -> i32 {
         }
         idle_since = None;
         window = (window / 2).max(SPIN_MIN_NS);
+        if let Some(i) = links.iter_mut().position(|l| l.is_down()) {
+            wisp::println!("firewall: NIC {} was stopped by the monitor", i);
+            stop_with(3);
+        }
         // Woken by frames; by the clock only while the gateway is unknown.
         let timeout = if fw.uplink.gateway.is_some_and(|g| fw.uplink.neighbour(g).is_none()) { PARK_NS } else { u64::MAX };
         link::wait(&mut links, timeout);
@@ -166,11 +170,16 @@ fn send_copy(l: &mut Link, f: &[u8]) {
 }
 
 fn stop() {
+    stop_with(0);
+}
+
+/// Print the counters and exit with `code`.
+fn stop_with(code: i32) -> ! {
     let names = ["out", "in", "denied", "over_rate", "spoofed", "malformed", "expired", "local", "unresolved", "arp"];
     let mut line = alloc::string::String::from("firewall: counters");
     for (name, c) in names.iter().zip(&COUNTERS) {
         line.push_str(&alloc::format!(" {name} {}", c.load(Ordering::Relaxed)));
     }
     wisp::println!("{}", line);
-    wisp::exit(0);
+    wisp::exit(code)
 }

@@ -25,7 +25,7 @@
 use alloc::vec::Vec;
 
 use wisp_abi::bootinfo::MAX_DEVICES;
-use wisp_abi::net::{gso, offload, vnet_flags, VnetHdr};
+use wisp_abi::net::{gso, offload, vnet_flags, VnetHdr, MAX_FRAME, MAX_GSO_SEGS, MIN_GSO_SIZE, MTU};
 use wisp_abi::DeviceKind;
 
 use super::nic::{check, Nic};
@@ -106,29 +106,49 @@ impl Link {
     }
 
     /// The header a frame received with `h` may leave this link with, or
-    /// `None` if this NIC cannot send it so (the offload it needs is not
-    /// this NIC's): no checksum validity claim, the header length of a
-    /// super-frame recomputed from `frame` (a host's counts what it had
-    /// in its linear buffer, more than the headers).
+    /// `None` if the monitor would refuse it so (and stop the NIC): the
+    /// rules of `docs/abi.md` ("NIC"), which the host's header need not
+    /// keep (a host's `hdr_len` counts its linear buffer, its `gso_size`
+    /// may be a peer's small MSS making more than 64 segments, a frame may
+    /// be longer than this link's MTU). No checksum validity claim goes on.
     pub fn header_for(&self, frame: &[u8], h: Header) -> Option<Header> {
         let offloads = self.nic.offloads();
-        let csum = h.flags & vnet_flags::NEEDS_CSUM != 0;
-        if csum && offloads & offload::CSUM == 0 {
+        if h.flags & vnet_flags::NEEDS_CSUM == 0 {
+            return (h.gso_type == gso::NONE && frame.len() <= MAX_FRAME as usize).then(VnetHdr::default);
+        }
+        if offloads & offload::CSUM == 0 || frame.len() < 34 || frame[12..14] != [0x08, 0x00] || frame[14] >> 4 != 4 {
             return None;
         }
-        let mut out = VnetHdr { flags: h.flags & vnet_flags::NEEDS_CSUM, ..Default::default() };
-        if csum {
-            out.csum_start = h.csum_start;
-            out.csum_offset = h.csum_offset;
+        let ihl = (frame[14] & 0xf) as usize * 4;
+        let frag = u16::from_be_bytes([frame[20], frame[21]]);
+        let l4 = 14 + ihl;
+        let (offset, l4_min) = match frame[23] {
+            6 => (16, 20),
+            17 => (6, 8),
+            _ => return None,
+        };
+        if ihl < 20 || frag & 0x3fff != 0 || h.csum_start as usize != l4 || h.csum_offset != offset || l4 + l4_min > frame.len() {
+            return None;
         }
+        let mut out = VnetHdr { flags: vnet_flags::NEEDS_CSUM, csum_start: l4 as u16, csum_offset: offset, ..Default::default() };
         match h.gso_type {
-            gso::NONE => Some(out),
-            gso::TCPV4 if offloads & offload::TSO4 != 0 && csum => {
-                let ihl = (*frame.get(14)? & 0xf) as usize * 4;
-                let doff = (*frame.get(14 + ihl + 12)? >> 4) as usize * 4;
-                out.gso_type = gso::TCPV4;
-                out.hdr_len = (14 + ihl + doff) as u16;
-                out.gso_size = h.gso_size;
+            gso::NONE => (frame.len() <= MAX_FRAME as usize).then_some(out),
+            gso::TCPV4 if offloads & offload::TSO4 != 0 && offset == 16 => {
+                let hdrs = l4 + (frame[l4 + 12] >> 4) as usize * 4;
+                let total = u16::from_be_bytes([frame[16], frame[17]]) as usize;
+                let size = h.gso_size as usize;
+                let payload = frame.len().checked_sub(hdrs)?;
+                let fits = hdrs >= l4 + 20 && hdrs <= frame.len() && total == frame.len() - 14 && payload > 0;
+                if !fits || size < MIN_GSO_SIZE as usize || size > MTU as usize - (hdrs - 14) || payload.div_ceil(size) > MAX_GSO_SEGS as usize {
+                    return None;
+                }
+                if payload > size {
+                    out.gso_type = gso::TCPV4;
+                    out.hdr_len = hdrs as u16;
+                    out.gso_size = h.gso_size;
+                } else if frame.len() > MAX_FRAME as usize {
+                    return None;
+                }
                 Some(out)
             }
             _ => None,

@@ -432,29 +432,32 @@ impl Nic {
         let base = self.tx.ring.base;
         let tx_kick = queued && field(base, hdr::MONITOR_IDLE).load(Ordering::Acquire) == 1;
         let kick = tx_kick || (freed && field(base, hdr::RX_WAIT).load(Ordering::Acquire) == 1);
-        if kick {
-            // Frames for a sleeping monitor that serves exits at once: an
-            // exit sends them before we run on, where the doorbell would
-            // only wake its thread (`kick_exit` in `wisp_abi::net`).
-            let exit = tx_kick && field(base, hdr::KICK_EXIT).load(Ordering::Acquire) == 1;
-            let rx_kick = freed && field(base, hdr::RX_WAIT).load(Ordering::Acquire) == 1;
-            if exit && lazy && self.park_sends && !rx_kick {
-                let now = crate::time::monotonic_ns();
-                match self.owed_since {
-                    None => {
-                        self.owed_since = Some(now);
-                        return;
-                    }
-                    Some(t) if now.saturating_sub(t) < LAZY_KICK_NS => return,
-                    Some(_) => {}
-                }
-            }
+        if !kick {
+            // The monitor's thread is awake (or was woken): nothing owed.
             self.owed_since = None;
-            if self.doorbell && !exit {
-                crate::hypercall::doorbell(self.index);
-            } else {
-                crate::hypercall::notify(self.index);
+            return;
+        }
+        // Frames for a sleeping monitor that serves exits at once: an
+        // exit sends them before we run on, where the doorbell would
+        // only wake its thread (`kick_exit` in `wisp_abi::net`).
+        let exit = tx_kick && field(base, hdr::KICK_EXIT).load(Ordering::Acquire) == 1;
+        let rx_kick = freed && field(base, hdr::RX_WAIT).load(Ordering::Acquire) == 1;
+        if exit && lazy && self.park_sends && !rx_kick {
+            let now = crate::time::monotonic_ns();
+            match self.owed_since {
+                None => {
+                    self.owed_since = Some(now);
+                    return;
+                }
+                Some(t) if now.saturating_sub(t) < LAZY_KICK_NS => return,
+                Some(_) => {}
             }
+        }
+        self.owed_since = None;
+        if self.doorbell && !exit {
+            crate::hypercall::doorbell(self.index);
+        } else {
+            crate::hypercall::notify(self.index);
         }
     }
 }

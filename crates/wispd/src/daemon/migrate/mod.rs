@@ -143,6 +143,9 @@ impl Daemon {
         // VM meanwhile (until this returns).
         let _moving = Moving::start(self, &id)?;
         let fail = |why: String| ActionError::Migrate { to: body.to.clone(), why };
+        if !info.links.is_empty() {
+            return Err(fail("a VM with links cannot be moved yet (its links' taps live in namespaces of this host)".into()));
+        }
         let secret = self.cfg.migrate_key.clone().ok_or_else(|| fail("this daemon has no migration key (wispd --migrate-key FILE)".into()))?;
         let addr: Addr = body.to.parse().map_err(fail)?;
         let conn = Conn::connect(&addr, IO_TIMEOUT).map_err(|e| fail(e.to_string()))?;
