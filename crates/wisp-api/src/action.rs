@@ -299,8 +299,8 @@ impl CreateVm {
         if let Some(why) = self.links.iter().find_map(|l| l.invalid()) {
             return Err(InvalidCreate::Link(why));
         }
-        if self.links.len() > crate::types::MAX_LINKS {
-            return Err(InvalidCreate::Link(format!("at most {} links", crate::types::MAX_LINKS)));
+        if self.links.len() > crate::links::MAX_LINKS {
+            return Err(InvalidCreate::Link(format!("at most {} links", crate::links::MAX_LINKS)));
         }
         let subnets: Vec<_> = self.links.iter().filter_map(|l| l.subnet()).collect();
         if subnets.iter().enumerate().any(|(i, a)| subnets[..i].iter().any(|b| overlap(*a, *b))) {

@@ -6,8 +6,10 @@
 pub mod action;
 pub mod client;
 pub mod http;
+pub mod links;
 pub mod types;
 
+pub use links::*;
 pub use types::*;
 
 /// Default daemon socket.
