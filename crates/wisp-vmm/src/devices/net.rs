@@ -182,7 +182,18 @@ struct Running {
     rings: Arc<Mutex<Rings>>,
     control: Arc<Control>,
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<Result<NetStats, String>>>,
+    io: Mutex<IoThread>,
+}
+
+/// The I/O thread, started only when the NIC needs one: a stream to carry
+/// (a pass on the vCPU thread moved `HANDOVER_FRAMES` or more), budgets to
+/// wait out, a full RX ring. Until then the vCPU thread serves the rings at
+/// its parks and exits alone — and a VM whose frames come a few at a time
+/// (a firewall per client, a just-in-time service's VM) pays for no thread.
+enum IoThread {
+    NotYet(Io),
+    Started(JoinHandle<Result<NetStats, String>>),
+    Gone,
 }
 
 /// The rings' processing and the memory they live in; whoever holds the
@@ -286,6 +297,12 @@ impl Device for Nic {
         let backend: Arc<dyn Backend> = Arc::new(tapio::Tap::new(tap));
         let watchable = Arc::new(AtomicBool::new(true));
         let park_watch = Arc::new(ParkWatch::new());
+        // No I/O thread yet: the guest kicks by exit, which this thread
+        // serves, and a parked vCPU serves the frames that wake it.
+        let mut ram = ram;
+        ring.set_idle(&mut ram, true).map_err(std::io::Error::other)?;
+        ring.set_kick_exit(&mut ram, true).map_err(std::io::Error::other)?;
+        park_watch.io_blind.store(true, Ordering::Release);
         let rings = Arc::new(Mutex::new(Rings { ram, ring, failed: None }));
         let io = Io {
             rings: rings.clone(),
@@ -296,12 +313,9 @@ impl Device for Nic {
             watchable: watchable.clone(),
             park_watch: park_watch.clone(),
         };
-        let thread = std::thread::Builder::new().name("net0".into()).stack_size(256 << 10).spawn(move || {
-            crate::sys::thread_started(crate::sys::ThreadRole::Io);
-            io.run()
-        })?;
         let kick_kvm = dup_eventfd(&kick);
-        self.state = NicState::Running(Running { tap_raw, kick, kick_kvm, backend, watchable, park_watch, rings, control, stop, thread: Some(thread) });
+        let io = Mutex::new(IoThread::NotYet(io));
+        self.state = NicState::Running(Running { tap_raw, kick, kick_kvm, backend, watchable, park_watch, rings, control, stop, io });
         Ok(())
     }
 
@@ -413,8 +427,42 @@ pub(super) fn dup_eventfd(fd: &OwnedFd) -> Option<vmm_sys_util::eventfd::EventFd
 }
 
 impl Running {
+    /// Wake the I/O thread (started now if it was not).
     fn kick(&self) {
+        self.start_io();
         let _ = rustix::io::write(self.kick.as_fd(), &1u64.to_ne_bytes());
+    }
+
+    /// Start the I/O thread if it is not running. If it cannot be started
+    /// the vCPU thread goes on serving the rings alone.
+    fn start_io(&self) {
+        let Ok(mut t) = self.io.lock() else { return };
+        if !matches!(*t, IoThread::NotYet(_)) {
+            return;
+        }
+        let IoThread::NotYet(io) = std::mem::replace(&mut *t, IoThread::Gone) else { return };
+        // (The thread owns `io` once spawned; a failed spawn drops the
+        // closure, so it is built again from the shared pieces.)
+        let again = Io {
+            rings: io.rings.clone(),
+            backend: io.backend.clone(),
+            kick: io.kick.clone(),
+            stop: io.stop.clone(),
+            control: io.control.clone(),
+            watchable: io.watchable.clone(),
+            park_watch: io.park_watch.clone(),
+        };
+        let spawned = std::thread::Builder::new().name("net0".into()).stack_size(256 << 10).spawn(move || {
+            crate::sys::thread_started(crate::sys::ThreadRole::Io);
+            io.run()
+        });
+        *t = match spawned {
+            Ok(h) => {
+                self.park_watch.io_blind.store(false, Ordering::Release);
+                IoThread::Started(h)
+            }
+            Err(_) => IoThread::NotYet(again),
+        };
     }
 
     /// One pass over the rings on the vCPU thread (after an idle park, or
@@ -482,8 +530,22 @@ impl Running {
 
     fn shutdown(&mut self) -> Option<Result<NetStats, String>> {
         self.stop.store(true, Ordering::Release);
-        self.kick();
-        self.thread.take().and_then(|t| t.join().ok())
+        let io = std::mem::replace(&mut *self.io.lock().ok()?, IoThread::Gone);
+        match io {
+            IoThread::Started(h) => {
+                let _ = rustix::io::write(self.kick.as_fd(), &1u64.to_ne_bytes());
+                h.join().ok()
+            }
+            // Never needed: the counters are the rings'.
+            IoThread::NotYet(_) => {
+                let g = self.rings.lock().ok()?;
+                Some(match &g.failed {
+                    Some(why) => Err(why.clone()),
+                    None => Ok(g.ring.stats()),
+                })
+            }
+            IoThread::Gone => None,
+        }
     }
 }
 
