@@ -251,6 +251,23 @@ pub const fn decode_ipv4(v: u64) -> ([u8; 4], u8) {
     ((v as u32).to_be_bytes(), (v >> 32) as u8)
 }
 
+/// The netmask of an IPv4 prefix of `len` bits (more than 32 count as 32).
+/// The one prefix rule of the monitor's identity filter, the daemon's
+/// subnets and links, and the firewall's rules.
+pub const fn prefix_mask(len: u8) -> u32 {
+    if len == 0 {
+        0
+    } else {
+        u32::MAX << (32 - if len > 32 { 32 } else { len }) as u32
+    }
+}
+
+/// Whether IPv4 address `a` lies in the prefix `net`/`len`.
+pub const fn in_prefix(a: [u8; 4], (net, len): ([u8; 4], u8)) -> bool {
+    let mask = prefix_mask(len);
+    u32::from_be_bytes(a) & mask == u32::from_be_bytes(net) & mask
+}
+
 /// Encode a MAC address for `DeviceDesc::params[0]`.
 pub fn encode_mac(mac: [u8; 6]) -> u64 {
     let mut b = [0u8; 8];
@@ -267,6 +284,15 @@ pub fn decode_mac(v: u64) -> [u8; 6] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefixes_mask_their_bits_and_no_more() {
+        assert_eq!((prefix_mask(0), prefix_mask(8), prefix_mask(30), prefix_mask(32), prefix_mask(40)), (0, 0xff00_0000, 0xffff_fffc, u32::MAX, u32::MAX));
+        assert!(in_prefix([10, 200, 3, 2], ([10, 200, 3, 0], 30)));
+        assert!(!in_prefix([10, 200, 3, 4], ([10, 200, 3, 0], 30)));
+        assert!(in_prefix([8, 8, 8, 8], ([0; 4], 0)), "a default route holds everything");
+        assert!(!in_prefix([192, 168, 0, 8], ([192, 168, 0, 9], 32)));
+    }
 
     #[test]
     fn layout_is_page_aligned_and_disjoint() {

@@ -257,9 +257,7 @@ pub enum InvalidCreate {
 
 /// Whether two IPv4 prefixes share an address.
 pub fn overlap((a, la): ([u8; 4], u8), (b, lb): ([u8; 4], u8)) -> bool {
-    let len = la.min(lb).min(32);
-    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len as u32) };
-    u32::from_be_bytes(a) & mask == u32::from_be_bytes(b) & mask
+    wisp_abi::net::in_prefix(a, (b, la.min(lb)))
 }
 
 impl std::fmt::Display for InvalidCreate {

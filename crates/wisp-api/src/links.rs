@@ -4,6 +4,7 @@
 use std::net::Ipv4Addr;
 
 use serde::{Deserialize, Serialize};
+use wisp_abi::net::prefix_mask;
 
 /// A VM's further link (`CreateVm::links`): a NIC whose host end is a
 /// network device moved into network namespace `netns` (a name under
@@ -36,14 +37,15 @@ impl LinkSpec {
         let (a, len) = self.address.split_once('/')?;
         let ip: Ipv4Addr = a.parse().ok()?;
         let len: u8 = len.parse().ok().filter(|l| (8..=30).contains(l))?;
-        let host = u32::from(ip) & !(u32::MAX << (32 - len as u32));
-        (host != 0 && host != !(u32::MAX << (32 - len as u32))).then_some((ip.octets(), len))
+        let hosts = !prefix_mask(len);
+        let host = u32::from(ip) & hosts;
+        (host != 0 && host != hosts).then_some((ip.octets(), len))
     }
 
     /// The link's subnet (network address, prefix length).
     pub fn subnet(&self) -> Option<([u8; 4], u8)> {
         let (ip, len) = self.parsed()?;
-        Some(((u32::from_be_bytes(ip) & (u32::MAX << (32 - len as u32))).to_be_bytes(), len))
+        Some(((u32::from_be_bytes(ip) & prefix_mask(len)).to_be_bytes(), len))
     }
 
     /// Why the link is not one to make, if it is not.

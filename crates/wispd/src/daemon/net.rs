@@ -107,7 +107,7 @@ impl VmNet {
     /// has): refused if another VM has it; else the first free one.
     pub fn alloc_at(&self, id: &str, peers: bool, want: Option<[u8; 4]>) -> Result<(NetSpec, OwnedFd), NetError> {
         let (net, prefix) = self.subnet;
-        let base = u32::from_be_bytes(net) & (u32::MAX << (32 - prefix as u32));
+        let base = u32::from_be_bytes(net) & wisp_abi::net::prefix_mask(prefix);
         let hosts = (1u32 << (32 - prefix as u32)).saturating_sub(2);
         let bridge_err = |source| NetError::Bridge { bridge: self.bridge_name.clone(), source };
         let mut st = self.state.lock().unwrap();
@@ -214,7 +214,7 @@ impl VmNet {
     fn host_part(&self, ip: &str) -> Option<u32> {
         let a: Ipv4Addr = ip.parse().ok()?;
         let (net, prefix) = self.subnet;
-        let mask = u32::MAX << (32 - prefix as u32);
+        let mask = wisp_abi::net::prefix_mask(prefix);
         let hosts = (1u32 << (32 - prefix as u32)).saturating_sub(2);
         let host = u32::from(a) & !mask;
         (u32::from(a) & mask == u32::from_be_bytes(net) & mask && (2..=hosts).contains(&host)).then_some(host)

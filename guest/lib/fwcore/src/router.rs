@@ -29,8 +29,7 @@ pub const MAX_NEIGHBOURS: usize = 256;
 
 impl Side {
     pub fn new(mac: [u8; 6], ip: [u8; 4], prefix: u8, gateway: Option<[u8; 4]>) -> Side {
-        let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - prefix.min(32) as u32) };
-        let net = Cidr { addr: (u32::from_be_bytes(ip) & mask).to_be_bytes(), len: prefix.min(32) };
+        let net = Cidr { addr: (u32::from_be_bytes(ip) & wisp_abi::net::prefix_mask(prefix)).to_be_bytes(), len: prefix.min(32) };
         Side { mac, ip, net, gateway, neighbours: Vec::new() }
     }
 

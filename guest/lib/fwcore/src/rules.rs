@@ -23,6 +23,8 @@ use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 
+use wisp_abi::net::{in_prefix, prefix_mask};
+
 /// Most rules in a set.
 pub const MAX_RULES: usize = 1024;
 /// Longest line.
@@ -74,8 +76,7 @@ pub struct Cidr {
 
 impl Cidr {
     pub fn contains(&self, a: [u8; 4]) -> bool {
-        let mask = if self.len == 0 { 0 } else { u32::MAX << (32 - self.len as u32) };
-        u32::from_be_bytes(a) & mask == u32::from_be_bytes(self.addr) & mask
+        in_prefix(a, (self.addr, self.len))
     }
 
     /// `A.B.C.D` or `A.B.C.D/N` (no host bits set past the prefix).
@@ -86,8 +87,7 @@ impl Cidr {
         };
         let addr = parse_ipv4(a).ok_or_else(|| format!("'{s}' is no IPv4 address"))?;
         let c = Cidr { addr, len };
-        let mask = if len == 0 { 0 } else { u32::MAX << (32 - len as u32) };
-        if u32::from_be_bytes(addr) & !mask != 0 {
+        if u32::from_be_bytes(addr) & !prefix_mask(len) != 0 {
             return Err(format!("'{s}' has bits set past its /{len} prefix"));
         }
         Ok(c)
