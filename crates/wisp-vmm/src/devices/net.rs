@@ -100,12 +100,6 @@ pub struct NetStats {
     pub tx_spoofed: u64,
 }
 
-/// Whether IPv4 address `a` lies in `prefix`.
-pub fn in_prefix(a: [u8; 4], (net, len): ([u8; 4], u8)) -> bool {
-    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len.min(32) as u32) };
-    u32::from_be_bytes(a) & mask == u32::from_be_bytes(net) & mask
-}
-
 /// Whether `frame`, sent by the NIC with `mac` and IPv4 address `ip`
 /// that routes for `routes`, carries only its own identity (see the
 /// module comment): its MAC always; as IPv4 source its address or one of
@@ -123,7 +117,7 @@ pub fn own_frame(frame: &[u8], mac: [u8; 6], ip: [u8; 4], routes: &[([u8; 4], u8
         IPV4 => {
             frame.len() >= 34 && {
                 let src = [frame[26], frame[27], frame[28], frame[29]];
-                src == ip || routes.iter().any(|r| in_prefix(src, *r))
+                src == ip || routes.iter().any(|r| wisp_abi::net::in_prefix(src, *r))
             }
         }
         _ => false,
@@ -437,32 +431,16 @@ impl Running {
     /// the vCPU thread goes on serving the rings alone.
     fn start_io(&self) {
         let Ok(mut t) = self.io.lock() else { return };
-        if !matches!(*t, IoThread::NotYet(_)) {
-            return;
-        }
-        let IoThread::NotYet(io) = std::mem::replace(&mut *t, IoThread::Gone) else { return };
-        // (The thread owns `io` once spawned; a failed spawn drops the
-        // closure, so it is built again from the shared pieces.)
-        let again = Io {
-            rings: io.rings.clone(),
-            backend: io.backend.clone(),
-            kick: io.kick.clone(),
-            stop: io.stop.clone(),
-            control: io.control.clone(),
-            watchable: io.watchable.clone(),
-            park_watch: io.park_watch.clone(),
-        };
+        let IoThread::NotYet(io) = &*t else { return };
+        let io = io.clone();
         let spawned = std::thread::Builder::new().name("net0".into()).stack_size(256 << 10).spawn(move || {
             crate::sys::thread_started(crate::sys::ThreadRole::Io);
             io.run()
         });
-        *t = match spawned {
-            Ok(h) => {
-                self.park_watch.io_blind.store(false, Ordering::Release);
-                IoThread::Started(h)
-            }
-            Err(_) => IoThread::NotYet(again),
-        };
+        if let Ok(h) = spawned {
+            self.park_watch.io_blind.store(false, Ordering::Release);
+            *t = IoThread::Started(h);
+        }
     }
 
     /// One pass over the rings on the vCPU thread (after an idle park, or

@@ -51,7 +51,9 @@ impl ParkWatch {
     }
 }
 
-/// The I/O thread's state (see the module comment).
+/// The I/O thread's state (see the module comment): handles on what it
+/// shares with the vCPU thread.
+#[derive(Clone)]
 pub(super) struct Io {
     /// See `Running::rings`.
     pub(super) rings: Arc<Mutex<Rings>>,
