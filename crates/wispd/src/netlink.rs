@@ -240,9 +240,7 @@ fn route_body((dst, len): ([u8; 4], u8), via: [u8; 4]) -> Vec<u8> {
 /// RTM_NEWLINK's body for a new bridge `name`.
 fn new_bridge(name: &str) -> Vec<u8> {
     let mut body = ifinfo(0, 0, 0);
-    let mut cname = name.as_bytes().to_vec();
-    cname.push(0);
-    attr(&mut body, IFLA_IFNAME, &cname);
+    attr(&mut body, IFLA_IFNAME, &cstr(name));
     let mut info = Vec::new();
     attr(&mut info, IFLA_INFO_KIND, b"bridge");
     attr(&mut body, IFLA_LINKINFO | NLA_F_NESTED, &info);
