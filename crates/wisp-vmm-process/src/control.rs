@@ -98,12 +98,15 @@ pub(crate) fn serve_pooled(shared: &Arc<Shared>, conn: UnixStream) -> Option<(Po
                     }
                 }
             }
-            if net.is_none() && !links.is_empty() {
-                let _ = send_line(&conn, &Reply::err("further NICs need a first one"), None);
-                return None;
-            }
-            let mut nics = Vec::with_capacity(1 + links.len());
-            for n in net.into_iter().chain(links) {
+            let specs = match crate::proto::nics(net, links) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = send_line(&conn, &Reply::err(e), None);
+                    return None;
+                }
+            };
+            let mut nics = Vec::with_capacity(specs.len());
+            for n in specs {
                 match fds.next() {
                     Some(tap) => nics.push(n.into_config(tap)),
                     None => {

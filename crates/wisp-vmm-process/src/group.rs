@@ -287,10 +287,8 @@ fn serve_group(g: &Group) -> Job {
                     Reply::err("only a recycling group's VMs map libraries")
                 } else if net.is_some() && g.recycle {
                     Reply::err("a recycling group's VMs have no NIC")
-                } else if net.is_none() && !links.is_empty() {
-                    Reply::err("further NICs need a first one")
                 } else {
-                    match host(fds, image_name, client_head, data, libs, net.into_iter().chain(links).collect(), &g.last) {
+                    match crate::proto::nics(net, links).map_err(String::from).and_then(|nics| host(fds, image_name, client_head, data, libs, nics, &g.last)) {
                         Err(e) => Reply::err(e),
                         Ok((shared, listener, image, net, client, data, libraries, files)) => {
                             g.running.fetch_add(1, Ordering::AcqRel);

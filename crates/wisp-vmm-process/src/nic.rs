@@ -41,7 +41,8 @@ impl NetSpec {
             offloads: self.offloads,
             mac: self.mac,
             ip: (self.ip, self.prefix),
-            gateway: Some(self.gateway),
+            // (A link's NIC has none: 0.0.0.0.)
+            gateway: (self.gateway != [0; 4]).then_some(self.gateway),
             rate: NetRate { tx: r, rx: r },
             routes: self.routes,
         }

@@ -229,6 +229,15 @@ pub struct NetSpec {
     pub routes: Vec<([u8; 4], u8)>,
 }
 
+/// A start's or host's NICs in device order: `net`, then `links` (which
+/// need a first NIC).
+pub fn nics(net: Option<NetSpec>, links: Vec<NetSpec>) -> Result<Vec<NetSpec>, &'static str> {
+    if net.is_none() && !links.is_empty() {
+        return Err("further NICs need a first one");
+    }
+    Ok(net.into_iter().chain(links).collect())
+}
+
 /// State of the VM in a VMM process.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]

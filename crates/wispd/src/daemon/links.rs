@@ -75,7 +75,7 @@ impl Links {
 
     fn make_claimed(&self, id: &str, via: [u8; 4], links: &[LinkSpec], subnets: &[([u8; 4], u8)]) -> Result<Made, ActionError> {
         let mut nl = Netlink::open().map_err(|e| err(format!("netlink: {e}")))?;
-        let mut made = Made { specs: Vec::new(), taps: Vec::new(), subnets: Vec::new() };
+        let mut made = Made { specs: Vec::new(), taps: Vec::new(), subnets: subnets.to_vec() };
         for (k, l) in links.iter().enumerate() {
             let (ip, prefix) = l.parsed().ok_or_else(|| err(format!("link address {:?} is not usable", l.address)))?;
             let ns = std::fs::File::open(format!("/run/netns/{}", l.netns))
@@ -98,7 +98,6 @@ impl Links {
                 Some(libc::EEXIST) => ActionError::LinkTaken(format!("the host has a route to {}/{} already", fmt(s.0), s.1)),
                 _ => err(format!("route {}/{} via {}: {e}", fmt(s.0), s.1, fmt(via))),
             })?;
-            made.subnets.push(*s);
         }
         Ok(made)
     }
