@@ -90,7 +90,7 @@ fn main() -> i32 {
     loop {
         let now = monotonic_ns();
         // The gateway, until it is known (and again a park later).
-        if let Some(gw) = fw.uplink.gateway.filter(|g| fw.uplink.neighbour(*g).is_none()) {
+        if let Some(gw) = fw.gateway_unknown() {
             if now.saturating_sub(asked) >= PARK_NS || asked == 0 {
                 asked = now;
                 let q = fw.arp_request(Port::Uplink, gw);
@@ -120,7 +120,7 @@ fn main() -> i32 {
             stop_with(3);
         }
         // Woken by frames; by the clock only while the gateway is unknown.
-        let timeout = if fw.uplink.gateway.is_some_and(|g| fw.uplink.neighbour(g).is_none()) { PARK_NS } else { u64::MAX };
+        let timeout = if fw.gateway_unknown().is_some() { PARK_NS } else { u64::MAX };
         link::wait(&mut links, timeout);
     }
 }

@@ -154,6 +154,12 @@ impl Firewall {
         }
     }
 
+    /// The uplink's gateway while its MAC is not known yet (it is asked
+    /// for until it is).
+    pub fn gateway_unknown(&self) -> Option<[u8; 4]> {
+        self.uplink.gateway.filter(|g| self.uplink.neighbour(*g).is_none())
+    }
+
     /// An ARP request for `ip` out of link `p`.
     pub fn arp_request(&self, p: Port, ip: [u8; 4]) -> Vec<u8> {
         let s = self.side(p);

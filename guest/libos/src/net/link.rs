@@ -62,11 +62,7 @@ pub fn take() -> Result<Vec<Link>> {
                 continue;
             }
             match check(dev) {
-                Ok((base, offloads)) => {
-                    let doorbell = dev.flags & wisp_abi::bootinfo::device_flags::DOORBELL != 0;
-                    let park_sends = dev.flags & wisp_abi::bootinfo::device_flags::PARK_SENDS != 0;
-                    links.push(Link { nic: Nic::new(i as u32, base, offloads, doorbell, park_sends), config });
-                }
+                Ok((base, offloads)) => links.push(Link { nic: Nic::new(i as u32, base, offloads, dev.flags), config }),
                 Err(why) => crate::println!("wisp: net: NIC {} ignored: {}", i, why),
             }
         }
@@ -180,7 +176,7 @@ impl Link {
 /// (whichever first); returns at once if frames wait already. Events the
 /// park brings (a stop, family signals) are acted on as the executor does.
 pub fn wait(links: &mut [Link], timeout_ns: u64) {
-    if links.iter().any(|l| l.nic.rx_waiting()) {
+    if links.iter().any(Link::has_frames) {
         return;
     }
     for l in links.iter_mut() {

@@ -338,8 +338,7 @@ impl Stack {
                 return None;
             }
         };
-        let doorbell = dev.flags & wisp_abi::bootinfo::device_flags::DOORBELL != 0;
-        let mut nic = Nic::new(index, base, offloads, doorbell, false);
+        let mut nic = Nic::new(index, base, offloads, dev.flags);
         let now = crate::time::monotonic_ns();
         let mut config = Config::new(HardwareAddress::Ethernet(EthernetAddress(cfg.mac)));
         // Initial TCP sequence numbers and ports should differ per boot.

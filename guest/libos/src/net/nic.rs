@@ -326,9 +326,11 @@ impl Tx {
 
 impl Nic {
     /// The NIC described by device-table entry `index` (already `check`ed,
-    /// `base` being its region, `offloads` what it may use, `doorbell`
-    /// whether the monitor serves its doorbell).
-    pub(crate) fn new(index: u32, base: u64, offloads: u64, doorbell: bool, park_sends: bool) -> Nic {
+    /// `base` being its region, `offloads` what it may use, `flags` the
+    /// entry's: whether the monitor serves its doorbell, sends at parks).
+    pub(crate) fn new(index: u32, base: u64, offloads: u64, flags: u32) -> Nic {
+        use wisp_abi::bootinfo::device_flags::{DOORBELL, PARK_SENDS};
+        let (doorbell, park_sends) = (flags & DOORBELL != 0, flags & PARK_SENDS != 0);
         // The indices may not start at zero (the monitor owns their initial
         // values): continue from wherever they are.
         let rx_cons = field(base, hdr::RX_CONS).load(Ordering::Acquire);
@@ -431,7 +433,8 @@ impl Nic {
         fence(Ordering::SeqCst);
         let base = self.tx.ring.base;
         let tx_kick = queued && field(base, hdr::MONITOR_IDLE).load(Ordering::Acquire) == 1;
-        let kick = tx_kick || (freed && field(base, hdr::RX_WAIT).load(Ordering::Acquire) == 1);
+        let rx_kick = freed && field(base, hdr::RX_WAIT).load(Ordering::Acquire) == 1;
+        let kick = tx_kick || rx_kick;
         if !kick {
             // The monitor's thread is awake (or was woken): nothing owed.
             self.owed_since = None;
@@ -441,7 +444,6 @@ impl Nic {
         // exit sends them before we run on, where the doorbell would
         // only wake its thread (`kick_exit` in `wisp_abi::net`).
         let exit = tx_kick && field(base, hdr::KICK_EXIT).load(Ordering::Acquire) == 1;
-        let rx_kick = freed && field(base, hdr::RX_WAIT).load(Ordering::Acquire) == 1;
         if exit && lazy && self.park_sends && !rx_kick {
             let now = crate::time::monotonic_ns();
             match self.owed_since {
