@@ -50,13 +50,10 @@ impl LinkSpec {
 
     /// Why the link is not one to make, if it is not.
     pub fn invalid(&self) -> Option<String> {
-        let name_ok = |s: &str, most: usize| {
-            (1..=most).contains(&s.len()) && !s.starts_with('.') && !s.starts_with('-') && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
-        };
-        if !name_ok(&self.netns, 64) {
+        if !crate::valid_name(&self.netns, 64) {
             return Some(format!("link netns {:?}: a name under /run/netns (1-64 of [A-Za-z0-9_.-])", self.netns));
         }
-        if !name_ok(&self.ifname, 15) {
+        if !crate::valid_name(&self.ifname, 15) {
             return Some(format!("link ifname {:?}: an interface name (1-15 of [A-Za-z0-9_.-])", self.ifname));
         }
         if self.parsed().is_none() {

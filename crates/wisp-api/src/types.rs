@@ -155,10 +155,16 @@ impl GuestFile {
     }
 }
 
-/// Whether `t` can name a tenant: 1-64 of `[A-Za-z0-9_.-]`, not starting
-/// with `-` or `.`.
+/// Whether `s` is a name of 1 to `most` of `[A-Za-z0-9_.-]`, not starting
+/// with `-` or `.`: the rule of VM, template and tenant names, and of a
+/// link's namespace and interface.
+pub fn valid_name(s: &str, most: usize) -> bool {
+    !s.is_empty() && s.len() <= most && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) && !s.starts_with(['-', '.'])
+}
+
+/// Whether `t` can name a tenant ([`valid_name`], 64 at most).
 pub fn valid_tenant(t: &str) -> bool {
-    !t.is_empty() && t.len() <= 64 && t.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) && !t.starts_with(['-', '.'])
+    valid_name(t, 64)
 }
 
 fn is_false(b: &bool) -> bool {

@@ -49,10 +49,7 @@ pub(super) struct Extras<'a> {
 }
 
 pub(super) fn valid_name(n: &str) -> bool {
-    !n.is_empty()
-        && n.len() <= 64
-        && n.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        && !n.starts_with(['-', '.'])
+    wisp_api::valid_name(n, 64)
 }
 
 /// What a create holds so far. Dropped before [`Rollback::commit`], it
