@@ -134,9 +134,7 @@ impl Client {
     /// with (its `X-Wisp-Exit` trailer), if it came: the VMM process sends
     /// it unless a slow reader had the console streamed from its ring.
     pub fn attached_exit(&self) -> Option<ExitInfo> {
-        let code = self.http.last_header("x-wisp-exit")?.parse().ok()?;
-        let reason = self.http.last_header("x-wisp-exit-reason").unwrap_or("exited").to_string();
-        Some(ExitInfo { code, reason })
+        self.http.exit_trailer()
     }
 
     /// `GET /v1/vms`.

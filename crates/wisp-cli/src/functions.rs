@@ -202,6 +202,10 @@ impl Answer {
         Answer { status, body, json: true, headers: Vec::new(), after: None }
     }
 
+    fn text(status: u16, body: Vec<u8>) -> Answer {
+        Answer { status, body, json: false, headers: Vec::new(), after: None }
+    }
+
     fn json<T: Serialize>(status: u16, v: &T) -> Answer {
         Answer { status, body: serde_json::to_vec(v).unwrap_or_default(), json: true, headers: Vec::new(), after: None }
     }
@@ -254,7 +258,7 @@ impl Service {
                     if let Some(ep) = &f.endpoint {
                         self.remove_endpoint(ep);
                     }
-                    Answer { status: 204, body: Vec::new(), json: false, headers: Vec::new(), after: None }
+                    Answer::text(204, Vec::new())
                 }
                 None => Answer::error(404, format!("no such function: {name}")),
             },
@@ -428,9 +432,9 @@ impl Ran {
         } else if self.oom {
             Answer::error(507, format!("the call ran out of its memory ({} MiB)", limits.mem >> 20))
         } else if self.code == 0 {
-            Answer { status: 200, body: self.out, json: false, headers: Vec::new(), after: None }
+            Answer::text(200, self.out)
         } else {
-            let mut a = Answer { status: 500, body: self.out, json: false, headers: Vec::new(), after: None };
+            let mut a = Answer::text(500, self.out);
             if self.reason != "exited" {
                 a.headers.push(("X-Wisp-Exit-Reason", self.reason.replace(['\r', '\n'], " ")));
             }
@@ -478,8 +482,7 @@ fn run_recycled(socket: &str, args: &[String], limits: &Limits) -> Result<Ran, A
         let why = c.take_error().map(|r| r.error_message()).unwrap_or_default();
         return Err(Answer::error(502, format!("the function's recycler refused the call: {status} {why}")));
     }
-    let code = c.last_header("x-wisp-exit").and_then(|v| v.parse::<i32>().ok()).ok_or_else(|| Answer::error(502, "the call's exit status did not come"))?;
-    let reason = c.last_header("x-wisp-exit-reason").unwrap_or("exited").to_string();
+    let wisp_api::ExitInfo { code, reason } = c.exit_trailer().ok_or_else(|| Answer::error(502, "the call's exit status did not come"))?;
     // (A recycler's standard error is not kept: a panic in it is a panic.)
     let oom = code == OOM_CODE && reason.contains("memory allocation");
     Ok(Ran { code, reason, out, over, oom, vm: None })

@@ -309,6 +309,15 @@ impl Client {
         find_header(&self.last_headers, name)
     }
 
+    /// The exit status the last [`Client::stream`]ed VM console ended
+    /// with (`X-Wisp-Exit`, `X-Wisp-Exit-Reason`: [`super::exit_trailer`]),
+    /// if it came.
+    pub fn exit_trailer(&self) -> Option<crate::ExitInfo> {
+        let code = self.last_header("x-wisp-exit")?.parse().ok()?;
+        let reason = self.last_header("x-wisp-exit-reason").unwrap_or("exited").to_string();
+        Some(crate::ExitInfo { code, reason })
+    }
+
     /// The non-2xx response of the last [`Client::stream`] call, if any.
     pub fn take_error(&mut self) -> Option<Response> {
         self.last_error.take()
