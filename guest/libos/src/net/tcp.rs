@@ -96,6 +96,7 @@ fn new_socket(opts: &TcpOptions, live: usize) -> Option<tcp::Socket<'static>> {
             if let Some(tb) = crate::heap::try_zeroed(tx, reserve) {
                 let mut s = tcp::Socket::new(tcp::SocketBuffer::new(rb), tcp::SocketBuffer::new(tb));
                 s.set_nagle_enabled(!opts.nodelay);
+                s.set_tsval_generator(Some(tsval));
                 return Some(s);
             }
         }
@@ -104,6 +105,18 @@ fn new_socket(opts: &TcpOptions, live: usize) -> Option<tcp::Socket<'static>> {
         }
         (rx, tx) = ((rx / 2).max(rx.min(MIN_BUFFER)), (tx / 2).max(tx.min(MIN_BUFFER)));
     }
+}
+
+/// TCP timestamps (RFC 7323), offered on every connection as Linux does:
+/// a server that closed first keeps its side in TIME-WAIT, and accepts a
+/// new SYN from the same address and port only if it carries a newer
+/// timestamp (or, by chance, a higher sequence number). Without them a
+/// client that connects often (a proxy to its backend) meets its own old
+/// connections and waits a retransmission (a second) each time. The clock
+/// is the wall clock in milliseconds, so that it also grows across VMs
+/// that reuse an address.
+fn tsval() -> u32 {
+    (crate::time::wall_ns() / 1_000_000) as u32
 }
 
 /// `(address, port)` of an endpoint.
