@@ -1,0 +1,245 @@
+//! `tlsproxy BACKEND [PORT]`: TLS termination (LightVM §7.3). It listens on
+//! TCP port PORT (default 443), ends TLS 1.3 with the certificate chain in
+//! `/cert.pem` and the private key in `/key.pem` (files given with `wisp
+//! run --file`: the key never leaves the VM, and wispd keeps no copy), and
+//! relays each connection's plaintext to a TCP connection of its own to
+//! BACKEND (`IP:PORT`), both ways, until either side closes.
+//!
+//! TLS is rustls (no_std, unbuffered API) with RustCrypto's provider:
+//! X25519, P-256 and P-384 key exchange; Ed25519, ECDSA and RSA keys;
+//! AES-GCM and ChaCha20-Poly1305. No session resumption (no tickets, no
+//! cache): every connection is a full handshake.
+//!
+//! It says `tlsproxy: listening on IP:PORT for BACKEND` when it serves, and
+//! on a stop prints its counters (`tlsproxy: counters ...`) and exits 0.
+//! A missing or bad certificate or key: why, and exit status 2.
+#![no_std]
+#![no_main]
+
+extern crate alloc;
+
+mod entropy;
+mod session;
+
+use alloc::sync::Arc;
+use alloc::vec;
+use alloc::vec::Vec;
+use core::net::Ipv4Addr;
+use core::sync::atomic::{AtomicU64, Ordering};
+use core::time::Duration;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::ServerConfig;
+use wisp::exec::{race, timeout, Either};
+use wisp::net::{TcpListener, TcpOptions, TcpStream};
+
+use session::Session;
+
+wisp::main!(main, wisp::Manifest::new().nic(true));
+
+/// A client has this long to finish its handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshake failures printed one by one; later ones are only counted.
+const FAILURES_PRINTED: u64 = 20;
+
+/// Counters, printed on stop.
+static HANDSHAKES: AtomicU64 = AtomicU64::new(0);
+static FAILED: AtomicU64 = AtomicU64::new(0);
+static BACKEND_FAILED: AtomicU64 = AtomicU64::new(0);
+static BYTES_IN: AtomicU64 = AtomicU64::new(0);
+static BYTES_OUT: AtomicU64 = AtomicU64::new(0);
+
+fn main() -> i32 {
+    let backend = match wisp::env::arg(1).and_then(parse_addr) {
+        Some(b) => b,
+        None => {
+            wisp::eprintln!("usage: tlsproxy BACKEND_IP:PORT [PORT] (with --file CERT:/cert.pem --file KEY:/key.pem)");
+            return 2;
+        }
+    };
+    let (port, cfg) = match wisp::net::server_args("tlsproxy", 2, 443) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    if !entropy::available() {
+        wisp::eprintln!("tlsproxy: this CPU has no RDRAND: no source of random numbers for TLS");
+        return 1;
+    }
+    let config = match server_config() {
+        Ok(c) => c,
+        Err(e) => {
+            wisp::eprintln!("tlsproxy: {}", e);
+            return 2;
+        }
+    };
+    // Handshake records and answers go out at once.
+    let opts = TcpOptions { nodelay: true, ..TcpOptions::default() };
+    let listener = match TcpListener::bind_app("tlsproxy", port, opts) {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    wisp::process::on_stop(stop);
+    wisp::println!("tlsproxy: listening on {}:{} for {}:{}", cfg.ip, port, backend.0, backend.1);
+    listener.serve_app("tlsproxy", move |conn| serve(conn, config.clone(), backend))
+}
+
+/// `IP:PORT`.
+fn parse_addr(s: &str) -> Option<(Ipv4Addr, u16)> {
+    let (ip, port) = s.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok().filter(|p| *p != 0)?;
+    Some((ip.parse().ok()?, port))
+}
+
+/// The TLS configuration from `/cert.pem` and `/key.pem`, or why not.
+fn server_config() -> Result<Arc<ServerConfig>, alloc::string::String> {
+    use alloc::format;
+    let read = |path: &str| wisp::fs::read(path).map_err(|e| format!("cannot read {}: {} ", path, e));
+    let certs = CertificateDer::pem_slice_iter(read("/cert.pem")?)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("/cert.pem: not a PEM certificate chain: {:?}", e))?;
+    if certs.is_empty() {
+        return Err("/cert.pem: no certificate in it (want PEM `BEGIN CERTIFICATE` blocks)".into());
+    }
+    let key = PrivateKeyDer::from_pem_slice(read("/key.pem")?).map_err(|e| format!("/key.pem: not a PEM private key: {:?}", e))?;
+    let provider = Arc::new(rustls_rustcrypto::provider());
+    let mut config = ServerConfig::builder_with_details(provider, Arc::new(entropy::Clock))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| format!("TLS 1.3: {}", e))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| format!("the certificate and key: {}", e))?;
+    // Every connection is a full handshake (nothing kept between them).
+    config.send_tls13_tickets = 0;
+    Ok(Arc::new(config))
+}
+
+/// Send what the session queued.
+async fn send(conn: &TcpStream, s: &mut Session) -> Result<(), wisp::net::Error> {
+    if !s.out.is_empty() {
+        let r = conn.write_all(&s.out).await;
+        BYTES_OUT.fetch_add(s.out.len() as u64, Ordering::Relaxed);
+        s.out.clear();
+        r?;
+    }
+    Ok(())
+}
+
+fn failed(peer: Option<(Ipv4Addr, u16)>, why: impl core::fmt::Display) {
+    let n = FAILED.fetch_add(1, Ordering::Relaxed) + 1;
+    if n <= FAILURES_PRINTED {
+        let (ip, port) = peer.unwrap_or((Ipv4Addr::UNSPECIFIED, 0));
+        wisp::eprintln!("tlsproxy: handshake with {}:{} failed: {}{}", ip, port, why, if n == FAILURES_PRINTED { " (later failures are only counted)" } else { "" });
+    }
+}
+
+/// One client: its handshake, then the relay to a backend connection.
+async fn serve(client: TcpStream, config: Arc<ServerConfig>, backend: (Ipv4Addr, u16)) {
+    let peer = client.peer_addr();
+    let mut s = match Session::new(config) {
+        Ok(s) => s,
+        Err(e) => return failed(peer, e),
+    };
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut plain = Vec::new();
+    let handshake = timeout(HANDSHAKE_TIMEOUT, async {
+        loop {
+            let r = s.advance(&mut plain);
+            // Even after an error: the alert rustls queued for the peer.
+            let _ = send(&client, &mut s).await;
+            if let Err(e) = r {
+                return Err(alloc::format!("{}", e));
+            }
+            if s.established() {
+                return Ok(());
+            }
+            match client.read(&mut buf).await {
+                Ok(0) => return Err("the client closed the connection".into()),
+                Ok(n) => {
+                    BYTES_IN.fetch_add(n as u64, Ordering::Relaxed);
+                    s.feed(&buf[..n]).map_err(|e| alloc::format!("{}", e))?;
+                }
+                Err(e) => return Err(alloc::format!("{}", e)),
+            }
+        }
+    })
+    .await;
+    match handshake {
+        Some(Ok(())) => {}
+        Some(Err(e)) => return failed(peer, e),
+        None => return failed(peer, "not finished in 10 s"),
+    }
+    HANDSHAKES.fetch_add(1, Ordering::Relaxed);
+    let upstream = match TcpStream::connect_with(backend.0, backend.1, TcpOptions { nodelay: true, ..TcpOptions::default() }).await {
+        Ok(c) => c,
+        Err(e) => {
+            let n = BACKEND_FAILED.fetch_add(1, Ordering::Relaxed);
+            if n < FAILURES_PRINTED {
+                wisp::eprintln!("tlsproxy: backend {}:{}: {}", backend.0, backend.1, e);
+            }
+            let _ = s.close();
+            let _ = send(&client, &mut s).await;
+            return;
+        }
+    };
+    let _ = relay(&client, &upstream, &mut s, plain).await;
+}
+
+/// Move data both ways until the backend is done (or either side fails).
+async fn relay(client: &TcpStream, upstream: &TcpStream, s: &mut Session, mut plain: Vec<u8>) -> Result<(), ()> {
+    let mut cbuf = vec![0u8; 16 * 1024];
+    let mut ubuf = vec![0u8; 16 * 1024];
+    let mut client_open = true;
+    loop {
+        if !plain.is_empty() {
+            upstream.write_all(&plain).await.map_err(drop)?;
+            plain.clear();
+        }
+        if client_open && s.peer_closed() {
+            // The client's close_notify: the backend sees our FIN and may
+            // still answer.
+            upstream.shutdown();
+            client_open = false;
+        }
+        let got = if client_open {
+            race(client.read(&mut cbuf), upstream.read(&mut ubuf)).await
+        } else {
+            Either::Right(upstream.read(&mut ubuf).await)
+        };
+        match got {
+            Either::Left(Ok(0)) | Either::Left(Err(_)) => {
+                // The client left without a close_notify: nobody to answer.
+                return Err(());
+            }
+            Either::Left(Ok(n)) => {
+                BYTES_IN.fetch_add(n as u64, Ordering::Relaxed);
+                let r = s.feed(&cbuf[..n]).and_then(|_| s.advance(&mut plain));
+                send(client, s).await.map_err(drop)?;
+                r.map_err(drop)?;
+            }
+            Either::Right(Ok(0)) | Either::Right(Err(_)) => {
+                let _ = s.close();
+                let _ = send(client, s).await;
+                client.shutdown();
+                return Ok(());
+            }
+            Either::Right(Ok(n)) => {
+                s.seal(&ubuf[..n]).map_err(drop)?;
+                send(client, s).await.map_err(drop)?;
+            }
+        }
+    }
+}
+
+/// On a stop: the counters, then exit 0.
+fn stop() {
+    wisp::println!(
+        "tlsproxy: counters handshakes={} failed={} backend_failed={} bytes_in={} bytes_out={}",
+        HANDSHAKES.load(Ordering::Relaxed),
+        FAILED.load(Ordering::Relaxed),
+        BACKEND_FAILED.load(Ordering::Relaxed),
+        BYTES_IN.load(Ordering::Relaxed),
+        BYTES_OUT.load(Ordering::Relaxed)
+    );
+    wisp::process::exit(0);
+}
