@@ -38,13 +38,13 @@ def _stale(target, *sources):
     return any(os.path.getmtime(s) > t for s in sources)
 
 
-def cc(src, out, static=False):
+def cc(src, out, static=False, libs=()):
     if not _stale(out, src):
         return out
     compiler = shutil.which("cc") or shutil.which("gcc")
     if not compiler:
         raise Skip("no C compiler (install gcc, libc6-dev: scripts/install-bench-deps.sh)")
-    cmd = [compiler, "-O2", "-Wall"] + (["-static"] if static else []) + ["-o", out, src]
+    cmd = [compiler, "-O2", "-Wall"] + (["-static"] if static else []) + ["-o", out, src] + list(libs)
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise Skip("build failed: %s\n%s" % (" ".join(cmd), r.stderr.strip()))

@@ -19,7 +19,8 @@ command -v cc >/dev/null || need+=(gcc libc6-dev)
 command -v ip >/dev/null || need+=(iproute2)
 command -v iperf3 >/dev/null || need+=(iperf3)   # the real client for the iperf app
 command -v redis-cli >/dev/null || need+=(redis-tools)   # redis-cli and redis-benchmark against kvstore
-command -v curl >/dev/null || need+=(curl)   # the content cache's and the API's tests
+command -v curl >/dev/null || need+=(curl)   # the content cache's, the API's and TLS termination's tests
+command -v openssl >/dev/null || need+=(openssl)   # certificates and s_client in the TLS termination tests
 command -v python3 >/dev/null || need+=(python3)   # small protocol clients in the tests
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)   # text in cdnsim's plots
 if [ ${#need[@]} -gt 0 ]; then
