@@ -15,7 +15,7 @@ LIBS := build/libs
 RUST_LLD = $(shell rustc --print sysroot)/lib/rustlib/$(shell rustc -vV | sed -n 's/^host: //p')/bin/rust-lld
 WISP := target/release/wisp
 
-.PHONY: all deps host guest libs run test fuzz bench-boot bench-net bench-density bench-fork bench-app bench-cache bench-cdnsim bench-snapshot bench-libs bench-usecases demo-cache demo-migrate demo-firewall clean
+.PHONY: all deps host guest libs run test fuzz bench-boot bench-net bench-density bench-fork bench-app bench-cache bench-cdnsim bench-snapshot bench-libs bench-usecases demo-cache demo-migrate demo-firewall demo-tls clean
 N ?= 10000
 
 all: host guest libs
@@ -124,6 +124,9 @@ demo-migrate: all
 
 demo-firewall: all
 	scripts/demo-firewall.sh
+
+demo-tls: all
+	scripts/demo-tls.sh
 
 bench-app: all
 	python3 bench/app.py --wisp $(WISP) --out bench/results/app.json
