@@ -10,9 +10,9 @@
 //! parent's, whose heap and whose `fresh` mark come along together), and
 //! the allocator writes only inside blocks it hands out, in the few words
 //! of metadata just past a block and at the start of each free run — at
-//! most [`SLACK`] bytes past the highest block end so far — and in the
-//! size word at the very end of the heap (the boundary tag of its top free
-//! run). So a socket's 256 KiB buffer costs neither a `memset` nor host
+//! most [`SLACK`] bytes past the highest block end so far — in its bins at
+//! the heap's start, and in the size word at the very end of the heap (the
+//! boundary tag of its top free run). So a socket's 256 KiB buffer costs neither a `memset` nor host
 //! memory until its pages are used (the host backs a guest page on first
 //! touch), and a listener can keep many such sockets listening.
 
@@ -27,6 +27,9 @@ const SLACK: usize = 64;
 /// Bytes at the end of the heap the allocator may write at any time (the
 /// top free run's closing size word), with room to spare.
 const TOP: usize = 64;
+/// Bytes at the start of the heap the allocator writes when it takes it
+/// (its bins, 128 words, and tags), with room to spare.
+const METADATA: usize = 4096;
 
 struct Heap {
     inner: Talck<spin::Mutex<()>, ErrOnOom>,
@@ -99,7 +102,9 @@ static HEAP: Heap = Heap { inner: Talc::new(ErrOnOom).lock(), fresh: AtomicUsize
 
 pub(crate) fn init(start: u64, end: u64) {
     if end > start {
-        HEAP.fresh.store(start as usize, Ordering::Relaxed);
+        // Talc keeps its bins (1 KiB) at the heap's start, and the first
+        // free run's header after them: written, as if handed out.
+        HEAP.fresh.store((start as usize).saturating_add(METADATA).min(end as usize), Ordering::Relaxed);
         HEAP.end.store(end as usize, Ordering::Relaxed);
         // SAFETY: the monitor guarantees [heap_start, heap_end) is guest RAM
         // mapped read/write for this guest, zeroed, and used by nothing
