@@ -14,6 +14,9 @@ part run alone replaces its own results in the JSON and keeps the others'.
 - fw (bench/usecases_fw.py): personal firewalls, 1,000 firewall VMs each
   on a client's path against nftables chains per client, throughput and
   a further client's ping as the active clients grow.
+- tls (bench/usecases_tls.py): TLS termination, a tlsproxy VM per tenant
+  against one host nginx for all tenants, handshakes/s and latency as the
+  tenants grow.
 
     python3 bench/usecases.py --wisp target/release/wisp --out bench/results/usecases.json [--parts jit]
 """
@@ -30,8 +33,9 @@ import usecases_fn  # noqa: E402
 import usecases_fw  # noqa: E402
 import usecases_jit  # noqa: E402
 import usecases_kv  # noqa: E402
+import usecases_tls  # noqa: E402
 
-PARTS = {"kv": usecases_kv, "jit": usecases_jit, "fn": usecases_fn, "fw": usecases_fw}
+PARTS = {"kv": usecases_kv, "jit": usecases_jit, "fn": usecases_fn, "fw": usecases_fw, "tls": usecases_tls}
 
 
 def plot(doc, png):
@@ -62,6 +66,8 @@ def main():
         ap.add_argument("--digits", type=int, default=3000, help="fn: decimals of e each call computes")
         ap.add_argument("--fw-vms", type=int, default=1000, help="fw: firewall VMs (and clients)")
         ap.add_argument("--fw-seconds", type=float, default=5, help="fw: seconds of traffic per level and peer")
+        ap.add_argument("--tls-tenants", default="1,2,4,8,16,32,64", help="tls: tenant counts, the last the headline")
+        ap.add_argument("--tls-seconds", type=float, default=5, help="tls: seconds measured per level and peer")
     args = common.bench_args(__doc__, os.path.join(ROOT, "bench/results/usecases.json"), plot, extra)
     if args is None:
         return
