@@ -3,7 +3,8 @@
 //! through wispd, and relays the plaintext to a backend on the daemon's
 //! bridge — driven by Debian's curl and OpenSSL, in the daemon's own
 //! network namespace. Garbage in the handshake is refused without taking
-//! the proxy down; a missing or bad certificate or key, or a bad backend,
+//! the proxy down, a backend that refuses ends the client's connection
+//! cleanly; a missing or bad certificate or key, or a bad backend address,
 //! is refused at start with why.
 
 mod common;
@@ -256,6 +257,21 @@ print(probe(b'\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03', close_write=True))
     let said = console(&mut c, &id);
     assert!(said.contains("handshakes=1 ") && said.contains("failed=4 "), "{said}");
     assert!(start.elapsed() < Duration::from_secs(20));
+
+    // A backend that refuses: the client gets the handshake, then a
+    // close_notify and nothing else (curl: 52, an empty reply); counted.
+    let o = d.wisp(&["run", "-d", "--net", "--file", &format!("{cert}:/cert.pem"), "--file", &format!("{key}:/key.pem"), "tlsproxy", "--", "10.77.44.1:8099"]);
+    assert!(o.status.success(), "{}", out(&o));
+    let id = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    wait_console(&mut c, &id, "tlsproxy: listening on ");
+    let ip = console(&mut c, &id).split("listening on ").nth(1).unwrap().split(':').next().unwrap().to_string();
+    let o = d.in_netns(&["curl", "-sS", "--max-time", "20", "--cacert", &ca, "--resolve", &format!("g.test:443:{ip}"), "https://g.test/"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(52), "{}", out(&o));
+    let o = d.wisp(&["stop", &id]);
+    assert!(o.status.success(), "{}", out(&o));
+    common::eventually(Duration::from_secs(20), || "no counters".into(), || console(&mut c, &id).contains("tlsproxy: counters").then_some(()));
+    let said = console(&mut c, &id);
+    assert!(said.contains("handshakes=1 ") && said.contains("backend_failed=1 "), "{said}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -24,7 +24,10 @@ mod session;
 use alloc::sync::Arc;
 use alloc::vec;
 use alloc::vec::Vec;
+use core::future::Future;
 use core::net::Ipv4Addr;
+use core::pin::pin;
+use core::task::Poll;
 use core::sync::atomic::{AtomicU64, Ordering};
 use core::time::Duration;
 
@@ -145,6 +148,10 @@ fn failed(peer: Option<(Ipv4Addr, u16)>, why: impl core::fmt::Display) {
 }
 
 /// One client: its handshake, then the relay to a backend connection.
+/// The backend connection is opened as soon as the client's hello has
+/// been accepted, while the client works on its side of the handshake:
+/// its answer then finds the backend ready (a round trip and a wake-up of
+/// this VM fewer a connection). Garbage never reaches the backend.
 async fn serve(client: TcpStream, config: Arc<ServerConfig>, backend: (Ipv4Addr, u16)) {
     let peer = client.peer_addr();
     let mut s = match Session::new(config) {
@@ -153,9 +160,13 @@ async fn serve(client: TcpStream, config: Arc<ServerConfig>, backend: (Ipv4Addr,
     };
     let mut buf = vec![0u8; 16 * 1024];
     let mut plain = Vec::new();
+    let hello = core::cell::Cell::new(false);
     let handshake = timeout(HANDSHAKE_TIMEOUT, async {
         loop {
             let r = s.advance(&mut plain);
+            if r.is_ok() && !s.out.is_empty() {
+                hello.set(true);
+            }
             // Even after an error: the alert rustls queued for the peer.
             let _ = send(&client, &mut s).await;
             if let Err(e) = r {
@@ -173,15 +184,39 @@ async fn serve(client: TcpStream, config: Arc<ServerConfig>, backend: (Ipv4Addr,
                 Err(e) => return Err(alloc::format!("{}", e)),
             }
         }
-    })
-    .await;
-    match handshake {
+    });
+    let connect = async {
+        // (Polled with the handshake, after it: it starts in the same pass
+        // as the hello is accepted.)
+        core::future::poll_fn(|_| if hello.get() { Poll::Ready(()) } else { Poll::Pending }).await;
+        TcpStream::connect_with(backend.0, backend.1, TcpOptions { nodelay: true, ..TcpOptions::default() }).await
+    };
+    let mut connect = pin!(connect);
+    let mut upstream = None;
+    let done = {
+        let mut handshake = pin!(handshake);
+        core::future::poll_fn(|cx| {
+            let r = handshake.as_mut().poll(cx);
+            if upstream.is_none() {
+                if let Poll::Ready(c) = connect.as_mut().poll(cx) {
+                    upstream = Some(c);
+                }
+            }
+            r
+        })
+        .await
+    };
+    match done {
         Some(Ok(())) => {}
         Some(Err(e)) => return failed(peer, e),
         None => return failed(peer, "not finished in 10 s"),
     }
     HANDSHAKES.fetch_add(1, Ordering::Relaxed);
-    let upstream = match TcpStream::connect_with(backend.0, backend.1, TcpOptions { nodelay: true, ..TcpOptions::default() }).await {
+    let upstream = match upstream {
+        Some(c) => c,
+        None => connect.await,
+    };
+    let upstream = match upstream {
         Ok(c) => c,
         Err(e) => {
             let n = BACKEND_FAILED.fetch_add(1, Ordering::Relaxed);
