@@ -11,14 +11,7 @@ work=$(mktemp -d)
 ns=wisp-demo-$$
 pid=
 . "$PWD/scripts/demo-common.sh"
-cleanup() {
-    [ -n "$pid" ] && WISP_SOCKET=$work/wispd.sock $W rm -f --all >/dev/null 2>&1 || true
-    [ -n "$pid" ] && { kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; }
-    end_pidns
-    ip netns del "$ns" 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
+trap end_demo EXIT
 
 echo "== an SHFS volume filled from docs/"
 $W shfs mkfs "$work/cache.img" --size 64M --label demo

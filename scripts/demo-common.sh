@@ -22,3 +22,15 @@ start_wispd() {
     for _ in $(seq 200); do [ -S "$work/wispd.sock" ] && break; sleep 0.05; done
     export WISP_SOCKET=$work/wispd.sock
 }
+
+# What a one-daemon demo leaves, removed (its EXIT trap): the servers it
+# started (pids in the array `servers`, if any), its VMs and wispd ($pid),
+# the VMM processes' PID namespace, its namespace $ns and directory $work.
+end_demo() {
+    for s in ${servers[@]+"${servers[@]}"}; do kill "$s" 2>/dev/null || true; done
+    [ -n "$pid" ] && WISP_SOCKET=$work/wispd.sock $W rm -f --all >/dev/null 2>&1 || true
+    [ -n "$pid" ] && { kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; }
+    end_pidns
+    ip netns del "$ns" 2>/dev/null || true
+    rm -rf "$work"
+}

@@ -15,13 +15,8 @@ pid=
 servers=()
 . "$PWD/scripts/demo-common.sh"
 cleanup() {
-    for s in "${servers[@]}"; do kill "$s" 2>/dev/null || true; done
-    [ -n "$pid" ] && WISP_SOCKET=$work/wispd.sock $W rm -f --all >/dev/null 2>&1 || true
-    [ -n "$pid" ] && { kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; }
-    end_pidns
+    end_demo
     ip netns del "$client" 2>/dev/null || true
-    ip netns del "$ns" 2>/dev/null || true
-    rm -rf "$work"
 }
 trap cleanup EXIT
 

@@ -13,15 +13,7 @@ ns=wisp-demo-tls-$$
 pid=
 servers=()
 . "$PWD/scripts/demo-common.sh"
-cleanup() {
-    for s in "${servers[@]}"; do kill "$s" 2>/dev/null || true; done
-    [ -n "$pid" ] && WISP_SOCKET=$work/wispd.sock $W rm -f --all >/dev/null 2>&1 || true
-    [ -n "$pid" ] && { kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; }
-    end_pidns
-    ip netns del "$ns" 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
+trap end_demo EXIT
 
 echo "== wispd in network namespace $ns"
 start_wispd "$ns" 10.125.0.0/24 16M=2
