@@ -161,16 +161,19 @@ def run(args):
         finally:
             peer.stop()
     med = lambda p, g: res[p]["every_%dms" % g]["summary"]["median"]  # noqa: E731
+    # The headline is wispd's default, a VMM process per VM (peer
+    # `jit_process`); groups (`--vms-per-process`, peer `jit`) beside it.
     ratios = {
-        "jit_median_ms": round(med("jit", 10), 3),
-        "jit_median_ms_every_25ms": round(med("jit", 25), 3),
-        "jit_process_median_ms": round(med("jit_process", 10), 3),
+        "jit_median_ms": round(med("jit_process", 10), 3),
+        "jit_median_ms_every_25ms": round(med("jit_process", 25), 3),
+        "jit_groups_median_ms": round(med("jit", 10), 3),
         "socket_activated_median_ms": round(med("socket_activated", 10), 3),
-        "jit_vs_socket_activated": round(med("jit", 10) / med("socket_activated", 10), 3),
+        "jit_vs_socket_activated": round(med("jit_process", 10) / med("socket_activated", 10), 3),
     }
     note = ("jit_*: connect to first byte of a new client's daytime answer, median ms, at one arrival per 10 ms (the target's"
-            " rate) unless named; jit = a VM booted per client under wispd with groups, jit_process = with a VMM process per VM,"
-            " socket_activated = a process per connection (systemd-socket-activate --accept --inetd); below 1: wisp answers sooner")
+            " rate) unless named; jit = a VM booted per client under wispd's default (a VMM process per VM), jit_groups = with"
+            " groups (--vms-per-process 64), socket_activated = a process per connection (systemd-socket-activate --accept"
+            " --inetd); jit_vs_socket_activated below 1: wisp answers sooner")
     part = {"method": __doc__.strip(), "clients": args.clients, "idle_ms": IDLE_MS, "peers": res}
     return part, ratios, note, {"jit_median_ms": 2.0}
 
