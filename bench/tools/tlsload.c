@@ -11,7 +11,9 @@
  * Prints one line after WARMUP_S + SECONDS:
  *   done N errors E seconds S p50_ms A p90_ms B p99_ms C
  * counting only requests that ended after the warm-up (latency: connect
- * to the answer's last byte). An answer must start with "HTTP/1.". */
+ * to the answer's last byte). An answer must start with "HTTP/1." and end
+ * with the benchmark backend's body, "hello\n"; a request not done in
+ * 10 s is an error (and its connection replaced). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -20,6 +22,7 @@
 #include <netinet/tcp.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +40,8 @@ struct conn {
     double start;
     size_t got;
     char head[8];
+    char tail[6];
+    int failed_at_once;
 };
 
 static struct sockaddr_in *eps;
@@ -48,6 +53,9 @@ static long done, errors;
 static double *lat;
 static long nlat, cap_lat;
 static const char REQ[] = "GET / HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n";
+static const char BODY[] = "hello\n";
+/* A request not answered in this long is an error. */
+#define REQUEST_TIMEOUT_S 10.0
 
 static double now(void) {
     struct timespec ts;
@@ -75,6 +83,7 @@ static void start(struct conn *c) {
     setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     c->ssl = NULL;
     c->got = 0;
+    c->failed_at_once = 0;
     c->start = now();
     c->st = CONNECTING;
     struct epoll_event e = {.events = EPOLLOUT, .data.ptr = c};
@@ -82,9 +91,8 @@ static void start(struct conn *c) {
         perror("epoll_ctl add");
         exit(1);
     }
-    if (connect(c->fd, (struct sockaddr *)a, sizeof *a) < 0 && errno != EINPROGRESS) {
-        c->st = CONNECTING; /* the error shows at the EPOLLOUT */
-    }
+    if (connect(c->fd, (struct sockaddr *)a, sizeof *a) < 0 && errno != EINPROGRESS)
+        c->failed_at_once = 1; /* counted at its first event (EPOLLOUT comes at once) */
 }
 
 static void finish(struct conn *c, int ok) {
@@ -95,6 +103,10 @@ static void finish(struct conn *c, int ok) {
             if (nlat == cap_lat) {
                 cap_lat = cap_lat ? cap_lat * 2 : 65536;
                 lat = realloc(lat, cap_lat * sizeof *lat);
+                if (!lat) {
+                    perror("tlsload: realloc");
+                    exit(1);
+                }
             }
             lat[nlat++] = (t - c->start) * 1e3;
         } else {
@@ -122,7 +134,7 @@ static void step(struct conn *c) {
             int err = 0;
             socklen_t len = sizeof err;
             getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len);
-            if (err) {
+            if (err || c->failed_at_once) {
                 finish(c, 0);
                 return;
             }
@@ -152,13 +164,21 @@ static void step(struct conn *c) {
             if (r > 0) {
                 for (size_t i = 0; i < (size_t)r && c->got + i < sizeof c->head; i++)
                     c->head[c->got + i] = buf[i];
+                /* The last bytes so far, for the body's check. */
+                if ((size_t)r >= sizeof c->tail) {
+                    memcpy(c->tail, buf + r - sizeof c->tail, sizeof c->tail);
+                } else {
+                    memmove(c->tail, c->tail + r, sizeof c->tail - r);
+                    memcpy(c->tail + sizeof c->tail - r, buf, r);
+                }
                 c->got += r;
                 continue;
             }
             e = SSL_get_error(c->ssl, r);
             if (e == SSL_ERROR_ZERO_RETURN || (e == SSL_ERROR_SYSCALL && ERR_peek_error() == 0)) {
                 ERR_clear_error();
-                finish(c, c->got >= 7 && memcmp(c->head, "HTTP/1.", 7) == 0);
+                finish(c, c->got >= 7 + sizeof c->tail && memcmp(c->head, "HTTP/1.", 7) == 0 &&
+                              memcmp(c->tail, BODY, sizeof c->tail) == 0);
                 return;
             }
             break;
@@ -210,6 +230,7 @@ int main(int argc, char **argv) {
         eps[i].sin_family = AF_INET;
         eps[i].sin_port = htons(port);
     }
+    signal(SIGPIPE, SIG_IGN); /* a write to a reset connection is an error, not the end */
     ctx = SSL_CTX_new(TLS_client_method());
     SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
     SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, NULL);
@@ -228,7 +249,11 @@ int main(int argc, char **argv) {
         int n = epoll_wait(ep_fd, evs, 256, 100);
         for (int i = 0; i < n; i++)
             step(evs[i].data.ptr);
-        if (now() >= t_end + 10) /* stragglers: counted as errors */
+        double t = now();
+        for (int i = 0; i < conc; i++)
+            if (cs[i].fd >= 0 && t - cs[i].start > REQUEST_TIMEOUT_S)
+                finish(&cs[i], 0);
+        if (t >= t_end + REQUEST_TIMEOUT_S) /* stragglers: counted as errors */
             break;
         live = 0;
         for (int i = 0; i < conc; i++)

@@ -19,9 +19,11 @@ fn out(o: &std::process::Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
-/// The backend: for each connection, one HTTP/1.0 request; `/big`
-/// answers 300,000 bytes of a known pattern, anything else the SHA-256 of
-/// the request's body and its path. Binds every address of the namespace.
+/// The backend: on port 8080, for each connection, one HTTP/1.0 request;
+/// `/big` answers 300,000 bytes of a known pattern, anything else the
+/// SHA-256 of the request's body and its path. On port 8081 an echo
+/// service (each byte back as it comes). Binds every address of the
+/// namespace.
 const BACKEND: &str = r#"
 import hashlib, socket, threading
 def serve(c):
@@ -49,14 +51,28 @@ def serve(c):
         c.sendall(b'HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n' % len(out) + out)
     finally:
         c.close()
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(('0.0.0.0', 8080))
-s.listen(64)
+def echo(c):
+    try:
+        while True:
+            d = c.recv(65536)
+            if not d: break
+            c.sendall(d)
+    finally:
+        c.close()
+def listen(port, handler):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(('0.0.0.0', port))
+    s.listen(64)
+    def loop():
+        while True:
+            c, _ = s.accept()
+            threading.Thread(target=handler, args=(c,), daemon=True).start()
+    threading.Thread(target=loop, daemon=True).start()
+listen(8080, serve)
+listen(8081, echo)
 print('ready', flush=True)
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
+threading.Event().wait()
 "#;
 
 /// A child process killed when dropped.
@@ -97,7 +113,12 @@ fn tenant(dir: &std::path::Path, name: &str, kind: &str) -> (String, String) {
 
 /// Start a tlsproxy for a tenant; its id and address.
 fn start(d: &Daemon, name: &str, cert: &str, key: &str) -> (String, String) {
-    let o = d.wisp(&["run", "-d", "--net", "--name", name, "--file", &format!("{cert}:/cert.pem"), "--file", &format!("{key}:/key.pem"), "tlsproxy", "--", "10.77.43.1:8080"]);
+    start_with(d, name, cert, key, "10.77.43.1:8080")
+}
+
+/// As [`start`], relaying to `backend`.
+fn start_with(d: &Daemon, name: &str, cert: &str, key: &str, backend: &str) -> (String, String) {
+    let o = d.wisp(&["run", "-d", "--net", "--name", name, "--file", &format!("{cert}:/cert.pem"), "--file", &format!("{key}:/key.pem"), "tlsproxy", "--", backend]);
     assert!(o.status.success(), "{}", out(&o));
     let id = String::from_utf8_lossy(&o.stdout).trim().to_string();
     let mut c = d.client();
@@ -122,7 +143,7 @@ fn curl(d: &Daemon, name: &str, ip: &str, ca: &str, path: &str, extra: &[&str]) 
 #[test]
 fn a_vm_per_tenant_terminates_tls_with_its_own_key_and_relays_to_the_backend() {
     let dir = fresh_dir("tls-tenants");
-    let d = Daemon::start_in_netns("tls", "10.77.43.0/24", &["--pool", "16M=2"]);
+    let d = Daemon::start_in_netns("tls", "10.77.43.0/24", &["--pool", "16M=3"]);
     let (cert1, key1) = tenant(&dir, "one.test", "ed25519");
     let (cert2, key2) = tenant(&dir, "two.test", "ec");
     let (id1, ip1) = start(&d, "one", &cert1, &key1);
@@ -146,6 +167,30 @@ fn a_vm_per_tenant_terminates_tls_with_its_own_key_and_relays_to_the_backend() {
         assert_eq!(code, 0, "curl {name} upload");
         assert_eq!(String::from_utf8_lossy(&body), format!("{digest} /up"), "{name}: the backend got another body");
     }
+    // Both directions at once: 8 MiB through an echo backend while the
+    // client still sends (a relay that waited on one side would stall).
+    let (id3, ip3) = start_with(&d, "three", &cert1, &key1, "10.77.43.1:8081");
+    let script = format!(
+        r#"
+import socket, ssl, threading, hashlib
+ctx = ssl.create_default_context(cafile='{cert1}')
+s = ctx.wrap_socket(socket.create_connection(('{ip3}', 443), timeout=30), server_hostname='one.test')
+data = bytes((i * 31 + 7) % 256 for i in range(8 << 20))
+def send():
+    s.sendall(data)
+threading.Thread(target=send, daemon=True).start()
+got = bytearray()
+while len(got) < len(data):
+    d = s.recv(1 << 16)
+    if not d: break
+    got += d
+print(len(got), hashlib.sha256(got).hexdigest() == hashlib.sha256(data).hexdigest())
+"#
+    );
+    assert_eq!(d.python(&script).trim(), format!("{} True", 8 << 20), "the echo through the VM");
+    let o = d.wisp(&["stop", &id3]);
+    assert!(o.status.success(), "{}", out(&o));
+
     // TLS 1.3 it is, and each VM proves only its own tenant's name: the
     // other tenant's CA does not vouch for it (curl: 60, peer certificate).
     let o = d.in_netns(&["openssl", "s_client", "-connect", &format!("{ip1}:443"), "-servername", "one.test", "-CAfile", &cert1, "-brief"]).stdin(Stdio::null()).output().unwrap();
@@ -155,9 +200,16 @@ fn a_vm_per_tenant_terminates_tls_with_its_own_key_and_relays_to_the_backend() {
     let (code, _) = curl(&d, "one.test", &ip2, &cert1, "/", &[]);
     assert_eq!(code, 60, "VM two answered for tenant one");
 
-    // The keys went to the VMs only: nothing wispd keeps holds them.
-    let body = |pem: &str| std::fs::read_to_string(pem).unwrap().lines().filter(|l| !l.starts_with("-----")).collect::<String>();
-    let (k1, k2) = (body(&key1), body(&key2));
+    // The keys went to the VMs only: nothing wispd keeps holds them — no
+    // line of their PEM, nor the base64 of the files as the API carried
+    // them.
+    let mut needles: Vec<String> = Vec::new();
+    for key in [&key1, &key2] {
+        let pem = std::fs::read_to_string(key).unwrap();
+        needles.extend(pem.lines().filter(|l| !l.starts_with("-----") && l.len() >= 16).map(str::to_string));
+        needles.push(wisp_api::GuestFile::new("/key.pem", pem.as_bytes()).data[..48].to_string());
+    }
+    assert!(needles.len() >= 4, "{needles:?}");
     let mut stack = vec![d.dir.clone()];
     while let Some(p) = stack.pop() {
         if p.starts_with(&dir) {
@@ -167,7 +219,9 @@ fn a_vm_per_tenant_terminates_tls_with_its_own_key_and_relays_to_the_backend() {
             stack.extend(rd.flatten().map(|e| e.path()));
         } else if let Ok(bytes) = std::fs::read(&p) {
             let text = String::from_utf8_lossy(&bytes);
-            assert!(!text.contains(&k1) && !text.contains(&k2), "{} holds a tenant's key", p.display());
+            for n in &needles {
+                assert!(!text.contains(n.as_str()), "{} holds a tenant's key", p.display());
+            }
         }
     }
 
@@ -196,8 +250,14 @@ fn garbage_in_the_handshake_is_refused_and_the_proxy_goes_on() {
     let ip = console(&mut c, &id).split("listening on ").nth(1).unwrap().split(':').next().unwrap().to_string();
     let _backend = backend(&d);
 
-    // A client that connects and says nothing holds only its own task.
-    let mut silent = Killed(d.in_netns(&["python3", "-c", &format!("import socket,time; s=socket.create_connection(('{ip}',443)); time.sleep(60)")]).spawn().unwrap());
+    // A client that connects and says nothing holds only its own task, and
+    // is closed when its 10 s for the handshake are up (it says when).
+    let silent = d
+        .in_netns(&["python3", "-c", &format!("import socket,time; s=socket.create_connection(('{ip}',443)); s.settimeout(40); t=time.time(); s.recv(1); print('%.1f' % (time.time()-t))")])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let silent_started = Instant::now();
 
     // Plain HTTP, random bytes, a record header announcing 64 KiB, a
     // ClientHello cut short by a close: each connection ends at once (an
@@ -240,7 +300,10 @@ print(probe(b'\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03', close_write=True))
     let body = d.in_netns(&["curl", "-sS", "--max-time", "20", "--cacert", &ca, "--resolve", &format!("g.test:443:{ip}"), "https://g.test/after"]).output().unwrap();
     assert!(body.status.success(), "{}", out(&body));
     assert!(String::from_utf8_lossy(&body.stdout).ends_with(" /after"), "{}", out(&body));
-    assert!(silent.0.try_wait().unwrap().is_none(), "the silent client was cut off early");
+    assert!(silent_started.elapsed() < Duration::from_secs(9), "too slow to tell the silent client's timeout apart");
+    let said = silent.wait_with_output().unwrap();
+    let after: f64 = String::from_utf8_lossy(&said.stdout).trim().parse().unwrap_or(-1.0);
+    assert!((9.0..20.0).contains(&after), "the silent client was closed after {after} s, not at its handshake's 10 s");
     // The failures were said and counted.
     let mut errs = Vec::new();
     c.logs_stderr(&id, false, &mut |b| {
@@ -249,13 +312,14 @@ print(probe(b'\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03', close_write=True))
     })
     .unwrap();
     let errs = String::from_utf8_lossy(&errs);
-    assert!(errs.matches("tlsproxy: handshake with ").count() >= 4, "{errs}");
+    assert!(errs.matches("tlsproxy: handshake with ").count() >= 5, "{errs}");
+    assert!(errs.contains("not finished in 10 s"), "{errs}");
     let start = Instant::now();
     let o = d.wisp(&["stop", &id]);
     assert!(o.status.success(), "{}", out(&o));
     common::eventually(Duration::from_secs(20), || "no counters".into(), || console(&mut c, &id).contains("tlsproxy: counters").then_some(()));
     let said = console(&mut c, &id);
-    assert!(said.contains("handshakes=1 ") && said.contains("failed=4 "), "{said}");
+    assert!(said.contains("handshakes=1 ") && said.contains("failed=5 "), "{said}");
     assert!(start.elapsed() < Duration::from_secs(20));
 
     // A backend that refuses: the client gets the handshake, then a

@@ -8,11 +8,21 @@
 
 use rustls::pki_types::UnixTime;
 
-/// Whether the CPU has RDRAND (CPUID leaf 1, ECX bit 30).
+/// Whether the CPU has RDRAND (CPUID leaf 1, ECX bit 30), asked once: a
+/// CPUID may cost an exit to the monitor.
 pub fn available() -> bool {
-    // CPUID is unprivileged and leaf 1 exists on every x86-64 CPU.
-    let leaf = core::arch::x86_64::__cpuid(1);
-    leaf.ecx & (1 << 30) != 0
+    use core::sync::atomic::{AtomicU8, Ordering};
+    static KNOWN: AtomicU8 = AtomicU8::new(0);
+    match KNOWN.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            // CPUID is unprivileged and leaf 1 exists on every x86-64 CPU.
+            let yes = core::arch::x86_64::__cpuid(1).ecx & (1 << 30) != 0;
+            KNOWN.store(if yes { 1 } else { 2 }, Ordering::Relaxed);
+            yes
+        }
+    }
 }
 
 /// One 64-bit word from RDRAND, retried as Intel advises (10 times).

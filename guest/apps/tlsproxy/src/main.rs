@@ -6,12 +6,14 @@
 //! BACKEND (`IP:PORT`), both ways, until either side closes.
 //!
 //! TLS is rustls (no_std, unbuffered API) with RustCrypto's provider:
-//! X25519, P-256 and P-384 key exchange; Ed25519, ECDSA and RSA keys;
+//! X25519 and P-256 key exchange; Ed25519, ECDSA and RSA keys;
 //! ChaCha20-Poly1305 (preferred) and AES-GCM. No session resumption (no tickets, no
 //! cache): every connection is a full handshake.
 //!
 //! It says `tlsproxy: listening on IP:PORT for BACKEND` when it serves, and
 //! on a stop prints its counters (`tlsproxy: counters ...`) and exits 0.
+//! Connections beyond what its heap holds are refused (closed at once,
+//! counted); a connection quiet both ways for 2 minutes is closed.
 //! A missing or bad certificate or key: why, and exit status 2.
 #![no_std]
 #![no_main]
@@ -19,6 +21,7 @@
 extern crate alloc;
 
 mod entropy;
+mod relay;
 mod session;
 
 use alloc::sync::Arc;
@@ -34,7 +37,7 @@ use core::time::Duration;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::ServerConfig;
-use wisp::exec::{race, timeout, Either};
+use wisp::exec::timeout;
 use wisp::net::{TcpListener, TcpOptions, TcpStream};
 
 use session::Session;
@@ -45,13 +48,26 @@ wisp::main!(main, wisp::Manifest::new().nic(true));
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Handshake failures printed one by one; later ones are only counted.
 const FAILURES_PRINTED: u64 = 20;
+/// Heap a connection may take at most: its buffers (the handshake's 16 KiB,
+/// the relay's two, up to 64 KiB held each way, TLS records in and out)
+/// and its TLS state — the stack's socket buffers aside, which shrink as
+/// the heap fills. Connections beyond what the heap holds at this rate
+/// are refused at once rather than let one client's crowd exhaust it.
+const PER_CONNECTION: usize = 320 << 10;
+/// Heap kept beside the connections for everything else.
+const RESERVE: usize = 1 << 20;
+
+/// Connections served now, and the most served at once.
+static LIVE: AtomicU64 = AtomicU64::new(0);
+static MAX_LIVE: AtomicU64 = AtomicU64::new(0);
 
 /// Counters, printed on stop.
 static HANDSHAKES: AtomicU64 = AtomicU64::new(0);
 static FAILED: AtomicU64 = AtomicU64::new(0);
 static BACKEND_FAILED: AtomicU64 = AtomicU64::new(0);
-static BYTES_IN: AtomicU64 = AtomicU64::new(0);
-static BYTES_OUT: AtomicU64 = AtomicU64::new(0);
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+pub(crate) static BYTES_IN: AtomicU64 = AtomicU64::new(0);
+pub(crate) static BYTES_OUT: AtomicU64 = AtomicU64::new(0);
 
 fn main() -> i32 {
     let backend = match wisp::env::arg(1).and_then(parse_addr) {
@@ -82,6 +98,9 @@ fn main() -> i32 {
         Ok(l) => l,
         Err(code) => return code,
     };
+    let (used, free) = wisp::heap::usage();
+    let most = ((used + free).saturating_sub(RESERVE) / PER_CONNECTION).max(4) as u64;
+    MAX_LIVE.store(most, Ordering::Relaxed);
     wisp::process::on_stop(stop);
     wisp::println!("tlsproxy: listening on {}:{} for {}:{}", cfg.ip, port, backend.0, backend.1);
     listener.serve_app("tlsproxy", move |conn| serve(conn, config.clone(), backend))
@@ -115,6 +134,9 @@ fn server_config() -> Result<Arc<ServerConfig>, alloc::string::String> {
         rustls_rustcrypto::TLS13_AES_128_GCM_SHA256,
         rustls_rustcrypto::TLS13_AES_256_GCM_SHA384,
     ];
+    // X25519 and P-256: P-384 in this portable code costs milliseconds a
+    // handshake, which any client could make the proxy pay.
+    provider.kx_groups.retain(|g| matches!(g.name(), rustls::NamedGroup::X25519 | rustls::NamedGroup::secp256r1));
     let provider = Arc::new(provider);
     let mut config = ServerConfig::builder_with_details(provider, Arc::new(entropy::Clock))
         .with_protocol_versions(&[&rustls::version::TLS13])
@@ -129,7 +151,7 @@ fn server_config() -> Result<Arc<ServerConfig>, alloc::string::String> {
 }
 
 /// Send what the session queued.
-async fn send(conn: &TcpStream, s: &mut Session) -> Result<(), wisp::net::Error> {
+pub(crate) async fn send(conn: &TcpStream, s: &mut Session) -> Result<(), wisp::net::Error> {
     if !s.out.is_empty() {
         let r = conn.write_all(&s.out).await;
         BYTES_OUT.fetch_add(s.out.len() as u64, Ordering::Relaxed);
@@ -153,6 +175,19 @@ fn failed(peer: Option<(Ipv4Addr, u16)>, why: impl core::fmt::Display) {
 /// its answer then finds the backend ready (a round trip and a wake-up of
 /// this VM fewer a connection). Garbage never reaches the backend.
 async fn serve(client: TcpStream, config: Arc<ServerConfig>, backend: (Ipv4Addr, u16)) {
+    /// Counts a connection in `LIVE` while it is served.
+    struct Live;
+    impl Drop for Live {
+        fn drop(&mut self) {
+            LIVE.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    if LIVE.fetch_add(1, Ordering::Relaxed) >= MAX_LIVE.load(Ordering::Relaxed) {
+        LIVE.fetch_sub(1, Ordering::Relaxed);
+        REFUSED.fetch_add(1, Ordering::Relaxed);
+        return; // (closed as it is dropped)
+    }
+    let _live = Live;
     let peer = client.peer_addr();
     let mut s = match Session::new(config) {
         Ok(s) => s,
@@ -228,62 +263,18 @@ async fn serve(client: TcpStream, config: Arc<ServerConfig>, backend: (Ipv4Addr,
             return;
         }
     };
-    let _ = relay(&client, &upstream, &mut s, plain).await;
-}
-
-/// Move data both ways until the backend is done (or either side fails).
-async fn relay(client: &TcpStream, upstream: &TcpStream, s: &mut Session, mut plain: Vec<u8>) -> Result<(), ()> {
-    let mut cbuf = vec![0u8; 16 * 1024];
-    let mut ubuf = vec![0u8; 16 * 1024];
-    let mut client_open = true;
-    loop {
-        if !plain.is_empty() {
-            upstream.write_all(&plain).await.map_err(drop)?;
-            plain.clear();
-        }
-        if client_open && s.peer_closed() {
-            // The client's close_notify: the backend sees our FIN and may
-            // still answer.
-            upstream.shutdown();
-            client_open = false;
-        }
-        let got = if client_open {
-            race(client.read(&mut cbuf), upstream.read(&mut ubuf)).await
-        } else {
-            Either::Right(upstream.read(&mut ubuf).await)
-        };
-        match got {
-            Either::Left(Ok(0)) | Either::Left(Err(_)) => {
-                // The client left without a close_notify: nobody to answer.
-                return Err(());
-            }
-            Either::Left(Ok(n)) => {
-                BYTES_IN.fetch_add(n as u64, Ordering::Relaxed);
-                let r = s.feed(&cbuf[..n]).and_then(|_| s.advance(&mut plain));
-                send(client, s).await.map_err(drop)?;
-                r.map_err(drop)?;
-            }
-            Either::Right(Ok(0)) | Either::Right(Err(_)) => {
-                let _ = s.close();
-                let _ = send(client, s).await;
-                client.shutdown();
-                return Ok(());
-            }
-            Either::Right(Ok(n)) => {
-                s.seal(&ubuf[..n]).map_err(drop)?;
-                send(client, s).await.map_err(drop)?;
-            }
-        }
-    }
+    drop(buf);
+    let _ = relay::relay(&client, &upstream, &mut s, plain).await;
 }
 
 /// On a stop: the counters, then exit 0.
 fn stop() {
     wisp::println!(
-        "tlsproxy: counters handshakes={} failed={} backend_failed={} bytes_in={} bytes_out={}",
+        "tlsproxy: counters handshakes={} failed={} backend_failed={} refused={} bytes_in={} bytes_out={}",
         HANDSHAKES.load(Ordering::Relaxed),
         FAILED.load(Ordering::Relaxed),
         BACKEND_FAILED.load(Ordering::Relaxed),
+        REFUSED.load(Ordering::Relaxed),
         BYTES_IN.load(Ordering::Relaxed),
         BYTES_OUT.load(Ordering::Relaxed)
     );
