@@ -13,7 +13,8 @@ use core::future::{pending, Future};
 use core::sync::atomic::Ordering;
 use core::time::Duration;
 
-use wisp::exec::{race, sleep, Either};
+use wisp::exec::{race, sleep_until, Either};
+use wisp::time::Instant;
 use wisp::net::TcpStream;
 
 use crate::session::Session;
@@ -50,6 +51,11 @@ pub async fn relay(client: &TcpStream, upstream: &TcpStream, s: &mut Session, mu
     // Whether the client may still send (no close_notify yet), the backend
     // may still send (no EOF yet), and our FIN went to the backend.
     let (mut client_open, mut backend_open, mut backend_shut) = (!s.peer_closed(), true, false);
+    // One timer a connection, not one an event (the executor keeps each
+    // until its deadline): when it fires early of the idle time since the
+    // last event, it is set again for the rest.
+    let mut last = Instant::now();
+    let mut idle = sleep_until(last.add(IDLE));
     loop {
         if !client_open && to_backend.is_empty() && !backend_shut {
             // The client's close_notify, its data delivered: the backend
@@ -72,7 +78,7 @@ pub async fn relay(client: &TcpStream, upstream: &TcpStream, s: &mut Session, mu
                 when(client_open && to_backend.len() < PENDING_MAX, client.read(&mut cbuf)),
                 when(backend_open && s.out.len() < PENDING_MAX, upstream.read(&mut ubuf)),
             );
-            match race(writes, race(reads, sleep(IDLE))).await {
+            match race(writes, race(reads, &mut idle)).await {
                 Either::Left(Either::Left(r)) => Event::ClientWrote(r),
                 Either::Left(Either::Right(r)) => Event::BackendWrote(r),
                 Either::Right(Either::Left(Either::Left(r))) => Event::ClientRead(r),
@@ -80,7 +86,11 @@ pub async fn relay(client: &TcpStream, upstream: &TcpStream, s: &mut Session, mu
                 Either::Right(Either::Right(())) => Event::Idle,
             }
         };
+        if !matches!(event, Event::Idle) {
+            last = Instant::now();
+        }
         match event {
+            Event::Idle if last.elapsed() < IDLE => idle = sleep_until(last.add(IDLE)),
             Event::ClientWrote(Ok(n)) => {
                 BYTES_OUT.fetch_add(n as u64, Ordering::Relaxed);
                 s.out.drain(..n);
