@@ -114,9 +114,15 @@ fn new_socket(opts: &TcpOptions, live: usize) -> Option<tcp::Socket<'static>> {
 /// client that connects often (a proxy to its backend) meets its own old
 /// connections and waits a retransmission (a second) each time. The clock
 /// is the wall clock in milliseconds, so that it also grows across VMs
-/// that reuse an address.
+/// that reuse an address — and never goes back within a VM (a VM moved
+/// to a host whose clock is behind: peers drop segments whose timestamp
+/// is older than the last they saw, PAWS).
 fn tsval() -> u32 {
-    (crate::time::wall_ns() / 1_000_000) as u32
+    use core::sync::atomic::{AtomicU64, Ordering};
+    static LAST_MS: AtomicU64 = AtomicU64::new(0);
+    let now = crate::time::wall_ns() / 1_000_000;
+    let last = LAST_MS.fetch_max(now, Ordering::Relaxed);
+    now.max(last) as u32
 }
 
 /// `(address, port)` of an endpoint.
