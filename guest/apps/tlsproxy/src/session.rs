@@ -103,22 +103,7 @@ impl Session {
                     }
                 }
                 Ok(ConnectionState::EncodeTlsData(mut e)) => {
-                    let at = self.out.len();
-                    let mut room = 4096;
-                    loop {
-                        self.out.resize(at + room, 0);
-                        match e.encode(&mut self.out[at..]) {
-                            Ok(n) => {
-                                self.out.truncate(at + n);
-                                break;
-                            }
-                            Err(EncodeError::InsufficientSize(s)) => room = s.required_size,
-                            Err(EncodeError::AlreadyEncoded) => {
-                                self.out.truncate(at);
-                                break;
-                            }
-                        }
-                    }
+                    append(&mut self.out, 4096, |buf| e.encode(buf).map_err(encode_room));
                 }
                 // The caller sends `out` before it waits for the peer.
                 Ok(ConnectionState::TransmitTlsData(t)) => t.done(),
@@ -167,23 +152,15 @@ impl Session {
         let UnbufferedStatus { discard, state } = self.conn.process_tls_records(&mut self.incoming);
         let r = match state {
             Ok(ConnectionState::WriteTraffic(mut w)) => {
-                let at = self.out.len();
                 // A record's overhead is 22 bytes; a record holds 16 KiB.
-                let mut room = len + (len / 16384 + 1) * 64;
-                loop {
-                    self.out.resize(at + room, 0);
-                    match f(&mut w, &mut self.out[at..]) {
-                        Ok(n) => {
-                            self.out.truncate(at + n);
-                            break Ok(());
-                        }
-                        Err(EncryptError::InsufficientSize(s)) => room = s.required_size,
-                        Err(_) => {
-                            self.out.truncate(at);
-                            break Err(Error::NotReady);
-                        }
-                    }
-                }
+                let room = len + (len / 16384 + 1) * 64;
+                let encrypted = append(&mut self.out, room, |buf| {
+                    f(&mut w, buf).map_err(|e| match e {
+                        EncryptError::InsufficientSize(s) => Some(s.required_size),
+                        _ => None,
+                    })
+                });
+                if encrypted { Ok(()) } else { Err(Error::NotReady) }
             }
             Ok(_) => Err(Error::NotReady),
             Err(e) => Err(Error::Tls(e)),
@@ -200,15 +177,40 @@ fn state_done(conn: &mut UnbufferedServerConnection, out: &mut Vec<u8>) {
         let UnbufferedStatus { state, .. } = conn.process_tls_records(&mut none);
         match state {
             Ok(ConnectionState::EncodeTlsData(mut e)) => {
-                let at = out.len();
-                out.resize(at + 64, 0);
-                match e.encode(&mut out[at..]) {
-                    Ok(n) => out.truncate(at + n),
-                    Err(_) => out.truncate(at),
-                }
+                append(out, 64, |buf| e.encode(buf).map_err(encode_room));
             }
             Ok(ConnectionState::TransmitTlsData(t)) => t.done(),
             _ => return,
         }
+    }
+}
+
+/// Append to `out` what `write` puts in the room it is given: first
+/// `room` bytes, then as many as it says it needs (`Err(Some(n))`);
+/// `Err(None)`, or a need no larger than the room it had: nothing is
+/// appended, and false.
+fn append(out: &mut Vec<u8>, mut room: usize, mut write: impl FnMut(&mut [u8]) -> Result<usize, Option<usize>>) -> bool {
+    let at = out.len();
+    loop {
+        out.resize(at + room, 0);
+        match write(&mut out[at..]) {
+            Ok(n) => {
+                out.truncate(at + n);
+                return true;
+            }
+            Err(Some(need)) if need > room => room = need,
+            Err(_) => {
+                out.truncate(at);
+                return false;
+            }
+        }
+    }
+}
+
+/// The room an encoding asks for, if that is why it failed.
+fn encode_room(e: EncodeError) -> Option<usize> {
+    match e {
+        EncodeError::InsufficientSize(s) => Some(s.required_size),
+        EncodeError::AlreadyEncoded => None,
     }
 }
