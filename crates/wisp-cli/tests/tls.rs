@@ -131,6 +131,21 @@ fn start_with(d: &Daemon, name: &str, cert: &str, key: &str, backend: &str) -> (
     (id, ip)
 }
 
+/// Stop VM `id` and give its console once it printed its counters.
+fn stop_for_counters(d: &Daemon, id: &str) -> String {
+    let o = d.wisp(&["stop", id]);
+    assert!(o.status.success(), "{}", out(&o));
+    let mut c = d.client();
+    common::eventually(Duration::from_secs(20), || format!("{id} printed no counters"), || console(&mut c, id).contains("tlsproxy: counters").then_some(()));
+    console(&mut c, id)
+}
+
+/// Counter `name` (as in `handshakes`) of a stopped proxy's console.
+fn counter(said: &str, name: &str) -> u64 {
+    let at = said.find(&format!(" {name}=")).unwrap_or_else(|| panic!("no {name} in {said}"));
+    said[at + name.len() + 2..].split(' ').next().unwrap().trim().parse().unwrap()
+}
+
 /// curl in the daemon's namespace to `https://NAME/PATH` at `ip`,
 /// trusting `ca`: (exit code, body).
 fn curl(d: &Daemon, name: &str, ip: &str, ca: &str, path: &str, extra: &[&str]) -> (i32, Vec<u8>) {
@@ -206,8 +221,7 @@ print(len(got), hashlib.sha256(got).hexdigest() == hashlib.sha256(data).hexdiges
 "#
     );
     assert_eq!(d.python(&script).trim(), format!("{} True", 1 << 20), "the echo through the VM");
-    let o = d.wisp(&["stop", &id3]);
-    assert!(o.status.success(), "{}", out(&o));
+    stop_for_counters(&d, &id3);
 
     // TLS 1.3 it is, and each VM proves only its own tenant's name: the
     // other tenant's CA does not vouch for it (curl: 60, peer certificate).
@@ -243,14 +257,9 @@ print(len(got), hashlib.sha256(got).hexdigest() == hashlib.sha256(data).hexdiges
         }
     }
 
-    let mut c = d.client();
     for id in [&id1, &id2] {
-        let o = d.wisp(&["stop", id]);
-        assert!(o.status.success(), "{}", out(&o));
-        common::eventually(Duration::from_secs(20), || format!("{id} printed no counters"), || console(&mut c, id).contains("tlsproxy: counters").then_some(()));
-        let said = console(&mut c, id);
-        let n: u64 = said.split("handshakes=").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
-        assert!(n >= 2, "{said}");
+        let said = stop_for_counters(&d, id);
+        assert!(counter(&said, "handshakes") >= 2, "{said}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -260,12 +269,8 @@ fn garbage_in_the_handshake_is_refused_and_the_proxy_goes_on() {
     let dir = fresh_dir("tls-garbage");
     let d = Daemon::start_in_netns("tlsbad", "10.77.44.0/24", &[]);
     let (cert, key) = tenant(&dir, "g.test", "ed25519");
-    let o = d.wisp(&["run", "-d", "--net", "--file", &format!("{cert}:/cert.pem"), "--file", &format!("{key}:/key.pem"), "tlsproxy", "--", "10.77.44.1:8080"]);
-    assert!(o.status.success(), "{}", out(&o));
-    let id = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let (id, ip) = start_with(&d, "g", &cert, &key, "10.77.44.1:8080");
     let mut c = d.client();
-    wait_console(&mut c, &id, "tlsproxy: listening on ");
-    let ip = console(&mut c, &id).split("listening on ").nth(1).unwrap().split(':').next().unwrap().to_string();
     let _backend = backend(&d);
 
     // A client that connects and says nothing holds only its own task, and
@@ -314,10 +319,10 @@ print(probe(b'\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03', close_write=True))
     assert!(lines[0].ends_with(" 15") && lines[2].ends_with(" 15"), "no alert: {said}");
 
     // The proxy serves on, beside the silent client.
-    let ca = cert.clone();
-    let body = d.in_netns(&["curl", "-sS", "--max-time", "20", "--cacert", &ca, "--resolve", &format!("g.test:443:{ip}"), "https://g.test/after"]).output().unwrap();
-    assert!(body.status.success(), "{}", out(&body));
-    assert!(String::from_utf8_lossy(&body.stdout).ends_with(" /after"), "{}", out(&body));
+    let (code, body) = curl(&d, "g.test", &ip, &cert, "/after", &[]);
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(code, 0, "{body}");
+    assert!(body.ends_with(" /after"), "{body}");
     assert!(silent_started.elapsed() < Duration::from_secs(9), "too slow to tell the silent client's timeout apart");
     let said = silent.wait_with_output().unwrap();
     let after: f64 = String::from_utf8_lossy(&said.stdout).trim().parse().unwrap_or(-1.0);
@@ -360,29 +365,18 @@ print(len(closed))
     let closed: usize = crowd.trim().parse().unwrap();
     assert!((20..=80).contains(&closed), "{closed} of 100 silent clients were closed at once");
     let start = Instant::now();
-    let o = d.wisp(&["stop", &id]);
-    assert!(o.status.success(), "{}", out(&o));
-    common::eventually(Duration::from_secs(20), || "no counters".into(), || console(&mut c, &id).contains("tlsproxy: counters").then_some(()));
-    let said = console(&mut c, &id);
-    assert!(said.contains("handshakes=1 ") && said.contains(&format!("refused={closed} ")), "{said}");
-    let failed: u64 = said.split("failed=").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
-    assert!(failed >= 5, "the four kinds of garbage and the silent client: {said}");
+    let said = stop_for_counters(&d, &id);
+    assert!(counter(&said, "handshakes") == 1 && counter(&said, "refused") == closed as u64, "{said}");
+    assert!(counter(&said, "failed") >= 5, "the four kinds of garbage and the silent client: {said}");
     assert!(start.elapsed() < Duration::from_secs(20));
 
     // A backend that refuses: the client gets the handshake, then a
     // close_notify and nothing else (curl: 52, an empty reply); counted.
-    let o = d.wisp(&["run", "-d", "--net", "--file", &format!("{cert}:/cert.pem"), "--file", &format!("{key}:/key.pem"), "tlsproxy", "--", "10.77.44.1:8099"]);
-    assert!(o.status.success(), "{}", out(&o));
-    let id = String::from_utf8_lossy(&o.stdout).trim().to_string();
-    wait_console(&mut c, &id, "tlsproxy: listening on ");
-    let ip = console(&mut c, &id).split("listening on ").nth(1).unwrap().split(':').next().unwrap().to_string();
-    let o = d.in_netns(&["curl", "-sS", "--max-time", "20", "--cacert", &ca, "--resolve", &format!("g.test:443:{ip}"), "https://g.test/"]).output().unwrap();
-    assert_eq!(o.status.code(), Some(52), "{}", out(&o));
-    let o = d.wisp(&["stop", &id]);
-    assert!(o.status.success(), "{}", out(&o));
-    common::eventually(Duration::from_secs(20), || "no counters".into(), || console(&mut c, &id).contains("tlsproxy: counters").then_some(()));
-    let said = console(&mut c, &id);
-    assert!(said.contains("handshakes=1 ") && said.contains("backend_failed=1 "), "{said}");
+    let (id, ip) = start_with(&d, "g-nobackend", &cert, &key, "10.77.44.1:8099");
+    let (code, _) = curl(&d, "g.test", &ip, &cert, "/", &[]);
+    assert_eq!(code, 52, "a refused backend: not an empty reply");
+    let said = stop_for_counters(&d, &id);
+    assert!(counter(&said, "handshakes") == 1 && counter(&said, "backend_failed") == 1, "{said}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
