@@ -12,9 +12,10 @@
 //! of metadata just past a block and at the start of each free run — at
 //! most [`SLACK`] bytes past the highest block end so far — in its bins at
 //! the heap's start, and in the size word at the very end of the heap (the
-//! boundary tag of its top free run). So a socket's 256 KiB buffer costs neither a `memset` nor host
-//! memory until its pages are used (the host backs a guest page on first
-//! touch), and a listener can keep many such sockets listening.
+//! boundary tag of its top free run). So a socket's 256 KiB buffer costs
+//! neither a `memset` nor host memory until its pages are used (the host
+//! backs a guest page on first touch), and a listener can keep many such
+//! sockets listening.
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::sync::atomic::{AtomicUsize, Ordering};

@@ -7,8 +7,8 @@
 //!
 //! TLS is rustls (no_std, unbuffered API) with RustCrypto's provider:
 //! X25519 and P-256 key exchange; Ed25519, ECDSA and RSA keys;
-//! ChaCha20-Poly1305 (preferred) and AES-GCM. No session resumption (no tickets, no
-//! cache): every connection is a full handshake.
+//! ChaCha20-Poly1305 (preferred) and AES-GCM. No session resumption (no
+//! tickets, no cache): every connection is a full handshake.
 //!
 //! It says `tlsproxy: listening on IP:PORT for BACKEND` when it serves, and
 //! on a stop prints its counters (`tlsproxy: counters ...`) and exits 0.
@@ -116,7 +116,7 @@ fn parse_addr(s: &str) -> Option<(Ipv4Addr, u16)> {
 /// The TLS configuration from `/cert.pem` and `/key.pem`, or why not.
 fn server_config() -> Result<Arc<ServerConfig>, alloc::string::String> {
     use alloc::format;
-    let read = |path: &str| wisp::fs::read(path).map_err(|e| format!("cannot read {}: {} ", path, e));
+    let read = |path: &str| wisp::fs::read(path).map_err(|e| format!("cannot read {}: {}", path, e));
     let certs = CertificateDer::pem_slice_iter(read("/cert.pem")?)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("/cert.pem: not a PEM certificate chain: {:?}", e))?;
