@@ -112,3 +112,44 @@ fn redis_cli_and_redis_benchmark_work_against_kvstore_unchanged() {
     let _ = vm.kill();
     let _ = vm.wait();
 }
+
+/// While BGSAVE's child saves (made slow here: it waits 3 s before it
+/// writes), the parent serves on at once, and the snapshot is the data as
+/// of the fork. (A parent with a live child parks on its family's bell,
+/// not on its tap: its NIC's I/O thread, which had left the tap to the
+/// earlier parks, once slept on, and the parent answered nothing until
+/// the child ended — nor ever after, with the child left unreaped.)
+#[test]
+fn the_parent_serves_at_once_while_the_bgsave_child_saves() {
+    let ns = NetNs::new("kvfork");
+    ns.add_tap("wtap0", "10.77.13.1/24");
+    let mut vm = ns.boot("wtap0", &format!("{IP}/24"), "kvstore", &["6380", "3000"]);
+    let console = Console::of(&mut vm);
+    console.wait_for(&format!("kvstore: listening on {IP}:6380"), Duration::from_secs(20));
+    assert_eq!(cli(&ns, &["SET", "a", "1"]), "OK");
+    assert_eq!(cli(&ns, &["BGSAVE"]), "Background saving started");
+    let t = std::time::Instant::now();
+    assert_eq!(cli(&ns, &["PING"]), "PONG");
+    assert_eq!(cli(&ns, &["SET", "b", "2"]), "OK");
+    assert_eq!(cli(&ns, &["DBSIZE"]), "2");
+    assert!(cli(&ns, &["INFO", "persistence"]).contains("rdb_bgsave_in_progress:1"));
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(2), "four commands during the save took {took:?} (the child waits 3 s)");
+    let lines = console.wait_for("kvstore: snapshot end ", Duration::from_secs(20));
+    assert!(lines.iter().any(|l| l == "kvstore: snapshot begin 1"), "{lines:?}");
+    assert!(!lines.iter().any(|l| l.starts_with("kvstore: snapshot b ")), "{lines:?}");
+    // The child ended (reaped when the parent next looks): served on, the
+    // save counted.
+    assert_eq!(cli(&ns, &["PING"]), "PONG");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let info = cli(&ns, &["INFO", "persistence"]);
+        if info.contains("rdb_bgsave_in_progress:0") {
+            assert!(info.contains("rdb_saves:1") && info.contains("rdb_last_bgsave_status:ok"), "{info}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the save never ended: {info}");
+    }
+    let _ = vm.kill();
+    let _ = vm.wait();
+}

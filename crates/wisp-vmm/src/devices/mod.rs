@@ -72,6 +72,12 @@ pub trait Device: Send {
     /// deadline): serve the device on this thread if that brings the guest
     /// its work sooner than the device's own thread would.
     fn park_ended(&self, _woken: bool, _parked: std::time::Duration) {}
+    /// The vCPU thread is about to park without watching the descriptors
+    /// of [`Device::park_begins`] (a VM with relatives parks on its
+    /// family's bell): a device whose own thread left them to the vCPU's
+    /// parks must watch them again, or their work waits for the guest's
+    /// next kick.
+    fn park_unwatched(&self) {}
     /// In a forked child process: let go of what stays with the parent.
     /// Later kicks from the child are ignored. A device keeps no
     /// descriptor afterwards: the child's monitor closes every descriptor
@@ -292,6 +298,13 @@ impl Devices {
     pub(crate) fn park_ended(&self, woken: bool, parked: std::time::Duration) {
         for (d, _) in &self.list {
             d.park_ended(woken, parked);
+        }
+    }
+
+    /// The vCPU parks without watching them (see [`Device::park_unwatched`]).
+    pub(crate) fn park_unwatched(&self) {
+        for (d, _) in &self.list {
+            d.park_unwatched();
         }
     }
 

@@ -369,6 +369,21 @@ impl Device for Nic {
         }
     }
 
+    fn park_unwatched(&self) {
+        if let NicState::Running(r) = &self.state {
+            // The park that ended last watched the tap (`end` stored since
+            // it ended); an I/O thread that left the tap to it, or has not
+            // started, must watch it now. Against an I/O thread going
+            // blind meanwhile: it stores `io_blind`, fences, and looks at
+            // the watch again (`Io::serve`); one of the two sides sees the
+            // other.
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if r.park_watch.io_blind.load(Ordering::Acquire) {
+                r.kick();
+            }
+        }
+    }
+
     fn on_fork_child(&mut self) {
         match std::mem::replace(&mut self.state, NicState::Detached) {
             NicState::Running(r) => r.abandon_after_fork(),

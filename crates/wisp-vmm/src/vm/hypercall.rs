@@ -160,6 +160,8 @@ impl Vm {
             _ if rung => {}
             Some(idle) if !self.family.has_relatives() => self.park_on_fds(idle, wait),
             _ => {
+                // Nothing here watches the devices' descriptors.
+                self.devices.park_unwatched();
                 if self.family.has_relatives() {
                     // Members of a family answer each other quickly: watch
                     // the bell briefly before sleeping, as blocking family

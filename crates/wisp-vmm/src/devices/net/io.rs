@@ -230,9 +230,20 @@ impl Io {
                 }
                 // A parked vCPU watching the tap serves it itself. If it
                 // then runs the guest, frames wait until the guest kicks
-                // or parks again — the points where it would look anyway.
+                // or parks again — the points where it would look anyway
+                // (a park that does not watch the tap, a family's, wakes
+                // this thread first: `Device::park_unwatched`).
                 self.park_watch.io_blind.store(vcpu_serves, Ordering::Release);
-                self.sleep(tap_ready && !vcpu_serves, timeout);
+                // That park may have ended meanwhile and the next may be
+                // one that does not watch the tap (`park_unwatched` fences
+                // and reads `io_blind` after the park's end is stored):
+                // blind only while the park still goes on.
+                std::sync::atomic::fence(Ordering::SeqCst);
+                let blind = vcpu_serves && self.park_watch.watching_for().is_some();
+                if !blind {
+                    self.park_watch.io_blind.store(false, Ordering::Release);
+                }
+                self.sleep(tap_ready && !blind, timeout);
                 self.park_watch.io_blind.store(false, Ordering::Release);
             }
             let mut g = self.lock()?;
