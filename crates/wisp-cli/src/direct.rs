@@ -10,7 +10,8 @@ use wisp_vmm_process::exit::{exit_info, Runner};
 use wisp_vmm_process::images::load_image;
 use wisp_vmm_process::nic::tap_nic;
 
-use crate::guestio::{self, Terminal};
+use crate::guestio;
+use wisp_vmm_process::terminal::Terminal;
 use crate::{monotonic_ns, RunArgs};
 
 pub fn run(a: &RunArgs, t_main: u64) -> Result<(u8, Option<Vm>), String> {

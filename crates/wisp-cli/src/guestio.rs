@@ -4,7 +4,7 @@
 //! never opens a file for a client), and in this process its standard
 //! streams.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -102,23 +102,3 @@ pub fn feed_stdin(feed: wisp_vmm::StdinFeed) {
     });
 }
 
-/// The console of a VM run in this process: its stdout on ours, its
-/// stderr on ours.
-pub struct Terminal<'a>(pub std::io::StdoutLock<'a>);
-
-impl Write for Terminal<'_> {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        self.0.write(data)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.0.flush()
-    }
-}
-
-impl wisp_vmm::Console for Terminal<'_> {
-    fn write_err(&mut self, data: &[u8]) -> std::io::Result<()> {
-        // What the guest wrote to stdout before goes out first.
-        self.0.flush()?;
-        std::io::stderr().write_all(data)
-    }
-}

@@ -38,6 +38,7 @@ mod recycle;
 pub mod proto;
 mod sink;
 mod state;
+pub mod terminal;
 pub mod units;
 mod uplink;
 

@@ -1,0 +1,188 @@
+//! An OCI bundle read into what its VM needs: the image (`/wisp/image` in
+//! the root filesystem by convention, or the path the annotation
+//! [`IMAGE_ANNOTATION`] names there), the guest's arguments and
+//! environment, its RAM (the spec's memory limit) and the network
+//! namespace it joins. The spec types are `oci-spec`'s; everything the
+//! bundle says is checked here, before a VM is made, and refused with
+//! what is wrong.
+
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+
+use oci_spec::runtime::{LinuxNamespaceType, Spec};
+
+/// Names the image's path inside the root filesystem.
+pub const IMAGE_ANNOTATION: &str = "org.wisp.image";
+/// Where the image is unless the annotation says.
+pub const DEFAULT_IMAGE: &str = "/wisp/image";
+
+/// Which network namespace the VM's process lives in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Netns {
+    /// The runtime's own (the spec asks for none): the VM gets no NIC.
+    Host,
+    /// One the engine made (podman, Kubernetes): joined, and its
+    /// interface handed to the VM.
+    Join(PathBuf),
+    /// A new, empty one (containerd without networking).
+    New,
+}
+
+/// What the bundle asks for.
+#[derive(Debug)]
+pub struct Plan {
+    /// The bundle directory, absolute.
+    pub bundle: PathBuf,
+    /// The image file on the host.
+    pub image: PathBuf,
+    /// The guest's arguments (after its name).
+    pub args: Vec<String>,
+    /// `NAME=VALUE` each.
+    pub env: Vec<String>,
+    /// Guest RAM in bytes (none: the monitor's default).
+    pub mem: Option<u64>,
+    pub netns: Netns,
+    /// process.terminal: the engine gave a console socket for a terminal.
+    pub terminal: bool,
+    pub annotations: HashMap<String, String>,
+}
+
+/// Read and check the bundle at `dir`.
+pub fn read(dir: &Path) -> Result<Plan, String> {
+    let bundle = std::fs::canonicalize(dir).map_err(|e| format!("bundle {}: {e}", dir.display()))?;
+    let config = bundle.join("config.json");
+    // Parsed here rather than with `Spec::load`, whose error says only
+    // "serde failed": the engine's user is told where and what.
+    let bytes = std::fs::read(&config).map_err(|e| format!("{}: {e}", config.display()))?;
+    let spec: Spec = serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", config.display()))?;
+    let root = spec.root().as_ref().ok_or_else(|| format!("{}: no root (the root filesystem holding the image)", config.display()))?;
+    let rootfs = bundle.join(root.path());
+    let rootfs = std::fs::canonicalize(&rootfs).map_err(|e| format!("root filesystem {}: {e}", rootfs.display()))?;
+    let annotations = spec.annotations().clone().unwrap_or_default();
+    let inside = annotations.get(IMAGE_ANNOTATION).map(String::as_str).unwrap_or(DEFAULT_IMAGE);
+    let image = image_in(&rootfs, inside)?;
+    let process = spec.process().as_ref();
+    let mut args = process.and_then(|p| p.args().clone()).unwrap_or_default();
+    // args[0] is the program, as for any container: the image (by its path
+    // in the root filesystem or its name) is dropped; anything else is the
+    // guest's first argument.
+    let name = Path::new(inside).file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if args.first().is_some_and(|a| a == inside || a == name || Path::new(a) == Path::new(inside)) {
+        args.remove(0);
+    }
+    let env = process.and_then(|p| p.env().clone()).unwrap_or_default();
+    for e in &env {
+        if !e.contains('=') || e.starts_with('=') || e.contains('\0') {
+            return Err(format!("process.env: {e:?} is not NAME=VALUE"));
+        }
+    }
+    let terminal = process.and_then(|p| p.terminal()).unwrap_or(false);
+    let linux = spec.linux().as_ref();
+    let limit = linux.and_then(|l| l.resources().as_ref()).and_then(|r| r.memory().as_ref()).and_then(|m| m.limit());
+    let mem = match limit {
+        // -1 (and 0) mean no limit.
+        Some(b) if b > 0 => {
+            Some(wisp_vmm::check_mem_size(b as u64).map_err(|e| format!("linux.resources.memory.limit {b}: {e}"))?)
+        }
+        _ => None,
+    };
+    let ns = linux.and_then(|l| l.namespaces().as_ref()).and_then(|v| v.iter().find(|n| n.typ() == LinuxNamespaceType::Network));
+    let netns = match ns {
+        None => Netns::Host,
+        Some(n) => match n.path() {
+            Some(p) => Netns::Join(p.clone()),
+            None => Netns::New,
+        },
+    };
+    Ok(Plan { bundle, image, args, env, mem, netns, terminal, annotations })
+}
+
+/// The file at absolute path `inside` of `rootfs`, which must stay in it
+/// (no `..`; symbolic links resolved and checked).
+fn image_in(rootfs: &Path, inside: &str) -> Result<PathBuf, String> {
+    let rel = Path::new(inside);
+    if !rel.is_absolute() || rel.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err(format!("image path {inside:?} (annotation {IMAGE_ANNOTATION}) must be absolute in the root filesystem, without '..'"));
+    }
+    let joined = rootfs.join(rel.strip_prefix("/").unwrap_or(rel));
+    let real = std::fs::canonicalize(&joined).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => format!(
+            "no wisp image at {inside} in the root filesystem {} (put it there, or name it with the annotation {IMAGE_ANNOTATION})",
+            rootfs.display()
+        ),
+        _ => format!("image {}: {e}", joined.display()),
+    })?;
+    if !real.starts_with(rootfs) {
+        return Err(format!("image path {inside:?} leads out of the root filesystem (to {})", real.display()));
+    }
+    if !real.is_file() {
+        return Err(format!("image {inside:?} in the root filesystem is not a file"));
+    }
+    Ok(real)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bundle(tag: &str, config: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("wisp-oci-bundle-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("rootfs/wisp")).unwrap();
+        std::fs::write(d.join("rootfs/wisp/image"), b"not checked here").unwrap();
+        std::fs::write(d.join("config.json"), config).unwrap();
+        d
+    }
+
+    const BASE: &str = r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"process":{"cwd":"/","user":{"uid":0,"gid":0},"args":["/wisp/image","a","b"],"env":["A=1","PATH=/bin"]},
+        "linux":{"resources":{"memory":{"limit":33554432}},"namespaces":[{"type":"network","path":"/run/netns/x"},{"type":"pid"}]}}"#;
+
+    #[test]
+    fn a_bundle_becomes_a_plan() {
+        let d = bundle("ok", BASE);
+        let p = read(&d).unwrap();
+        assert!(p.image.ends_with("rootfs/wisp/image"));
+        assert_eq!(p.args, ["a", "b"]);
+        assert_eq!(p.env, ["A=1", "PATH=/bin"]);
+        assert_eq!(p.mem, Some(32 << 20));
+        assert_eq!(p.netns, Netns::Join("/run/netns/x".into()));
+        let _ = std::fs::remove_dir_all(d);
+    }
+
+    #[test]
+    fn bad_bundles_are_refused_with_what_is_wrong() {
+        let cases = [
+            ("junk", "{not json", "config.json"),
+            ("noroot", r#"{"ociVersion":"1.0.2"}"#, "no root"),
+            ("norootfs", r#"{"ociVersion":"1.0.2","root":{"path":"nope"}}"#, "root filesystem"),
+            ("noimage", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"annotations":{"org.wisp.image":"/other"}}"#, "no wisp image at /other"),
+            ("dotdot", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"annotations":{"org.wisp.image":"/../config.json"}}"#, "without '..'"),
+            ("dir", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"annotations":{"org.wisp.image":"/wisp"}}"#, "not a file"),
+            ("env", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"process":{"cwd":"/","user":{"uid":0,"gid":0},"env":["NOEQ"]}}"#, "NAME=VALUE"),
+            ("mem", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"linux":{"resources":{"memory":{"limit":4096}}}}"#, "memory too small"),
+        ];
+        for (tag, config, want) in cases {
+            let d = bundle(tag, config);
+            let e = read(&d).unwrap_err();
+            assert!(e.contains(want), "{tag}: {e}");
+            let _ = std::fs::remove_dir_all(d);
+        }
+        // A symbolic link out of the root filesystem.
+        let d = bundle("link", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"annotations":{"org.wisp.image":"/escape"}}"#);
+        std::os::unix::fs::symlink(d.join("config.json"), d.join("rootfs/escape")).unwrap();
+        assert!(read(&d).unwrap_err().contains("leads out of the root filesystem"));
+        let _ = std::fs::remove_dir_all(d);
+    }
+
+    #[test]
+    fn namespaces_and_arguments() {
+        let d = bundle("ns", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"process":{"cwd":"/","user":{"uid":0,"gid":0},"args":["6380"]},"linux":{"namespaces":[{"type":"network"}]}}"#);
+        let p = read(&d).unwrap();
+        assert_eq!((p.netns, p.args, p.mem), (Netns::New, vec!["6380".to_string()], None));
+        let _ = std::fs::remove_dir_all(d);
+        let d = bundle("host", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"process":{"cwd":"/","user":{"uid":0,"gid":0},"args":["image","x"]}}"#);
+        let p = read(&d).unwrap();
+        assert_eq!((p.netns, p.args), (Netns::Host, vec!["x".to_string()]));
+        let _ = std::fs::remove_dir_all(d);
+    }
+}

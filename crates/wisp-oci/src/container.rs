@@ -1,0 +1,268 @@
+//! The runtime's commands. `create` forks the container's process, which
+//! joins the engine's network namespace, hands the VM the namespace's
+//! interface (`net`), makes the VM (image loaded, RAM and devices ready:
+//! the boot's cold part is paid before `start`), tells `create` it is
+//! ready and waits on `exec.fifo`; `start` opens the fifo, and the process
+//! runs the VM and exits with the guest's status (a signal from `kill`
+//! ends it as it would any process: 128+N to the engine). The process is
+//! the engine's to reap: `create` exits once it is ready, and the
+//! engine's subreaper (conmon, containerd's shim) adopts it.
+
+use std::ffi::CString;
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use oci_spec::runtime::{ContainerState, FeaturesBuilder, LinuxFeatureBuilder, LinuxNamespaceType, StateBuilder};
+
+use crate::bundle::{self, Plan};
+use crate::log::Log;
+use crate::state::{self, Record, Root};
+
+/// The runtime-spec version this runtime speaks.
+const OCI_VERSION: &str = "1.0.2";
+/// Longest `start` waits for the container's process at its gate, and
+/// `delete --force` for it to die.
+const WAIT: Duration = Duration::from_secs(10);
+
+pub fn create(
+    root: &Root,
+    log: &Log,
+    id: &str,
+    bundle_dir: &Path,
+    pid_file: Option<&Path>,
+    console_socket: Option<&Path>,
+    preserve_fds: u32,
+) -> Result<(), String> {
+    let plan = bundle::read(bundle_dir)?;
+    if preserve_fds > 0 {
+        return Err(format!("--preserve-fds {preserve_fds}: a VM takes no descriptors from the host"));
+    }
+    let console = match (plan.terminal, console_socket) {
+        (true, Some(s)) => Some(crate::console::open(s)?),
+        (true, None) => return Err("process.terminal is set but no --console-socket was given".into()),
+        (false, _) => None,
+    };
+    let dir = root.make(id)?;
+    let made = (|| {
+        let fifo = dir.fifo();
+        let c = CString::new(fifo.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+        // SAFETY: mkfifo reads the NUL-terminated path, a live CString.
+        if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
+            return Err(format!("{}: {}", fifo.display(), std::io::Error::last_os_error()));
+        }
+        let pid = spawn(&plan, &fifo, console)?;
+        log.debug(&format!("container {id}: process {pid} ready"));
+        let pid_start = state::start_time(pid).ok_or_else(|| format!("the container's process {pid} ended at once"))?;
+        let created = crate::log::rfc3339(std::time::SystemTime::now());
+        dir.save(&Record { id: id.into(), bundle: plan.bundle.clone(), pid, pid_start, created, annotations: plan.annotations.clone() })?;
+        if let Some(p) = pid_file {
+            write_pid_file(p, pid).inspect_err(|_| {
+                // SAFETY: kill takes a pid and a signal number; the pid is
+                // our own child's.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            })?;
+        }
+        Ok(())
+    })();
+    if made.is_err() {
+        let _ = dir.remove();
+    }
+    made
+}
+
+/// Fork the container's process; returns its pid once it is ready at its
+/// gate, or why it could not get there.
+fn spawn(plan: &Plan, fifo: &Path, console: Option<OwnedFd>) -> Result<i32, String> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into the array it is given.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: both numbers were just returned by pipe2 and are owned here.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: this process is single-threaded (the runtime's command line
+    // starts no thread before this), so the child may do anything.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+    }
+    if pid == 0 {
+        drop(r);
+        let code = crate::init::run(plan, fifo, w, console);
+        std::process::exit(code);
+    }
+    drop(w);
+    let mut said = String::new();
+    let _ = std::fs::File::from(r).read_to_string(&mut said);
+    if said == "ready" {
+        return Ok(pid);
+    }
+    // SAFETY: as above; then reap our own child.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+    }
+    Err(if said.is_empty() { "the container's process ended before it was ready".into() } else { said })
+}
+
+fn write_pid_file(path: &Path, pid: i32) -> Result<(), String> {
+    let tmp = path.with_extension("wisp-oci.tmp");
+    std::fs::write(&tmp, pid.to_string()).and_then(|()| std::fs::rename(&tmp, path)).map_err(|e| format!("pid file {}: {e}", path.display()))
+}
+
+pub fn start(root: &Root, id: &str) -> Result<(), String> {
+    let (dir, rec) = root.open(id)?;
+    let status = dir.status(&rec);
+    if status != ContainerState::Created {
+        return Err(format!("container {id} is {status}, not created"));
+    }
+    let fifo = dir.fifo();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .map_err(|e| format!("{}: {e}", fifo.display()))?;
+    // The process, let through its gate, writes one byte.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mut b = [0u8; 1];
+        match (&f).read(&mut b) {
+            Ok(1) => break,
+            Ok(_) | Err(_) if !state::alive(rec.pid, rec.pid_start) => return Err(format!("container {id}'s process ended before it started")),
+            _ if Instant::now() >= deadline => return Err(format!("container {id}'s process did not start within {WAIT:?}")),
+            _ => {
+                let mut p = libc::pollfd { fd: f.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                // SAFETY: poll reads and writes one pollfd, a live local.
+                unsafe { libc::poll(&mut p, 1, 50) };
+            }
+        }
+    }
+    std::fs::remove_file(&fifo).map_err(|e| format!("{}: {e}", fifo.display()))
+}
+
+pub fn state(root: &Root, id: &str) -> Result<String, String> {
+    let (dir, rec) = root.open(id)?;
+    let status = dir.status(&rec);
+    let mut b = StateBuilder::default().version(OCI_VERSION).id(id).status(status).bundle(rec.bundle.clone()).annotations(rec.annotations.clone());
+    if status != ContainerState::Stopped {
+        b = b.pid(rec.pid);
+    }
+    let s = b.build().map_err(|e| e.to_string())?;
+    serde_json::to_string_pretty(&s).map_err(|e| e.to_string())
+}
+
+pub fn kill(root: &Root, id: &str, signal: &str) -> Result<(), String> {
+    let signo = parse_signal(signal)?;
+    let (dir, rec) = root.open(id)?;
+    if dir.status(&rec) == ContainerState::Stopped {
+        return Err(format!("container {id} is not running"));
+    }
+    // SAFETY: kill takes a pid and a signal number.
+    if unsafe { libc::kill(rec.pid, signo) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(if e.raw_os_error() == Some(libc::ESRCH) { format!("container {id} is not running") } else { format!("kill {}: {e}", rec.pid) });
+    }
+    Ok(())
+}
+
+pub fn delete(root: &Root, id: &str, force: bool) -> Result<(), String> {
+    let (dir, rec) = root.open(id)?;
+    match dir.status(&rec) {
+        ContainerState::Stopped => {}
+        // As runc: a container never started is deleted with its process.
+        ContainerState::Created | ContainerState::Creating => end(&rec)?,
+        ContainerState::Running if force => end(&rec)?,
+        ContainerState::Running => return Err(format!("container {id} is running: stop it first, or delete --force")),
+    }
+    dir.remove()
+}
+
+/// Kill the container's process and wait until it is gone (or a zombie
+/// for its engine to reap).
+fn end(rec: &Record) -> Result<(), String> {
+    // SAFETY: kill takes a pid and a signal number; the pid is checked
+    // alive with its recorded start time just before.
+    if state::alive(rec.pid, rec.pid_start) {
+        unsafe { libc::kill(rec.pid, libc::SIGKILL) };
+    }
+    let deadline = Instant::now() + WAIT;
+    while state::alive(rec.pid, rec.pid_start) {
+        if Instant::now() >= deadline {
+            return Err(format!("container {}'s process {} did not die within {WAIT:?}", rec.id, rec.pid));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    Ok(())
+}
+
+/// A signal by number or name (`9`, `KILL`, `SIGKILL`).
+fn parse_signal(s: &str) -> Result<i32, String> {
+    if let Ok(n) = s.parse::<i32>() {
+        return if (1..=64).contains(&n) { Ok(n) } else { Err(format!("invalid signal {s}")) };
+    }
+    const NAMES: [(&str, i32); 16] = [
+        ("HUP", libc::SIGHUP),
+        ("INT", libc::SIGINT),
+        ("QUIT", libc::SIGQUIT),
+        ("KILL", libc::SIGKILL),
+        ("USR1", libc::SIGUSR1),
+        ("USR2", libc::SIGUSR2),
+        ("PIPE", libc::SIGPIPE),
+        ("ALRM", libc::SIGALRM),
+        ("TERM", libc::SIGTERM),
+        ("CHLD", libc::SIGCHLD),
+        ("CONT", libc::SIGCONT),
+        ("STOP", libc::SIGSTOP),
+        ("TSTP", libc::SIGTSTP),
+        ("WINCH", libc::SIGWINCH),
+        ("PWR", libc::SIGPWR),
+        ("SYS", libc::SIGSYS),
+    ];
+    let name = s.strip_prefix("SIG").unwrap_or(s);
+    NAMES.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|&(_, v)| v).ok_or_else(|| format!("invalid signal {s}"))
+}
+
+pub fn features() -> String {
+    let linux = LinuxFeatureBuilder::default().namespaces(vec![LinuxNamespaceType::Network]).build().expect("all fields set");
+    let annotations = [
+        ("org.wisp.runtime".to_string(), "a wisp VM per container (KVM)".to_string()),
+        (bundle::IMAGE_ANNOTATION.to_string(), format!("the image's path in the root filesystem (default {})", bundle::DEFAULT_IMAGE)),
+    ];
+    let f = FeaturesBuilder::default()
+        .oci_version_min("1.0.0")
+        .oci_version_max(OCI_VERSION)
+        .hooks(Vec::<String>::new())
+        .mount_options(Vec::<String>::new())
+        .linux(linux)
+        .annotations(annotations.into_iter().collect::<std::collections::HashMap<_, _>>())
+        .build()
+        .expect("all fields set");
+    serde_json::to_string_pretty(&f).expect("serialisable")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_by_number_and_name() {
+        assert_eq!(parse_signal("9"), Ok(libc::SIGKILL));
+        assert_eq!(parse_signal("SIGTERM"), Ok(libc::SIGTERM));
+        assert_eq!(parse_signal("term"), Ok(libc::SIGTERM));
+        assert_eq!(parse_signal("KILL"), Ok(libc::SIGKILL));
+        for bad in ["0", "65", "SIGNOPE", "", "-1"] {
+            assert!(parse_signal(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn features_are_json() {
+        let v: serde_json::Value = serde_json::from_str(&features()).unwrap();
+        assert_eq!(v["ociVersionMax"], OCI_VERSION);
+        assert_eq!(v["linux"]["namespaces"][0], "network");
+    }
+}

@@ -1,0 +1,110 @@
+//! The container's process (forked by `create`): it becomes the VM's
+//! monitor. Before `start` it joins the network namespace, plumbs the
+//! namespace's interface to a tap for the VM (`net`), loads the image and
+//! makes the VM; then it tells `create` it is ready and waits at
+//! `exec.fifo` until `start` opens it; then it runs the guest, its console
+//! on this process's stdout (the engine's log), and exits with the guest's
+//! status.
+
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+
+use wisp_abi::DeviceKind;
+use wisp_vmm::{DataDevice, Image, DEFAULT_MEM};
+use wisp_vmm_process::boot::{self, Boot};
+use wisp_vmm_process::exit::{exit_info, Runner};
+
+use crate::bundle::{Netns, Plan};
+
+/// Run as the container's process; returns its exit status. `ready`:
+/// where `create` waits for "ready" or why not; `console`: the terminal
+/// to take as stdio, if the container has one.
+pub fn run(plan: &Plan, fifo: &Path, ready: OwnedFd, console: Option<OwnedFd>) -> i32 {
+    let ready = std::fs::File::from(ready);
+    // A session of its own: the engine's terminal signals are not its.
+    // SAFETY: setsid takes no arguments.
+    unsafe { libc::setsid() };
+    if let Some(tty) = console {
+        if let Err(e) = crate::console::take(tty) {
+            tell(&ready, &e);
+            return 1;
+        }
+    }
+    let mut vm = match prepare(plan) {
+        Ok(vm) => vm,
+        Err(e) => {
+            tell(&ready, &e);
+            return 1;
+        }
+    };
+    tell(&ready, "ready");
+    drop(ready);
+    // The gate: opening the fifo for writing blocks until `start` opens it
+    // for reading; the byte tells `start` we are through.
+    match std::fs::OpenOptions::new().write(true).open(fifo) {
+        Ok(mut f) => {
+            if f.write_all(b"0").is_err() {
+                return 1;
+            }
+        }
+        Err(e) => {
+            wisp_vmm::stderr_line(&format!("wisp-oci: {}: {e}", fifo.display()));
+            return 1;
+        }
+    }
+    let mut out = wisp_vmm_process::terminal::Terminal(std::io::stdout().lock());
+    let outcome = vm.run(&mut out, None);
+    let _ = out.flush();
+    let exit = exit_info(&outcome, Runner::Direct);
+    if exit.reason != "exited" {
+        wisp_vmm::stderr_line(&format!("wisp-oci: VM stopped: {}", exit.reason));
+    }
+    // The VM's memory and threads go with the process.
+    std::mem::forget(vm);
+    exit.code as i32
+}
+
+/// Everything before the guest runs.
+fn prepare(plan: &Plan) -> Result<wisp_vmm::Vm, String> {
+    join(&plan.netns)?;
+    let img = Image::from_file(&plan.image).map_err(|e| format!("{}: {e}", plan.image.display()))?;
+    let wants_nic = img.manifest.devices().iter().any(|d| d.kind == DeviceKind::Net as u32);
+    let net = match &plan.netns {
+        Netns::Join(_) | Netns::New if wants_nic => crate::net::plumb()?,
+        _ => None,
+    };
+    let data = if plan.env.is_empty() { None } else { Some(DataDevice::new(&plan.env, &[]).map_err(|e| format!("process.env: {e}"))?) };
+    let shell = boot::prepare(plan.mem.unwrap_or(DEFAULT_MEM)).map_err(|e| e.to_string())?;
+    let family = boot::direct_family(wisp_abi::family::limits::MAX_MEMBERS as u32);
+    let boot = Boot { image: &img, args: &plan.args, net: net.into_iter().collect(), data, disks: vec![], libraries: vec![], family };
+    boot::load(shell, boot).map_err(|e| e.to_string())
+}
+
+/// Enter the network namespace the bundle names (or a new one).
+fn join(ns: &Netns) -> Result<(), String> {
+    match ns {
+        Netns::Host => Ok(()),
+        Netns::New => {
+            // SAFETY: unshare takes a flag word.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                return Err(format!("new network namespace: {}", std::io::Error::last_os_error()));
+            }
+            Ok(())
+        }
+        Netns::Join(path) => {
+            let f = std::fs::File::open(path).map_err(|e| format!("network namespace {}: {e}", path.display()))?;
+            // SAFETY: setns takes a descriptor (open for the call's length)
+            // and a namespace type.
+            if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(format!("network namespace {}: {}", path.display(), std::io::Error::last_os_error()));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Say `msg` to `create` on the ready pipe.
+fn tell(mut w: &std::fs::File, msg: &str) {
+    let _ = w.write_all(msg.as_bytes());
+}

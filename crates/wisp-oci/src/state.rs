@@ -1,0 +1,171 @@
+//! Containers' state on disk: `ROOT/ID/` (the root directory is the
+//! runtime's, mode 0700) holds `state.json` (what `create` recorded) and,
+//! until `start`, the `exec.fifo` the container's process waits on. A
+//! container's status is read from the world, not stored: stopped once its
+//! process is gone (or is a zombie, or its pid now names another process:
+//! the process's start time is recorded), created while the fifo is there,
+//! running otherwise.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use oci_spec::runtime::ContainerState;
+use serde::{Deserialize, Serialize};
+
+pub struct Root {
+    dir: PathBuf,
+}
+
+/// What `create` recorded.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Record {
+    pub id: String,
+    pub bundle: PathBuf,
+    pub pid: i32,
+    /// The process's start time (clock ticks since boot, /proc/PID/stat).
+    pub pid_start: u64,
+    pub created: String,
+    #[serde(default)]
+    pub annotations: HashMap<String, String>,
+}
+
+/// A container's directory.
+#[derive(Debug)]
+pub struct Dir {
+    pub path: PathBuf,
+}
+
+impl Root {
+    pub fn new(dir: &Path) -> Root {
+        Root { dir: dir.to_path_buf() }
+    }
+
+    /// Make a new container's directory (refused if the id is taken).
+    pub fn make(&self, id: &str) -> Result<Dir, String> {
+        check_id(id)?;
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.dir).map_err(|e| format!("state root {}: {e}", self.dir.display()))?;
+        let path = self.dir.join(id);
+        match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+            Ok(()) => Ok(Dir { path }),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(format!("container {id} already exists")),
+            Err(e) => Err(format!("{}: {e}", path.display())),
+        }
+    }
+
+    /// An existing container's directory and record.
+    pub fn open(&self, id: &str) -> Result<(Dir, Record), String> {
+        check_id(id)?;
+        let path = self.dir.join(id);
+        let file = path.join("state.json");
+        let bytes = match std::fs::read(&file) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(format!("container {id} does not exist")),
+            Err(e) => return Err(format!("{}: {e}", file.display())),
+        };
+        let rec: Record = serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", file.display()))?;
+        Ok((Dir { path }, rec))
+    }
+}
+
+impl Dir {
+    pub fn fifo(&self) -> PathBuf {
+        self.path.join("exec.fifo")
+    }
+
+    /// Record `rec` (written whole, then renamed into place).
+    pub fn save(&self, rec: &Record) -> Result<(), String> {
+        let tmp = self.path.join("state.json.tmp");
+        let json = serde_json::to_vec(rec).map_err(|e| e.to_string())?;
+        std::fs::write(&tmp, json).and_then(|()| std::fs::rename(&tmp, self.path.join("state.json"))).map_err(|e| format!("{}: {e}", tmp.display()))
+    }
+
+    pub fn status(&self, rec: &Record) -> ContainerState {
+        if !alive(rec.pid, rec.pid_start) {
+            ContainerState::Stopped
+        } else if self.fifo().exists() {
+            ContainerState::Created
+        } else {
+            ContainerState::Running
+        }
+    }
+
+    pub fn remove(self) -> Result<(), String> {
+        match std::fs::remove_dir_all(&self.path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(format!("{}: {e}", self.path.display())),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Container ids as runc takes them: letters, digits, `_+-.`, not `.`/`..`.
+fn check_id(id: &str) -> Result<(), String> {
+    let ok = !id.is_empty()
+        && id.len() <= 1024
+        && id != "."
+        && id != ".."
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"_+-.".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("invalid container id {id:?}: letters, digits and _+-. only"))
+    }
+}
+
+/// Process `pid`'s start time, if it lives (a zombie does not).
+pub fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold anything: fields
+    // are counted after its last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // Field 3 (state) is rest's first; field 22 (starttime) its 20th.
+    if matches!(fields.first(), Some(&"Z") | Some(&"X")) {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+/// Whether `pid` is still the process recorded (same start time).
+pub fn alive(pid: i32, start: u64) -> bool {
+    pid > 0 && start_time(pid) == Some(start)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_checked() {
+        for bad in ["", ".", "..", "a/b", "a b", "x\0"] {
+            assert!(check_id(bad).is_err(), "{bad:?}");
+        }
+        for good in ["abc", "9b84ea846643b4f7", "my_ctr-1.2+x"] {
+            assert!(check_id(good).is_ok(), "{good:?}");
+        }
+    }
+
+    #[test]
+    fn this_process_lives_and_a_changed_start_time_does_not() {
+        let me = std::process::id() as i32;
+        let t = start_time(me).unwrap();
+        assert!(alive(me, t));
+        assert!(!alive(me, t + 1));
+        assert!(!alive(0, 0));
+    }
+
+    #[test]
+    fn a_taken_id_is_refused_and_a_missing_one_does_not_exist() {
+        let root = Root::new(&std::env::temp_dir().join(format!("wisp-oci-root-{}", std::process::id())));
+        let d = root.make("c1").unwrap();
+        assert!(root.make("c1").unwrap_err().contains("already exists"));
+        assert!(root.open("c2").unwrap_err().contains("does not exist"));
+        let rec = Record { id: "c1".into(), bundle: "/b".into(), pid: 1, pid_start: 0, created: String::new(), annotations: HashMap::new() };
+        d.save(&rec).unwrap();
+        let (d, got) = root.open("c1").unwrap();
+        assert_eq!(got.bundle, PathBuf::from("/b"));
+        assert_eq!(d.status(&got), ContainerState::Stopped);
+        d.remove().unwrap();
+        let _ = std::fs::remove_dir_all(&root.dir);
+    }
+}
