@@ -22,6 +22,10 @@ command -v redis-cli >/dev/null || need+=(redis-tools)   # redis-cli and redis-b
 command -v curl >/dev/null || need+=(curl)   # the content cache's, the API's and TLS termination's tests
 command -v openssl >/dev/null || need+=(openssl)   # certificates and s_client in the TLS termination tests
 command -v python3 >/dev/null || need+=(python3)   # small protocol clients in the tests
+command -v podman >/dev/null || need+=(podman netavark aardvark-dns)   # wisp-oci under a real engine (conmon comes with it; netavark: its networks)
+command -v iptables >/dev/null || need+=(iptables)   # podman publishing a port
+command -v runc >/dev/null || need+=(runc)   # podman's default runtime, the OCI tests' peer
+command -v containerd >/dev/null || need+=(containerd)   # wisp-oci under containerd (ctr and the runc v2 shim)
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)   # text in cdnsim's plots
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive

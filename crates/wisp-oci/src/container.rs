@@ -46,6 +46,12 @@ pub fn create(
         (true, None) => return Err("process.terminal is set but no --console-socket was given".into()),
         (false, _) => None,
     };
+    for gone in root.sweep() {
+        log.debug(&format!("container {gone}: its process and engine are gone; its state removed"));
+    }
+    // SAFETY: getppid takes no arguments.
+    let engine_pid = unsafe { libc::getppid() };
+    let engine_start = state::start_time(engine_pid).unwrap_or(0);
     let dir = root.make(id)?;
     let made = (|| {
         let fifo = dir.fifo();
@@ -58,7 +64,7 @@ pub fn create(
         log.debug(&format!("container {id}: process {pid} ready"));
         let pid_start = state::start_time(pid).ok_or_else(|| format!("the container's process {pid} ended at once"))?;
         let created = crate::log::rfc3339(std::time::SystemTime::now());
-        dir.save(&Record { id: id.into(), bundle: plan.bundle.clone(), pid, pid_start, created, annotations: plan.annotations.clone() })?;
+        dir.save(&Record { id: id.into(), bundle: plan.bundle.clone(), pid, pid_start, created, annotations: plan.annotations.clone(), engine_pid, engine_start })?;
         if let Some(p) = pid_file {
             write_pid_file(p, pid).inspect_err(|_| {
                 // SAFETY: kill takes a pid and a signal number; the pid is

@@ -27,6 +27,13 @@ pub struct Record {
     pub created: String,
     #[serde(default)]
     pub annotations: HashMap<String, String>,
+    /// Who ran `create` (the engine: conmon, containerd's shim) and its
+    /// start time: a container whose process and engine are both gone has
+    /// nobody left to delete it ([`Root::sweep`]).
+    #[serde(default)]
+    pub engine_pid: i32,
+    #[serde(default)]
+    pub engine_start: u64,
 }
 
 /// A container's directory.
@@ -51,6 +58,25 @@ impl Root {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(format!("container {id} already exists")),
             Err(e) => Err(format!("{}: {e}", path.display())),
         }
+    }
+
+    /// Remove the containers nobody can delete any more: their process and
+    /// the engine that created them are both gone (an engine killed before
+    /// it deleted its containers: podman's conmon killed, then the
+    /// container removed, leaves the runtime's state behind, runc's too).
+    /// Returns the ids removed.
+    pub fn sweep(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return Vec::new() };
+        let mut gone = Vec::new();
+        for e in entries.flatten() {
+            let Some(id) = e.file_name().to_str().map(str::to_string) else { continue };
+            let Ok((dir, rec)) = self.open(&id) else { continue };
+            let orphaned = rec.engine_pid > 0 && !alive(rec.engine_pid, rec.engine_start) && !alive(rec.pid, rec.pid_start);
+            if orphaned && dir.remove().is_ok() {
+                gone.push(id);
+            }
+        }
+        gone
     }
 
     /// An existing container's directory and record.
@@ -160,12 +186,20 @@ mod tests {
         let d = root.make("c1").unwrap();
         assert!(root.make("c1").unwrap_err().contains("already exists"));
         assert!(root.open("c2").unwrap_err().contains("does not exist"));
-        let rec = Record { id: "c1".into(), bundle: "/b".into(), pid: 1, pid_start: 0, created: String::new(), annotations: HashMap::new() };
+        let rec = Record { id: "c1".into(), bundle: "/b".into(), pid: 1, pid_start: 0, created: String::new(), annotations: HashMap::new(), engine_pid: 0, engine_start: 0 };
         d.save(&rec).unwrap();
         let (d, got) = root.open("c1").unwrap();
         assert_eq!(got.bundle, PathBuf::from("/b"));
         assert_eq!(d.status(&got), ContainerState::Stopped);
-        d.remove().unwrap();
+        // Its engine unknown (0): kept by a sweep; its engine and process
+        // gone: swept; its engine alive: kept.
+        assert!(root.sweep().is_empty());
+        let me = std::process::id() as i32;
+        d.save(&Record { engine_pid: me, engine_start: start_time(me).unwrap(), ..rec.clone() }).unwrap();
+        assert!(root.sweep().is_empty());
+        d.save(&Record { engine_pid: me, engine_start: 1, ..rec }).unwrap();
+        assert_eq!(root.sweep(), ["c1"]);
+        assert!(root.open("c1").unwrap_err().contains("does not exist"));
         let _ = std::fs::remove_dir_all(&root.dir);
     }
 }
