@@ -15,7 +15,7 @@ LIBS := build/libs
 RUST_LLD = $(shell rustc --print sysroot)/lib/rustlib/$(shell rustc -vV | sed -n 's/^host: //p')/bin/rust-lld
 WISP := target/release/wisp
 
-.PHONY: all deps host guest libs run test fuzz bench-boot bench-net bench-density bench-fork bench-app bench-cache bench-cdnsim bench-snapshot bench-libs bench-usecases demo-cache demo-migrate demo-firewall demo-tls clean
+.PHONY: all deps host guest libs run test install uninstall fuzz bench-boot bench-net bench-density bench-fork bench-app bench-cache bench-cdnsim bench-snapshot bench-libs bench-usecases bench-oci demo-cache demo-migrate demo-firewall demo-tls clean
 N ?= 10000
 
 all: host guest libs
@@ -53,6 +53,24 @@ libs: deps host
 	    $(WISP) lib sign --key guest/libs/test.key --version $$(sed -n 's/^version = "\(.*\)"/\1/p' guest/libs/$$l/Cargo.toml) \
 	        --out $(LIBS)/$$l.so $(LIBS)/$$l.so.unsigned >/dev/null && rm $(LIBS)/$$l.so.unsigned || exit 1; \
 	done
+
+# `make && make install`: the command line, the daemon and the OCI runtime
+# on the PATH (PREFIX/bin), the bundled images and libraries where they
+# find them (PREFIX/share/wisp). Builds nothing itself: images being
+# rebuilt under running tests would vanish for a moment.
+PREFIX ?= /usr/local
+BINS := wisp wispd wisp-oci
+install:
+	@for b in $(BINS); do test -x target/release/$$b || { echo "install: target/release/$$b missing: run make first" >&2; exit 1; }; done
+	@test -e $(IMAGES)/hello || { echo "install: $(IMAGES) missing: run make first" >&2; exit 1; }
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/wisp/images $(DESTDIR)$(PREFIX)/share/wisp/libs
+	install -m 755 $(addprefix target/release/,$(BINS)) $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(IMAGES)/* $(DESTDIR)$(PREFIX)/share/wisp/images/
+	if ls $(LIBS)/*.so >/dev/null 2>&1; then install -m 644 $(LIBS)/*.so $(DESTDIR)$(PREFIX)/share/wisp/libs/; fi
+
+uninstall:
+	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(BINS))
+	rm -rf $(DESTDIR)$(PREFIX)/share/wisp
 
 run: all
 	$(WISP) run --stats hello -- from make run
@@ -114,6 +132,10 @@ bench-libs: all
 bench-usecases: all
 	scripts/install-bench-deps.sh
 	python3 bench/usecases.py --wisp $(WISP) --out bench/results/usecases.json
+
+bench-oci: all
+	scripts/install-bench-deps.sh
+	python3 bench/oci.py --runtime target/release/wisp-oci --out bench/results/oci.json
 
 # The content cache in one command: a volume from docs/, a cache VM, curl.
 demo-cache: all

@@ -1,6 +1,7 @@
 //! Where images are found: a path, or the name of a bundled app looked up
 //! in the image directories (an explicit one first, then
-//! `$WISP_IMAGE_DIR`, `<exe dir>/images`, the development tree's
+//! `$WISP_IMAGE_DIR`, `<exe dir>/images`, an installed tree's
+//! `<prefix>/share/wisp/images` (`make install`), the development tree's
 //! `build/images`).
 
 use std::path::{Path, PathBuf};
@@ -8,8 +9,10 @@ use std::path::{Path, PathBuf};
 use wisp_vmm::Image;
 
 /// Directories searched for bundled images, in order: `explicit` (wispd's
-/// `--images`), `$WISP_IMAGE_DIR`, `images/` next to the executable, and
-/// the development tree's `build/images`.
+/// `--images`), `$WISP_IMAGE_DIR`, `images/` next to the executable, an
+/// installed tree's `share/wisp/images` (`<prefix>/bin/<exe>` ->
+/// `<prefix>/share/wisp/images`), and the development tree's
+/// `build/images`.
 pub fn image_dirs(explicit: Option<PathBuf>) -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     dirs.extend(explicit);
@@ -18,6 +21,7 @@ pub fn image_dirs(explicit: Option<PathBuf>) -> Vec<PathBuf> {
     }
     if let Some(exe_dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
         dirs.push(exe_dir.join("images"));
+        dirs.push(exe_dir.join("../share/wisp/images"));
         // Development tree: target/<profile>/<exe> -> build/images.
         dirs.push(exe_dir.join("../../build/images"));
     }
