@@ -15,7 +15,7 @@ LIBS := build/libs
 RUST_LLD = $(shell rustc --print sysroot)/lib/rustlib/$(shell rustc -vV | sed -n 's/^host: //p')/bin/rust-lld
 WISP := target/release/wisp
 
-.PHONY: all deps host guest libs run test install uninstall fuzz bench-boot bench-net bench-density bench-fork bench-app bench-cache bench-cdnsim bench-snapshot bench-libs bench-usecases bench-oci demo-cache demo-migrate demo-firewall demo-tls clean
+.PHONY: all deps host guest libs run test install uninstall fuzz bench-boot bench-net bench-density bench-fork bench-app bench-cache bench-cdnsim bench-snapshot bench-libs bench-usecases bench-oci demo-cache demo-migrate demo-firewall demo-tls demo-oci clean
 N ?= 10000
 
 all: host guest libs
@@ -149,6 +149,10 @@ demo-firewall: all
 
 demo-tls: all
 	scripts/demo-tls.sh
+
+# wisp as an OCI runtime under podman in one command (docs/oci.md).
+demo-oci: all
+	scripts/demo-oci.sh
 
 bench-app: all
 	python3 bench/app.py --wisp $(WISP) --out bench/results/app.json

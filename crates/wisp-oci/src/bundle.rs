@@ -16,6 +16,10 @@ pub const IMAGE_ANNOTATION: &str = "org.wisp.image";
 /// Where the image is unless the annotation says.
 pub const DEFAULT_IMAGE: &str = "/wisp/image";
 
+/// Annotations by which Kubernetes' runtimes mark a pod's sandbox (pause)
+/// container: containerd's CRI and CRI-O's.
+const SANDBOX_ANNOTATIONS: [(&str, &str); 2] = [("io.kubernetes.cri.container-type", "sandbox"), ("io.kubernetes.cri-o.ContainerType", "sandbox")];
+
 /// Which network namespace the VM's process lives in.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Netns {
@@ -33,8 +37,9 @@ pub enum Netns {
 pub struct Plan {
     /// The bundle directory, absolute.
     pub bundle: PathBuf,
-    /// The image file on the host.
-    pub image: PathBuf,
+    /// The image file on the host; none for a pod's sandbox container
+    /// (it only holds the pod's namespaces: its process pauses).
+    pub image: Option<PathBuf>,
     /// The guest's arguments (after its name).
     pub args: Vec<String>,
     /// `NAME=VALUE` each.
@@ -60,7 +65,11 @@ pub fn read(dir: &Path) -> Result<Plan, String> {
     let rootfs = std::fs::canonicalize(&rootfs).map_err(|e| format!("root filesystem {}: {e}", rootfs.display()))?;
     let annotations = spec.annotations().clone().unwrap_or_default();
     let inside = annotations.get(IMAGE_ANNOTATION).map(String::as_str).unwrap_or(DEFAULT_IMAGE);
-    let image = image_in(&rootfs, inside)?;
+    // A pod's sandbox needs no VM: what it runs (pause) only holds the
+    // pod's namespaces until it is stopped, which the runtime's process
+    // does itself.
+    let sandbox = SANDBOX_ANNOTATIONS.iter().any(|(k, v)| annotations.get(*k).is_some_and(|a| a == v));
+    let image = if sandbox { None } else { Some(image_in(&rootfs, inside)?) };
     let process = spec.process().as_ref();
     let mut args = process.and_then(|p| p.args().clone()).unwrap_or_default();
     // args[0] is the program, as for any container: the image (by its path
@@ -141,7 +150,7 @@ mod tests {
     fn a_bundle_becomes_a_plan() {
         let d = bundle("ok", BASE);
         let p = read(&d).unwrap();
-        assert!(p.image.ends_with("rootfs/wisp/image"));
+        assert!(p.image.unwrap().ends_with("rootfs/wisp/image"));
         assert_eq!(p.args, ["a", "b"]);
         assert_eq!(p.env, ["A=1", "PATH=/bin"]);
         assert_eq!(p.mem, Some(32 << 20));
@@ -171,6 +180,13 @@ mod tests {
         let d = bundle("link", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"annotations":{"org.wisp.image":"/escape"}}"#);
         std::os::unix::fs::symlink(d.join("config.json"), d.join("rootfs/escape")).unwrap();
         assert!(read(&d).unwrap_err().contains("leads out of the root filesystem"));
+        let _ = std::fs::remove_dir_all(d);
+    }
+
+    #[test]
+    fn a_pods_sandbox_needs_no_image() {
+        let d = bundle("sandbox", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"annotations":{"io.kubernetes.cri.container-type":"sandbox","org.wisp.image":"/nope"}}"#);
+        assert_eq!(read(&d).unwrap().image, None);
         let _ = std::fs::remove_dir_all(d);
     }
 

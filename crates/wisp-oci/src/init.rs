@@ -4,7 +4,9 @@
 //! makes the VM; then it tells `create` it is ready and waits at
 //! `exec.fifo` until `start` opens it; then it runs the guest, its console
 //! on this process's stdout (the engine's log), and exits with the guest's
-//! status.
+//! status. A Kubernetes pod's sandbox container has no VM: its process
+//! joins the namespace and, once started, waits as `pause` does for
+//! SIGTERM or SIGINT, then exits 0.
 
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -31,13 +33,29 @@ pub fn run(plan: &Plan, fifo: &Path, ready: OwnedFd, console: Option<OwnedFd>) -
             return 1;
         }
     }
-    let mut vm = match prepare(plan) {
-        Ok(vm) => vm,
-        Err(e) => {
+    let vm = match plan.image.as_ref().map(|image| prepare(plan, image)) {
+        Some(Err(e)) => {
             tell(&ready, &e);
             return 1;
         }
+        Some(Ok(vm)) => Some(vm),
+        None => match join(&plan.netns) {
+            Ok(()) => None,
+            Err(e) => {
+                tell(&ready, &e);
+                return 1;
+            }
+        },
     };
+    // SIGTERM and SIGINT are a pod sandbox's to wait for (below), blocked
+    // before the gate so none is lost; a VM's process keeps their default
+    // (death by the signal).
+    let stops = sigset(&[libc::SIGTERM, libc::SIGINT]);
+    if vm.is_none() {
+        // SAFETY: pthread_sigmask reads a live sigset; this process has
+        // one thread.
+        unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &stops, std::ptr::null_mut()) };
+    }
     tell(&ready, "ready");
     drop(ready);
     // The gate: opening the fifo for writing blocks until `start` opens it
@@ -53,6 +71,13 @@ pub fn run(plan: &Plan, fifo: &Path, ready: OwnedFd, console: Option<OwnedFd>) -
             return 1;
         }
     }
+    let Some(mut vm) = vm else {
+        // A pod's sandbox: as `pause`, wait for SIGTERM or SIGINT, exit 0.
+        let mut sig = 0;
+        // SAFETY: sigwait reads a live sigset and writes one int.
+        unsafe { libc::sigwait(&stops, &mut sig) };
+        return 0;
+    };
     let mut out = wisp_vmm_process::terminal::Terminal(std::io::stdout().lock());
     let outcome = vm.run(&mut out, None);
     let _ = out.flush();
@@ -65,10 +90,10 @@ pub fn run(plan: &Plan, fifo: &Path, ready: OwnedFd, console: Option<OwnedFd>) -
     exit.code as i32
 }
 
-/// Everything before the guest runs.
-fn prepare(plan: &Plan) -> Result<wisp_vmm::Vm, String> {
+/// Everything before the guest runs (`image`: the plan's).
+fn prepare(plan: &Plan, image: &Path) -> Result<wisp_vmm::Vm, String> {
     join(&plan.netns)?;
-    let img = Image::from_file(&plan.image).map_err(|e| format!("{}: {e}", plan.image.display()))?;
+    let img = Image::from_file(image).map_err(|e| format!("{}: {e}", image.display()))?;
     let wants_nic = img.manifest.devices().iter().any(|d| d.kind == DeviceKind::Net as u32);
     let net = match &plan.netns {
         Netns::Join(_) | Netns::New if wants_nic => crate::net::plumb()?,
@@ -79,6 +104,19 @@ fn prepare(plan: &Plan) -> Result<wisp_vmm::Vm, String> {
     let family = boot::direct_family(wisp_abi::family::limits::MAX_MEMBERS as u32);
     let boot = Boot { image: &img, args: &plan.args, net: net.into_iter().collect(), data, disks: vec![], libraries: vec![], family };
     boot::load(shell, boot).map_err(|e| e.to_string())
+}
+
+fn sigset(signals: &[i32]) -> libc::sigset_t {
+    // SAFETY: sigemptyset initialises the set it is given; sigaddset adds
+    // valid signal numbers to it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &s in signals {
+            libc::sigaddset(&mut set, s);
+        }
+        set
+    }
 }
 
 /// Enter the network namespace the bundle names (or a new one).

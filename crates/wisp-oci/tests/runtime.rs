@@ -142,6 +142,26 @@ fn kill_ends_the_vm_as_a_signal_ends_a_process_and_delete_waits_for_it() {
 }
 
 #[test]
+fn a_pods_sandbox_container_pauses_without_a_vm_until_it_is_stopped() {
+    subreaper();
+    let d = scratch("sandbox");
+    let root = d.join("root");
+    // The pause image is no wisp image: the CRI's annotation says what it is.
+    let cfg = r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"process":{"cwd":"/","user":{"uid":0,"gid":0},"args":["/pause"]},
+        "annotations":{"io.kubernetes.cri.container-type":"sandbox"}}"#;
+    let b = bundle(&d.join("b"), None, cfg);
+    let (o, pid) = create(&root, &b, "pod", &d.join("console"));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(oci(&root, &["start", "pod"]).status.success());
+    assert_eq!(state(&root, "pod")["status"], "running");
+    assert!(oci(&root, &["kill", "pod", "TERM"]).status.success());
+    let status = reap(pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "as pause: 0 after SIGTERM, status {status:#x}");
+    assert!(oci(&root, &["delete", "pod"]).status.success());
+    let _ = std::fs::remove_dir_all(d);
+}
+
+#[test]
 fn malformed_bundles_and_wrong_calls_are_refused_with_what_is_wrong_and_leave_nothing() {
     let d = scratch("bad");
     let root = d.join("root");

@@ -43,7 +43,7 @@ pub fn podman(args: &[&str]) -> Output {
     c.args(["--runtime", runtime()]);
     match args.split_first() {
         Some((&"run", rest)) => {
-            c.args(["run", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]).args(rest);
+            c.args(["run", "--pull=never", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]).args(rest);
         }
         _ => {
             c.args(args);
