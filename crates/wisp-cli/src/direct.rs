@@ -31,7 +31,7 @@ pub fn run(a: &RunArgs, t_main: u64) -> Result<(u8, Option<Vm>), String> {
     let family = boot::direct_family(a.family_limit.unwrap_or(wisp_api::MAX_FAMILY));
     let mut vm = boot::load(shell, Boot { image: &img, args, net: net.into_iter().collect(), data, disks, libraries, family }).map_err(|e| e.to_string())?;
     if a.interactive {
-        guestio::feed_stdin(vm.attach_stdin());
+        wisp_vmm_process::terminal::feed_stdin(vm.attach_stdin());
     }
     // A stopped VM says why before its parent hears of it (a forked child
     // ends with its parent: after that it could say nothing).

@@ -1,10 +1,9 @@
 //! What a guest is given beside its arguments (`wisp run -e, --env-file,
 //! --file, -i`): its environment and read-only files, read here with this
 //! user's rights (through wispd they travel in the request, so the daemon
-//! never opens a file for a client), and in this process its standard
-//! streams.
+//! never opens a file for a client). Its standard streams in this
+//! process: `wisp_vmm_process::terminal`.
 
-use std::io::Read;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -83,22 +82,5 @@ pub fn files(a: &RunArgs, limit: u64, over: &dyn Fn(u64) -> String) -> Result<Ve
             Ok((guest.clone(), Arc::from(data)))
         })
         .collect()
-}
-
-/// Feed this process's standard input to the guest from a thread of its
-/// own, until its end (the thread is left blocked in a read if the VM ends
-/// first: the process is about to end too).
-pub fn feed_stdin(feed: wisp_vmm::StdinFeed) {
-    std::thread::spawn(move || {
-        let mut buf = vec![0u8; 64 * 1024];
-        let mut stdin = std::io::stdin().lock();
-        loop {
-            match stdin.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => feed.push(&buf[..n]),
-            }
-        }
-        feed.end();
-    });
 }
 

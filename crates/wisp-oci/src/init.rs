@@ -78,6 +78,9 @@ pub fn run(plan: &Plan, fifo: &Path, ready: OwnedFd, console: Option<OwnedFd>) -
         unsafe { libc::sigwait(&stops, &mut sig) };
         return 0;
     };
+    // The engine's stdin (a pipe with `-i`, /dev/null without: end of
+    // input at once) is the guest's.
+    wisp_vmm_process::terminal::feed_stdin(vm.attach_stdin());
     let mut out = wisp_vmm_process::terminal::Terminal(std::io::stdout().lock());
     let outcome = vm.run(&mut out, None);
     let _ = out.flush();

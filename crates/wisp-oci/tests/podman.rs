@@ -31,6 +31,25 @@ fn podman_runs_a_wisp_image_with_its_arguments_memory_and_exit_status() {
 }
 
 #[test]
+fn stdin_environment_and_a_terminal_reach_the_guest() {
+    let wc = OciImage::app("wc");
+    let mut c = std::process::Command::new("podman");
+    c.args(["--runtime", common::runtime(), "run", "--rm", "-i", "--pull=never", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]);
+    c.args(["-e", "WC_ONLY=words", &wc.name]).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"one two\nthree\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout).trim(), "3", "podman's stdin and -e reach the guest: {}", text(&o.stdout));
+    // -t: the console on the pseudo-terminal podman asked for (its master
+    // sent to conmon's console socket).
+    let hello = OciImage::app("hello");
+    let o = podman(&["run", "--rm", "-t", &hello.name, "tty"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(text(&o.stdout).contains(r#"args: ["tty"]"#) && text(&o.stdout).contains("\r\n"), "through a terminal (CRLF): {:?}", text(&o.stdout));
+}
+
+#[test]
 fn a_detached_container_is_listed_logged_stopped_killed_and_removed() {
     let sleeper = OciImage::app("sleeper");
     let id = text(&podman(&["run", "-d", &sleeper.name, "100", "1"]).stdout).trim().to_string();
