@@ -50,6 +50,9 @@ pub struct Plan {
     /// process.terminal: the engine gave a console socket for a terminal.
     pub terminal: bool,
     pub annotations: HashMap<String, String>,
+    /// linux.cgroupsPath, if the engine gave one, and the limits for it.
+    pub cgroups_path: Option<PathBuf>,
+    pub limits: crate::cgroup::Limits,
 }
 
 /// Read and check the bundle at `dir`.
@@ -95,6 +98,16 @@ pub fn read(dir: &Path) -> Result<Plan, String> {
         }
         _ => None,
     };
+    let resources = linux.and_then(|l| l.resources().as_ref());
+    let cpu = resources.and_then(|r| r.cpu().as_ref());
+    let limits = crate::cgroup::Limits {
+        cpu_quota: cpu.and_then(|c| c.quota()),
+        cpu_period: cpu.and_then(|c| c.period()),
+        cpu_shares: cpu.and_then(|c| c.shares()),
+        pids: resources.and_then(|r| r.pids().as_ref()).map(|p| p.limit()),
+        memory: mem,
+    };
+    let cgroups_path = linux.and_then(|l| l.cgroups_path().clone());
     let ns = linux.and_then(|l| l.namespaces().as_ref()).and_then(|v| v.iter().find(|n| n.typ() == LinuxNamespaceType::Network));
     let netns = match ns {
         None => Netns::Host,
@@ -103,7 +116,7 @@ pub fn read(dir: &Path) -> Result<Plan, String> {
             None => Netns::New,
         },
     };
-    Ok(Plan { bundle, image, args, env, mem, netns, terminal, annotations })
+    Ok(Plan { bundle, image, args, env, mem, netns, terminal, annotations, cgroups_path, limits })
 }
 
 /// The file at absolute path `inside` of `rootfs`, which must stay in it

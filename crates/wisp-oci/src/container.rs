@@ -60,11 +60,21 @@ pub fn create(
         if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
             return Err(format!("{}: {}", fifo.display(), std::io::Error::last_os_error()));
         }
-        let pid = spawn(&plan, &fifo, console)?;
+        let groups = match &plan.cgroups_path {
+            Some(p) => {
+                let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
+                crate::cgroup::groups(p, &mountinfo)?
+            }
+            None => Vec::new(),
+        };
+        let cgroups: Vec<_> = groups.iter().map(|g| g.dir.clone()).collect();
+        let pid = spawn(&plan, &groups, &fifo, console).inspect_err(|_| {
+            let _ = crate::cgroup::remove(&cgroups);
+        })?;
         log.debug(&format!("container {id}: process {pid} ready"));
         let pid_start = state::start_time(pid).ok_or_else(|| format!("the container's process {pid} ended at once"))?;
         let created = crate::log::rfc3339(std::time::SystemTime::now());
-        dir.save(&Record { id: id.into(), bundle: plan.bundle.clone(), pid, pid_start, created, annotations: plan.annotations.clone(), engine_pid, engine_start })?;
+        dir.save(&Record { id: id.into(), bundle: plan.bundle.clone(), pid, pid_start, created, annotations: plan.annotations.clone(), engine_pid, engine_start, cgroups })?;
         if let Some(p) = pid_file {
             write_pid_file(p, pid).inspect_err(|_| {
                 // SAFETY: kill takes a pid and a signal number; the pid is
@@ -82,7 +92,7 @@ pub fn create(
 
 /// Fork the container's process; returns its pid once it is ready at its
 /// gate, or why it could not get there.
-fn spawn(plan: &Plan, fifo: &Path, console: Option<OwnedFd>) -> Result<i32, String> {
+fn spawn(plan: &Plan, groups: &[crate::cgroup::Group], fifo: &Path, console: Option<OwnedFd>) -> Result<i32, String> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 writes two descriptors into the array it is given.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -98,7 +108,7 @@ fn spawn(plan: &Plan, fifo: &Path, console: Option<OwnedFd>) -> Result<i32, Stri
     }
     if pid == 0 {
         drop(r);
-        let code = crate::init::run(plan, fifo, w, console);
+        let code = crate::init::run(plan, groups, fifo, w, console);
         std::process::exit(code);
     }
     drop(w);
@@ -184,7 +194,13 @@ pub fn delete(root: &Root, id: &str, force: bool) -> Result<(), String> {
         ContainerState::Running if force => end(&rec)?,
         ContainerState::Running => return Err(format!("container {id} is running: stop it first, or delete --force")),
     }
-    dir.remove()
+    dir.remove()?;
+    // Its process is gone: its groups are empty (best effort: a group
+    // that cannot be removed must not keep the container).
+    if let Err(e) = crate::cgroup::remove(&rec.cgroups) {
+        eprintln!("wisp-oci: {e}");
+    }
+    Ok(())
 }
 
 /// Kill the container's process and wait until it is gone (or a zombie

@@ -22,8 +22,14 @@ use crate::bundle::{Netns, Plan};
 /// Run as the container's process; returns its exit status. `ready`:
 /// where `create` waits for "ready" or why not; `console`: the terminal
 /// to take as stdio, if the container has one.
-pub fn run(plan: &Plan, fifo: &Path, ready: OwnedFd, console: Option<OwnedFd>) -> i32 {
+pub fn run(plan: &Plan, groups: &[crate::cgroup::Group], fifo: &Path, ready: OwnedFd, console: Option<OwnedFd>) -> i32 {
     let ready = std::fs::File::from(ready);
+    // Into the container's groups before anything is allocated (guest RAM
+    // is charged where it is first touched).
+    if let Err(e) = crate::cgroup::join(groups, &plan.limits) {
+        tell(&ready, &e);
+        return 1;
+    }
     // A session of its own: the engine's terminal signals are not its.
     // SAFETY: setsid takes no arguments.
     unsafe { libc::setsid() };

@@ -7,6 +7,7 @@
 //! `delete` and `features` as the runtime spec says.
 
 mod bundle;
+mod cgroup;
 mod console;
 mod container;
 mod init;

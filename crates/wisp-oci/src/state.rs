@@ -34,6 +34,9 @@ pub struct Record {
     pub engine_pid: i32,
     #[serde(default)]
     pub engine_start: u64,
+    /// The container's control groups, removed with it.
+    #[serde(default)]
+    pub cgroups: Vec<PathBuf>,
 }
 
 /// A container's directory.
@@ -73,6 +76,7 @@ impl Root {
             let Ok((dir, rec)) = self.open(&id) else { continue };
             let orphaned = rec.engine_pid > 0 && !alive(rec.engine_pid, rec.engine_start) && !alive(rec.pid, rec.pid_start);
             if orphaned && dir.remove().is_ok() {
+                let _ = crate::cgroup::remove(&rec.cgroups);
                 gone.push(id);
             }
         }
@@ -186,7 +190,7 @@ mod tests {
         let d = root.make("c1").unwrap();
         assert!(root.make("c1").unwrap_err().contains("already exists"));
         assert!(root.open("c2").unwrap_err().contains("does not exist"));
-        let rec = Record { id: "c1".into(), bundle: "/b".into(), pid: 1, pid_start: 0, created: String::new(), annotations: HashMap::new(), engine_pid: 0, engine_start: 0 };
+        let rec = Record { id: "c1".into(), bundle: "/b".into(), pid: 1, pid_start: 0, created: String::new(), annotations: HashMap::new(), engine_pid: 0, engine_start: 0, cgroups: Vec::new() };
         d.save(&rec).unwrap();
         let (d, got) = root.open("c1").unwrap();
         assert_eq!(got.bundle, PathBuf::from("/b"));

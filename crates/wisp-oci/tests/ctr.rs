@@ -70,6 +70,12 @@ impl Drop for Containerd {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
+        // The shim names groups /NAMESPACE/ID: the namespace's own group
+        // in each hierarchy is the test's to remove (empty by now).
+        for h in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+            let _ = std::fs::remove_dir(h.path().join(&self.ns));
+        }
+        let _ = std::fs::remove_dir(std::path::Path::new("/sys/fs/cgroup").join(&self.ns));
     }
 }
 

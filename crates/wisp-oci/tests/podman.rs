@@ -85,6 +85,48 @@ fn a_detached_container_is_listed_logged_stopped_killed_and_removed() {
     assert!(!state_dir(&id).exists());
 }
 
+/// The directory of `pid`'s group for `controller` (v1), or its unified
+/// group (v2, mounted at /sys/fs/cgroup).
+fn group_dir(pid: i32, controller: &str) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    for line in text.lines() {
+        let f: Vec<&str> = line.splitn(3, ':').collect();
+        if f[1].split(',').any(|c| c == controller) {
+            return std::path::Path::new("/sys/fs/cgroup").join(controller).join(f[2].trim_start_matches('/'));
+        }
+    }
+    let v2 = text.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or_else(|| panic!("{text}"));
+    std::path::Path::new("/sys/fs/cgroup").join(v2.trim_start_matches('/'))
+}
+
+#[test]
+fn cpu_pids_and_memory_limits_reach_the_vms_control_groups() {
+    let sleeper = OciImage::app("sleeper");
+    let o = podman(&["run", "-d", "--cpus", "0.5", "--pids-limit", "64", "-m", "32m", &sleeper.name, "100", "1"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let id = text(&o.stdout).trim().to_string();
+    let pid: i32 = text(&podman(&["inspect", &id, "--format", "{{.State.Pid}}"]).stdout).trim().parse().unwrap();
+    let pids = group_dir(pid, "pids");
+    assert!(pids.to_str().unwrap().contains(&id), "the VM's process is in the container's group: {}", pids.display());
+    let read = |d: &std::path::Path, f: &str| std::fs::read_to_string(d.join(f)).unwrap_or_else(|e| panic!("{}: {e}", d.join(f).display())).trim().to_string();
+    let v1 = pids.starts_with("/sys/fs/cgroup/pids");
+    if v1 {
+        assert_eq!(read(&pids, "pids.max"), "64");
+        let cpu = group_dir(pid, "cpu");
+        assert_eq!((read(&cpu, "cpu.cfs_quota_us"), read(&cpu, "cpu.cfs_period_us")), ("50000".into(), "100000".into()));
+        // The guest's 32 MiB and the monitor's headroom.
+        assert_eq!(read(&group_dir(pid, "memory"), "memory.limit_in_bytes"), ((32u64 << 20) + (32 << 20)).to_string());
+    } else {
+        assert_eq!(read(&pids, "pids.max"), "64");
+        assert_eq!(read(&pids, "cpu.max"), "50000 100000");
+    }
+    // podman's own view of the group.
+    let o = podman(&["stats", "--no-stream", "--format", "{{.ID}} {{.MemUsage}}", &id]);
+    assert!(o.status.success() && text(&o.stdout).contains(&id[..12]), "{} {}", text(&o.stdout), text(&o.stderr));
+    assert!(podman(&["rm", "-f", &id]).status.success());
+    assert!(!pids.exists(), "the group is removed with the container");
+}
+
 #[test]
 fn a_port_published_by_podman_reaches_daytime_in_the_vm() {
     let daytime = OciImage::app("daytime");
