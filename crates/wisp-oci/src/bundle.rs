@@ -37,9 +37,10 @@ pub enum Netns {
 pub struct Plan {
     /// The bundle directory, absolute.
     pub bundle: PathBuf,
-    /// The image file on the host; none for a pod's sandbox container
-    /// (it only holds the pod's namespaces: its process pauses).
-    pub image: Option<PathBuf>,
+    /// The image file, opened (its name for messages); none for a pod's
+    /// sandbox container (it only holds the pod's namespaces: its process
+    /// pauses).
+    pub image: Option<(String, std::os::fd::OwnedFd)>,
     /// The guest's arguments (after its name).
     pub args: Vec<String>,
     /// `NAME=VALUE` each.
@@ -72,7 +73,7 @@ pub fn read(dir: &Path) -> Result<Plan, String> {
     // pod's namespaces until it is stopped, which the runtime's process
     // does itself.
     let sandbox = SANDBOX_ANNOTATIONS.iter().any(|(k, v)| annotations.get(*k).is_some_and(|a| a == v));
-    let image = if sandbox { None } else { Some(image_in(&rootfs, inside)?) };
+    let image = if sandbox { None } else { Some((inside.to_string(), open_image(&rootfs, inside)?)) };
     let process = spec.process().as_ref();
     let mut args = process.and_then(|p| p.args().clone()).unwrap_or_default();
     // args[0] is the program, as for any container: the image (by its path
@@ -119,28 +120,31 @@ pub fn read(dir: &Path) -> Result<Plan, String> {
     Ok(Plan { bundle, image, args, env, mem, netns, terminal, annotations, cgroups_path, limits })
 }
 
-/// The file at absolute path `inside` of `rootfs`, which must stay in it
-/// (no `..`; symbolic links resolved and checked).
-fn image_in(rootfs: &Path, inside: &str) -> Result<PathBuf, String> {
+/// Open the file at absolute path `inside` of `rootfs`, resolved as if
+/// `rootfs` were `/` (`openat2` with `RESOLVE_IN_ROOT`: `..` and symbolic
+/// links, absolute ones included, stay in it, as they would in the
+/// container; no magic links). The descriptor is what the VM is made from
+/// (no second lookup of the path: nothing can be swapped in between).
+fn open_image(rootfs: &Path, inside: &str) -> Result<std::os::fd::OwnedFd, String> {
+    use rustix::fs::{openat2, Mode, OFlags, ResolveFlags};
     let rel = Path::new(inside);
     if !rel.is_absolute() || rel.components().any(|c| matches!(c, Component::ParentDir)) {
         return Err(format!("image path {inside:?} (annotation {IMAGE_ANNOTATION}) must be absolute in the root filesystem, without '..'"));
     }
-    let joined = rootfs.join(rel.strip_prefix("/").unwrap_or(rel));
-    let real = std::fs::canonicalize(&joined).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => format!(
-            "no wisp image at {inside} in the root filesystem {} (put it there, or name it with the annotation {IMAGE_ANNOTATION})",
-            rootfs.display()
-        ),
-        _ => format!("image {}: {e}", joined.display()),
-    })?;
-    if !real.starts_with(rootfs) {
-        return Err(format!("image path {inside:?} leads out of the root filesystem (to {})", real.display()));
+    let root = std::fs::File::open(rootfs).map_err(|e| format!("root filesystem {}: {e}", rootfs.display()))?;
+    let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
+    let fd = openat2(&root, rel.strip_prefix("/").unwrap_or(rel), flags, Mode::empty(), ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS)
+        .map_err(|e| match e {
+            rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR => format!(
+                "no wisp image at {inside} in the root filesystem (put it there, or name it with the annotation {IMAGE_ANNOTATION})"
+            ),
+            e => format!("image {inside} in the root filesystem: {e}"),
+        })?;
+    let meta = std::fs::File::from(fd.try_clone().map_err(|e| e.to_string())?).metadata().map_err(|e| format!("image {inside}: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!("image {inside:?} in the root filesystem is not a regular file"));
     }
-    if !real.is_file() {
-        return Err(format!("image {inside:?} in the root filesystem is not a file"));
-    }
-    Ok(real)
+    Ok(fd)
 }
 
 #[cfg(test)]
@@ -163,7 +167,7 @@ mod tests {
     fn a_bundle_becomes_a_plan() {
         let d = bundle("ok", BASE);
         let p = read(&d).unwrap();
-        assert!(p.image.unwrap().ends_with("rootfs/wisp/image"));
+        assert_eq!(p.image.unwrap().0, "/wisp/image");
         assert_eq!(p.args, ["a", "b"]);
         assert_eq!(p.env, ["A=1", "PATH=/bin"]);
         assert_eq!(p.mem, Some(32 << 20));
@@ -179,7 +183,7 @@ mod tests {
             ("norootfs", r#"{"ociVersion":"1.0.2","root":{"path":"nope"}}"#, "root filesystem"),
             ("noimage", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"annotations":{"org.wisp.image":"/other"}}"#, "no wisp image at /other"),
             ("dotdot", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"annotations":{"org.wisp.image":"/../config.json"}}"#, "without '..'"),
-            ("dir", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"annotations":{"org.wisp.image":"/wisp"}}"#, "not a file"),
+            ("dir", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"annotations":{"org.wisp.image":"/wisp"}}"#, "not a regular file"),
             ("env", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"process":{"cwd":"/","user":{"uid":0,"gid":0},"env":["NOEQ"]}}"#, "NAME=VALUE"),
             ("mem", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"linux":{"resources":{"memory":{"limit":4096}}}}"#, "memory too small"),
         ];
@@ -189,17 +193,25 @@ mod tests {
             assert!(e.contains(want), "{tag}: {e}");
             let _ = std::fs::remove_dir_all(d);
         }
-        // A symbolic link out of the root filesystem.
+        // A symbolic link to a host path is looked up in the root
+        // filesystem, as in the container: not found there.
         let d = bundle("link", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"annotations":{"org.wisp.image":"/escape"}}"#);
         std::os::unix::fs::symlink(d.join("config.json"), d.join("rootfs/escape")).unwrap();
-        assert!(read(&d).unwrap_err().contains("leads out of the root filesystem"));
+        assert!(read(&d).unwrap_err().contains("no wisp image at /escape"));
+        // An absolute link inside the image resolves inside it.
+        std::fs::create_dir_all(d.join("rootfs/opt")).unwrap();
+        std::fs::write(d.join("rootfs/opt/app"), b"in the image").unwrap();
+        std::os::unix::fs::symlink("/opt/app", d.join("rootfs/inside")).unwrap();
+        std::fs::write(d.join("config.json"), r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"annotations":{"org.wisp.image":"/inside"}}"#).unwrap();
+        let (_, fd) = read(&d).unwrap().image.unwrap();
+        assert_eq!(std::fs::read_to_string(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd))).unwrap(), "in the image");
         let _ = std::fs::remove_dir_all(d);
     }
 
     #[test]
     fn a_pods_sandbox_needs_no_image() {
         let d = bundle("sandbox", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"annotations":{"io.kubernetes.cri.container-type":"sandbox","org.wisp.image":"/nope"}}"#);
-        assert_eq!(read(&d).unwrap().image, None);
+        assert!(read(&d).unwrap().image.is_none());
         let _ = std::fs::remove_dir_all(d);
     }
 

@@ -9,7 +9,7 @@
 //! engine's subreaper (conmon, containerd's shim) adopts it.
 
 use std::ffi::CString;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
@@ -68,21 +68,31 @@ pub fn create(
             None => Vec::new(),
         };
         let cgroups: Vec<_> = groups.iter().map(|g| g.dir.clone()).collect();
-        let pid = spawn(&plan, &groups, &fifo, console).inspect_err(|_| {
+        let child = spawn(&plan, &groups, &fifo, console).inspect_err(|_| {
             let _ = crate::cgroup::remove(&cgroups);
         })?;
-        log.debug(&format!("container {id}: process {pid} ready"));
-        let pid_start = state::start_time(pid).ok_or_else(|| format!("the container's process {pid} ended at once"))?;
-        let created = crate::log::rfc3339(std::time::SystemTime::now());
-        dir.save(&Record { id: id.into(), bundle: plan.bundle.clone(), pid, pid_start, created, annotations: plan.annotations.clone(), engine_pid, engine_start, cgroups })?;
-        if let Some(p) = pid_file {
-            write_pid_file(p, pid).inspect_err(|_| {
-                // SAFETY: kill takes a pid and a signal number; the pid is
-                // our own child's.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            })?;
+        // From here a failure ends the child (it also ends by itself if this
+        // process dies before it says go: its read of `go` sees the end).
+        let recorded = (|| {
+            let pid = child.pid;
+            log.debug(&format!("container {id}: process {pid} ready"));
+            let pid_start = state::start_time(pid).ok_or_else(|| format!("the container's process {pid} ended at once"))?;
+            let created = crate::log::rfc3339(std::time::SystemTime::now());
+            let rec = Record { id: id.into(), bundle: plan.bundle.clone(), pid, pid_start, created, annotations: plan.annotations.clone(), engine_pid, engine_start, cgroups: cgroups.clone() };
+            dir.save(&rec)?;
+            if let Some(p) = pid_file {
+                write_pid_file(p, pid)?;
+            }
+            Ok(())
+        })();
+        match recorded {
+            Ok(()) => child.go(),
+            Err(e) => {
+                child.end();
+                let _ = crate::cgroup::remove(&cgroups);
+                Err(e)
+            }
         }
-        Ok(())
     })();
     if made.is_err() {
         let _ = dir.remove();
@@ -90,16 +100,44 @@ pub fn create(
     made
 }
 
-/// Fork the container's process; returns its pid once it is ready at its
-/// gate, or why it could not get there.
-fn spawn(plan: &Plan, groups: &[crate::cgroup::Group], fifo: &Path, console: Option<OwnedFd>) -> Result<i32, String> {
+/// The container's process, ready at its gate, waiting for `go` (the
+/// state and pid file written).
+struct Child {
+    pid: i32,
+    go: OwnedFd,
+}
+
+impl Child {
+    fn go(self) -> Result<(), String> {
+        std::fs::File::from(self.go).write_all(b"go").map_err(|e| format!("the container's process: {e}"))
+    }
+
+    /// Kill and reap it.
+    fn end(self) {
+        // SAFETY: kill and waitpid take our own child's pid.
+        unsafe {
+            libc::kill(self.pid, libc::SIGKILL);
+            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+/// A pipe's (read, write) ends, close-on-exec.
+fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 writes two descriptors into the array it is given.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return Err(format!("pipe: {}", std::io::Error::last_os_error()));
     }
     // SAFETY: both numbers were just returned by pipe2 and are owned here.
-    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Fork the container's process; returns it once it is ready at its gate,
+/// or why it could not get there.
+fn spawn(plan: &Plan, groups: &[crate::cgroup::Group], fifo: &Path, console: Option<OwnedFd>) -> Result<Child, String> {
+    let (ready_r, ready_w) = pipe()?;
+    let (go_r, go_w) = pipe()?;
     // SAFETY: this process is single-threaded (the runtime's command line
     // starts no thread before this), so the child may do anything.
     let pid = unsafe { libc::fork() };
@@ -107,21 +145,19 @@ fn spawn(plan: &Plan, groups: &[crate::cgroup::Group], fifo: &Path, console: Opt
         return Err(format!("fork: {}", std::io::Error::last_os_error()));
     }
     if pid == 0 {
-        drop(r);
-        let code = crate::init::run(plan, groups, fifo, w, console);
+        drop((ready_r, go_w));
+        let code = crate::init::run(plan, groups, fifo, ready_w, go_r, console);
         std::process::exit(code);
     }
-    drop(w);
-    let mut said = String::new();
-    let _ = std::fs::File::from(r).read_to_string(&mut said);
-    if said == "ready" {
-        return Ok(pid);
+    drop((ready_w, go_r));
+    let child = Child { pid, go: go_w };
+    let mut said = Vec::new();
+    let _ = std::fs::File::from(ready_r).read_to_end(&mut said);
+    if said == b"ready" {
+        return Ok(child);
     }
-    // SAFETY: as above; then reap our own child.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-        libc::waitpid(pid, std::ptr::null_mut(), 0);
-    }
+    child.end();
+    let said = String::from_utf8_lossy(&said).into_owned();
     Err(if said.is_empty() { "the container's process ended before it was ready".into() } else { said })
 }
 
@@ -142,12 +178,14 @@ pub fn start(root: &Root, id: &str) -> Result<(), String> {
         .custom_flags(libc::O_NONBLOCK)
         .open(&fifo)
         .map_err(|e| format!("{}: {e}", fifo.display()))?;
-    // The process, let through its gate, writes one byte.
+    // The process, let through its gate, writes one byte (and removes the
+    // fifo). Another `start` that took the byte: the fifo is gone.
     let deadline = Instant::now() + WAIT;
     loop {
         let mut b = [0u8; 1];
         match (&f).read(&mut b) {
             Ok(1) => break,
+            _ if !fifo.exists() => return Err(format!("container {id} was started by another start")),
             Ok(_) | Err(_) if !state::alive(rec.pid, rec.pid_start) => return Err(format!("container {id}'s process ended before it started")),
             _ if Instant::now() >= deadline => return Err(format!("container {id}'s process did not start within {WAIT:?}")),
             _ => {
@@ -157,7 +195,7 @@ pub fn start(root: &Root, id: &str) -> Result<(), String> {
             }
         }
     }
-    std::fs::remove_file(&fifo).map_err(|e| format!("{}: {e}", fifo.display()))
+    Ok(())
 }
 
 pub fn state(root: &Root, id: &str) -> Result<String, String> {
@@ -175,12 +213,12 @@ pub fn kill(root: &Root, id: &str, signal: &str) -> Result<(), String> {
     let signo = parse_signal(signal)?;
     let (dir, rec) = root.open(id)?;
     if dir.status(&rec) == ContainerState::Stopped {
-        return Err(format!("container {id} is not running"));
+        return Err(format!("container {id}: container not running"));
     }
     // SAFETY: kill takes a pid and a signal number.
     if unsafe { libc::kill(rec.pid, signo) } != 0 {
         let e = std::io::Error::last_os_error();
-        return Err(if e.raw_os_error() == Some(libc::ESRCH) { format!("container {id} is not running") } else { format!("kill {}: {e}", rec.pid) });
+        return Err(if e.raw_os_error() == Some(libc::ESRCH) { format!("container {id}: container not running") } else { format!("kill {}: {e}", rec.pid) });
     }
     Ok(())
 }

@@ -8,7 +8,7 @@
 //! joins the namespace and, once started, waits as `pause` does for
 //! SIGTERM or SIGINT, then exits 0.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 
@@ -20,9 +20,17 @@ use wisp_vmm_process::exit::{exit_info, Runner};
 use crate::bundle::{Netns, Plan};
 
 /// Run as the container's process; returns its exit status. `ready`:
-/// where `create` waits for "ready" or why not; `console`: the terminal
-/// to take as stdio, if the container has one.
-pub fn run(plan: &Plan, groups: &[crate::cgroup::Group], fifo: &Path, ready: OwnedFd, console: Option<OwnedFd>) -> i32 {
+/// where `create` waits for "ready" or why not; `go`: where `create` says
+/// "go" once it has recorded the container (its end: `create` died, and so
+/// does this process); `console`: the terminal to take as stdio, if the
+/// container has one.
+pub fn run(plan: &Plan, groups: &[crate::cgroup::Group], fifo: &Path, ready: OwnedFd, go: OwnedFd, console: Option<OwnedFd>) -> i32 {
+    // Only what this process needs stays open: not what the engine left
+    // open in `create` (runc closes them too).
+    let mut keep = vec![ready.as_raw_fd(), go.as_raw_fd()];
+    keep.extend(console.as_ref().map(|c| c.as_raw_fd()));
+    keep.extend(plan.image.as_ref().map(|(_, fd)| fd.as_raw_fd()));
+    close_others(&keep);
     let ready = std::fs::File::from(ready);
     // Into the container's groups before anything is allocated (guest RAM
     // is charged where it is first touched).
@@ -39,7 +47,7 @@ pub fn run(plan: &Plan, groups: &[crate::cgroup::Group], fifo: &Path, ready: Own
             return 1;
         }
     }
-    let vm = match plan.image.as_ref().map(|image| prepare(plan, image)) {
+    let vm = match plan.image.as_ref().map(|(name, fd)| prepare(plan, name, fd)) {
         Some(Err(e)) => {
             tell(&ready, &e);
             return 1;
@@ -53,21 +61,18 @@ pub fn run(plan: &Plan, groups: &[crate::cgroup::Group], fifo: &Path, ready: Own
             }
         },
     };
-    // SIGTERM and SIGINT are a pod sandbox's to wait for (below), blocked
-    // before the gate so none is lost; a VM's process keeps their default
-    // (death by the signal).
-    let stops = sigset(&[libc::SIGTERM, libc::SIGINT]);
-    if vm.is_none() {
-        // SAFETY: pthread_sigmask reads a live sigset; this process has
-        // one thread.
-        unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &stops, std::ptr::null_mut()) };
-    }
     tell(&ready, "ready");
     drop(ready);
+    let mut word = [0u8; 2];
+    if std::fs::File::from(go).read_exact(&mut word).is_err() || &word != b"go" {
+        return 1;
+    }
     // The gate: opening the fifo for writing blocks until `start` opens it
-    // for reading; the byte tells `start` we are through.
+    // for reading; the byte tells `start` we are through, and the fifo,
+    // gone, that the container runs (even if `start` is killed now).
     match std::fs::OpenOptions::new().write(true).open(fifo) {
         Ok(mut f) => {
+            let _ = std::fs::remove_file(fifo);
             if f.write_all(b"0").is_err() {
                 return 1;
             }
@@ -78,10 +83,16 @@ pub fn run(plan: &Plan, groups: &[crate::cgroup::Group], fifo: &Path, ready: Own
         }
     }
     let Some(mut vm) = vm else {
-        // A pod's sandbox: as `pause`, wait for SIGTERM or SIGINT, exit 0.
+        // A pod's sandbox: as `pause`, wait for SIGTERM or SIGINT, exit 0
+        // (one that comes before the mask is set ends it by the signal).
+        let stops = sigset(&[libc::SIGTERM, libc::SIGINT]);
         let mut sig = 0;
-        // SAFETY: sigwait reads a live sigset and writes one int.
-        unsafe { libc::sigwait(&stops, &mut sig) };
+        // SAFETY: pthread_sigmask and sigwait read a live sigset; sigwait
+        // writes one int; this process has one thread.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_BLOCK, &stops, std::ptr::null_mut());
+            libc::sigwait(&stops, &mut sig);
+        }
         return 0;
     };
     // The engine's stdin (a pipe with `-i`, /dev/null without: end of
@@ -99,10 +110,19 @@ pub fn run(plan: &Plan, groups: &[crate::cgroup::Group], fifo: &Path, ready: Own
     exit.code as i32
 }
 
-/// Everything before the guest runs (`image`: the plan's).
-fn prepare(plan: &Plan, image: &Path) -> Result<wisp_vmm::Vm, String> {
+/// Everything before the guest runs (`name`, `image`: the plan's image).
+fn prepare(plan: &Plan, name: &str, image: &OwnedFd) -> Result<wisp_vmm::Vm, String> {
     join(&plan.netns)?;
-    let img = Image::from_file(image).map_err(|e| format!("{}: {e}", image.display()))?;
+    // Read whole into this process (not mapped from the engine's root
+    // filesystem, which is the engine's to unmount).
+    let mut f = std::fs::File::from(image.try_clone().map_err(|e| format!("image {name}: {e}"))?);
+    let len = f.metadata().map_err(|e| format!("image {name}: {e}"))?.len();
+    if len > wisp_vmm::image::MAX_IMAGE_FILE {
+        return Err(format!("image {name} is {len} bytes, more than the {} MiB an image may have", wisp_vmm::image::MAX_IMAGE_FILE >> 20));
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    f.read_to_end(&mut bytes).map_err(|e| format!("image {name}: {e}"))?;
+    let img = Image::parse(name, bytes.into()).map_err(|e| format!("image {name}: {e}"))?;
     let wants_nic = img.manifest.devices().iter().any(|d| d.kind == DeviceKind::Net as u32);
     let net = match &plan.netns {
         Netns::Join(_) | Netns::New if wants_nic => crate::net::plumb()?,
@@ -113,6 +133,21 @@ fn prepare(plan: &Plan, image: &Path) -> Result<wisp_vmm::Vm, String> {
     let family = boot::direct_family(wisp_abi::family::limits::MAX_MEMBERS as u32);
     let boot = Boot { image: &img, args: &plan.args, net: net.into_iter().collect(), data, disks: vec![], libraries: vec![], family };
     boot::load(shell, boot).map_err(|e| e.to_string())
+}
+
+/// Close every descriptor from 3 up but those in `keep`.
+fn close_others(keep: &[i32]) {
+    let mut keep: Vec<u32> = keep.iter().map(|&k| k as u32).filter(|&k| k >= 3).collect();
+    keep.sort_unstable();
+    let mut from = 3u32;
+    for k in keep.into_iter().chain([u32::MAX]) {
+        if k > from {
+            // SAFETY: close_range closes descriptors [from, k-1], none of
+            // which this process uses (the kept ones are outside it).
+            unsafe { libc::syscall(libc::SYS_close_range, from, k - 1, 0) };
+        }
+        from = k.saturating_add(1);
+    }
 }
 
 fn sigset(signals: &[i32]) -> libc::sigset_t {
@@ -141,6 +176,16 @@ fn join(ns: &Netns) -> Result<(), String> {
         }
         Netns::Join(path) => {
             let f = std::fs::File::open(path).map_err(|e| format!("network namespace {}: {e}", path.display()))?;
+            // The runtime's own namespace named by path (`--network
+            // ns:/proc/1/ns/net`): the host's; its interfaces are not the
+            // VM's to take over.
+            let (a, b) = (f.metadata(), std::fs::metadata("/proc/self/ns/net"));
+            if let (Ok(a), Ok(b)) = (a, b) {
+                use std::os::unix::fs::MetadataExt;
+                if (a.dev(), a.ino()) == (b.dev(), b.ino()) {
+                    return Err(format!("network namespace {} is the runtime's own (the host's): its interface is not handed to a VM", path.display()));
+                }
+            }
             // SAFETY: setns takes a descriptor (open for the call's length)
             // and a namespace type.
             if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {

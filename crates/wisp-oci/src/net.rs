@@ -48,6 +48,11 @@ struct Uplink {
 pub fn plumb() -> Result<Option<NetConfig>, String> {
     let mut nl = Netlink::open().map_err(|e| format!("netlink: {e}"))?;
     let Some(up) = nl.uplink()? else { return Ok(None) };
+    // One VM per namespace: a live `wisp0` is another VM's (it goes with
+    // its VM's process).
+    if nl.index_of(TAP).is_ok() {
+        return Err(format!("this network namespace's interface {} is already another wisp VM's (one per namespace)", up.name));
+    }
     let tap = wisp_vmm::tap::open_tap(TAP).map_err(|e| format!("tap {TAP}: {e}"))?;
     let name = up.name.clone();
     let what = |step: &'static str| {
@@ -56,6 +61,9 @@ pub fn plumb() -> Result<Option<NetConfig>, String> {
     };
     let tap_index = nl.index_of(TAP).map_err(what("tap"))?;
     nl.set_up(tap_index).map_err(what("tap up"))?;
+    // An earlier VM's redirect on the interface (a container restarted in
+    // its pod's namespace) goes first: its ingress qdisc, filters and all.
+    nl.delete_ingress_qdisc(up.index).map_err(what("old ingress qdisc"))?;
     for (from, to) in [(up.index, tap_index), (tap_index, up.index)] {
         nl.ingress_qdisc(from).map_err(what("ingress qdisc"))?;
         nl.redirect(from, to).map_err(what("redirect"))?;
@@ -202,6 +210,18 @@ impl Netlink {
         tm.header.parent = TcHandle::INGRESS;
         tm.attributes.push(TcAttribute::Kind("ingress".into()));
         self.request(RouteNetlinkMessage::NewQueueDiscipline(tm), NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL).map(drop)
+    }
+
+    /// `tc qdisc del dev INDEX ingress`, if there is one.
+    fn delete_ingress_qdisc(&mut self, index: u32) -> std::io::Result<()> {
+        let mut tm = TcMessage::with_index(index as i32);
+        tm.header.handle = TcHandle { major: 0xffff, minor: 0 };
+        tm.header.parent = TcHandle::INGRESS;
+        match self.request(RouteNetlinkMessage::DelQueueDiscipline(tm), NLM_F_ACK) {
+            // None there: ENOENT, or EINVAL from kernels that say so.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::EINVAL)) => Ok(()),
+            r => r.map(drop),
+        }
     }
 
     /// `tc filter add dev FROM parent ffff: protocol all prio 1 u32 match

@@ -12,6 +12,10 @@ use std::path::{Path, PathBuf};
 use oci_spec::runtime::ContainerState;
 use serde::{Deserialize, Serialize};
 
+/// How long a container must have been found orphaned before a sweep
+/// removes it.
+pub const ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
 pub struct Root {
     dir: PathBuf,
 }
@@ -74,8 +78,24 @@ impl Root {
         for e in entries.flatten() {
             let Some(id) = e.file_name().to_str().map(str::to_string) else { continue };
             let Ok((dir, rec)) = self.open(&id) else { continue };
-            let orphaned = rec.engine_pid > 0 && !alive(rec.engine_pid, rec.engine_start) && !alive(rec.pid, rec.pid_start);
-            if orphaned && dir.remove().is_ok() {
+            // Unknown engines are never judged; an orphan is first marked,
+            // and removed only when a later sweep finds it so for longer
+            // than [`ORPHAN_GRACE`] (an engine started through a wrapper
+            // that exits at once may still come to `delete` it).
+            let orphaned = rec.engine_pid > 0
+                && rec.engine_start > 0
+                && !alive(rec.engine_pid, rec.engine_start)
+                && !alive(rec.pid, rec.pid_start);
+            let mark = dir.path.join("orphaned");
+            if !orphaned {
+                continue;
+            }
+            let since = std::fs::metadata(&mark).and_then(|m| m.modified()).ok();
+            let Some(since) = since else {
+                let _ = std::fs::write(&mark, b"");
+                continue;
+            };
+            if since.elapsed().is_ok_and(|d| d >= ORPHAN_GRACE) && dir.remove().is_ok() {
                 let _ = crate::cgroup::remove(&rec.cgroups);
                 gone.push(id);
             }
@@ -202,6 +222,10 @@ mod tests {
         d.save(&Record { engine_pid: me, engine_start: start_time(me).unwrap(), ..rec.clone() }).unwrap();
         assert!(root.sweep().is_empty());
         d.save(&Record { engine_pid: me, engine_start: 1, ..rec }).unwrap();
+        // Marked first; removed once the mark is older than the grace.
+        assert!(root.sweep().is_empty());
+        let mark = std::fs::File::options().write(true).open(d.path.join("orphaned")).unwrap();
+        mark.set_modified(std::time::SystemTime::now() - ORPHAN_GRACE).unwrap();
         assert_eq!(root.sweep(), ["c1"]);
         assert!(root.open("c1").unwrap_err().contains("does not exist"));
         let _ = std::fs::remove_dir_all(&root.dir);

@@ -66,6 +66,14 @@ impl Containerd {
 
 impl Drop for Containerd {
     fn drop(&mut self) {
+        // A failed test's tasks (their shims and VMs) go first.
+        for t in text(&self.ctr(&["task", "ls", "-q"]).stdout).lines() {
+            let _ = self.ctr(&["task", "delete", "-f", t]);
+        }
+        for c in text(&self.ctr(&["container", "ls", "-q"]).stdout).lines() {
+            let _ = self.ctr(&["container", "rm", c]);
+        }
+        let _ = std::fs::remove_dir_all(PathBuf::from("/run/containerd/runc").join(&self.ns));
         // SAFETY: kill takes a pid and a signal number; the child is ours.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();

@@ -106,6 +106,12 @@ fn cpu_pids_and_memory_limits_reach_the_vms_control_groups() {
     assert!(o.status.success(), "{}", text(&o.stderr));
     let id = text(&o.stdout).trim().to_string();
     let pid: i32 = text(&podman(&["inspect", &id, "--format", "{{.State.Pid}}"]).stdout).trim().parse().unwrap();
+    assert!(
+        alive(pid),
+        "the VM's process {pid}: {} {}",
+        text(&podman(&["inspect", &id, "--format", "{{.State.Status}} {{.State.ExitCode}} {{.State.Error}}"]).stdout),
+        text(&podman(&["logs", &id]).stderr)
+    );
     let pids = group_dir(pid, "pids");
     assert!(pids.to_str().unwrap().contains(&id), "the VM's process is in the container's group: {}", pids.display());
     let read = |d: &std::path::Path, f: &str| std::fs::read_to_string(d.join(f)).unwrap_or_else(|e| panic!("{}: {e}", d.join(f).display())).trim().to_string();
@@ -138,13 +144,17 @@ fn a_port_published_by_podman_reaches_daytime_in_the_vm() {
             let _ = std::process::Command::new("podman").args(["network", "rm", "-f", &self.0]).output();
         }
     }
-    let o = common::run(std::process::Command::new("podman").args(["network", "create", "--subnet", "10.89.77.0/24", &net]));
+    // podman picks a free subnet; the host port is podman's choice too.
+    let o = common::run(std::process::Command::new("podman").args(["network", "create", &net]));
     assert!(o.status.success(), "{}", text(&o.stderr));
     let _net = Net(net.clone());
-    let port = 20_000 + (std::process::id() % 20_000) as u16;
-    let o = podman(&["run", "-d", "--network", &net, "-p", &format!("127.0.0.1:{port}:13"), &daytime.name]);
+    let subnet = text(&common::run(std::process::Command::new("podman").args(["network", "inspect", &net, "--format", "{{range .Subnets}}{{.Subnet}}{{end}}"])).stdout);
+    let prefix = subnet.trim().rsplit_once('.').map(|(p, _)| format!("{p}.")).unwrap_or_else(|| panic!("subnet {subnet:?}"));
+    let o = podman(&["run", "-d", "--network", &net, "-p", "127.0.0.1::13", &daytime.name]);
     let id = text(&o.stdout).trim().to_string();
     assert!(o.status.success(), "{}", text(&o.stderr));
+    let mapped = text(&podman(&["port", &id, "13/tcp"]).stdout);
+    let port: u16 = mapped.trim().rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("podman port: {mapped:?}"));
     // The VM listens within milliseconds; until then the connection is
     // refused or reset.
     let line = until(Duration::from_secs(10), "a daytime line through the published port", || {
@@ -158,7 +168,7 @@ fn a_port_published_by_podman_reaches_daytime_in_the_vm() {
     let f: Vec<&str> = line.split_whitespace().collect();
     assert!(line.ends_with("\r\n") && f.len() == 5 && f[3].len() == 8 && f[4].len() == 4, "{line:?}");
     let logs = text(&podman(&["logs", &id]).stdout);
-    assert!(logs.contains("daytime: listening on 10.89.77."), "the VM has the container's address: {logs}");
+    assert!(logs.contains(&format!("daytime: listening on {prefix}")), "the VM has the container's address (in {subnet}): {logs}");
     assert!(podman(&["rm", "-f", &id]).status.success());
 }
 
@@ -196,8 +206,15 @@ fn the_runtime_cleans_up_after_a_killed_engine() {
     assert!(alive(vm), "the VM outlives its engine's monitor, as a runc container does");
     assert!(podman(&["rm", "-f", "-t", "0", &id]).status.success());
     until(Duration::from_secs(10), "the VM's process gone", || (!alive(vm)).then_some(()));
-    // The runtime's next command sweeps what nobody can delete any more.
+    assert!(state_dir(&id).exists(), "nobody deleted the runtime's state (else this test proves nothing)");
+    // The runtime's next command marks it orphaned; one after the grace
+    // (the mark made older here) removes it.
     let hello = OciImage::app("hello");
+    assert!(podman(&["run", "--rm", &hello.name]).status.success());
+    let mark = state_dir(&id).join("orphaned");
+    assert!(mark.exists(), "marked as orphaned");
+    let f = std::fs::File::options().write(true).open(&mark).unwrap();
+    f.set_modified(std::time::SystemTime::now() - Duration::from_secs(61)).unwrap();
     assert!(podman(&["run", "--rm", &hello.name]).status.success());
     assert!(!state_dir(&id).exists(), "the state of a container whose process and engine are gone is removed");
 }

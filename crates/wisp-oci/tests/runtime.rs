@@ -102,7 +102,7 @@ fn the_lifecycle_goes_as_the_runtime_spec_says() {
     assert_eq!(s["status"], "stopped");
     assert!(s.get("pid").is_none());
     assert!(text(&oci(&root, &["start", "c1"]).stderr).contains("container c1 is stopped, not created"));
-    assert!(text(&oci(&root, &["kill", "c1"]).stderr).contains("container c1 is not running"));
+    assert!(text(&oci(&root, &["kill", "c1"]).stderr).contains("container c1: container not running"));
     assert!(oci(&root, &["delete", "c1"]).status.success());
     assert!(text(&oci(&root, &["state", "c1"]).stderr).contains("container c1 does not exist"));
     let _ = std::fs::remove_dir_all(d);

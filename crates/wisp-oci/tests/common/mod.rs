@@ -61,13 +61,17 @@ pub struct OciImage {
 
 impl OciImage {
     pub fn new(tag: &str, files: &[(&str, Vec<u8>)]) -> OciImage {
-        let dir = scratch(&format!("rootfs-{tag}"));
+        let dir = scratch(&format!("rootfs-{tag}-{}", std::thread::current().name().unwrap_or("t").replace("::", "-")));
         for (path, bytes) in files {
             let p = dir.join(path.trim_start_matches('/'));
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
             std::fs::write(&p, bytes).unwrap();
         }
-        let name = format!("localhost/wisp-oci-test-{tag}:{}", std::process::id());
+        // One name per instance: `podman rmi -f` on drop also removes the
+        // containers of its image, which must be this test's only.
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("localhost/wisp-oci-test-{tag}:{}-{n}", std::process::id());
         let tar = dir.with_extension("tar");
         let o = run(Command::new("tar").arg("-C").arg(&dir).arg("-cf").arg(&tar).arg("."));
         assert!(o.status.success(), "tar: {}", text(&o.stderr));
