@@ -115,6 +115,9 @@ pub fn check_jit(j: &AddJit) -> Result<(), String> {
     Ok(())
 }
 
+/// Where the metrics are (`Action::Metrics`).
+pub const METRICS_PATH: &str = "/metrics";
+
 /// One API request, parsed. VMs are named by `vm`: an id, a unique id
 /// prefix (3+ digits) or a name.
 #[derive(Clone, Debug, PartialEq)]
@@ -123,6 +126,9 @@ pub enum Action {
     Version,
     /// `GET /v1/vms`.
     ListVms,
+    /// `GET /metrics` (outside `/v1`, where Prometheus looks): the daemon's
+    /// metrics in Prometheus' text format 0.0.4.
+    Metrics,
     /// `POST /v1/vms[?attach=true|?wait_line=true]`: create and start a
     /// VM; with `attach` the response streams its console until it ends,
     /// with `wait_line` it is sent once the guest has printed its first
@@ -386,6 +392,7 @@ impl Action {
         match self {
             Action::Version => call("GET", format!("{API_PREFIX}/version"), None),
             Action::ListVms => call("GET", format!("{API_PREFIX}/vms"), None),
+            Action::Metrics => call("GET", METRICS_PATH.to_string(), None),
             Action::CreateVm { vm, attach, wait_line } => {
                 let q = match (*attach, *wait_line) {
                     (false, false) => "",
@@ -443,6 +450,12 @@ impl Action {
     /// known paths 405, bad flags and bodies 400.
     pub fn from_request(req: &Request) -> Result<Action, HttpError> {
         let no_endpoint = || HttpError::new(404, format!("no such endpoint: {}", req.path));
+        if req.path == METRICS_PATH {
+            return match req.method.as_str() {
+                "GET" => Ok(Action::Metrics),
+                m => Err(HttpError::new(405, format!("method {m} not allowed on {}", req.path))),
+            };
+        }
         let path = req.path.strip_prefix(API_PREFIX).ok_or_else(no_endpoint)?;
         let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
         let vm = |id: &str| id.to_string();
@@ -642,6 +655,7 @@ mod tests {
         let all = [
             Action::Version,
             Action::ListVms,
+            Action::Metrics,
             Action::CreateVm { vm: create.clone(), attach: false, wait_line: false },
             Action::CreateVm { vm: create.clone(), attach: true, wait_line: false },
             Action::CreateVm { vm: create, attach: false, wait_line: true },
@@ -696,6 +710,9 @@ mod tests {
         assert_eq!(status("GET", "/v1/nothing", "").unwrap_err(), (404, "no such endpoint: /v1/nothing".into()));
         assert_eq!(status("DELETE", "/v1/vms", "").unwrap_err(), (405, "method DELETE not allowed on /v1/vms".into()));
         assert_eq!(status("POST", "/v1/vms/x/nope", "").unwrap_err().0, 405);
+        assert_eq!(status("POST", "/metrics", "").unwrap_err(), (405, "method POST not allowed on /metrics".into()));
+        assert_eq!(parse("GET", "/metrics?x=1", "").unwrap(), Action::Metrics);
+        assert_eq!(status("GET", "/v1/metrics", "").unwrap_err().0, 404);
         assert_eq!(status("POST", "/v1/recyclers", r#"{"lib":"rel.so"}"#).unwrap_err(), (400, "library path 'rel.so' is not an absolute path of a .so file".into()));
         assert_eq!(status("POST", "/v1/recyclers", r#"{"lib":"/l/a.so","tenant":"-x"}"#).unwrap_err().0, 400);
         assert_eq!(status("POST", "/v1/recyclers", r#"{"lib":"/l/a.so","nope":1}"#).unwrap_err().0, 400);

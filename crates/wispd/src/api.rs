@@ -250,6 +250,10 @@ fn route(d: &Arc<Daemon>, req: &Request, w: &mut UnixStream, keep: bool, arrived
     match outcome {
         Outcome::Version(v) => json(w, 200, &v, keep),
         Outcome::Vms(v) => json(w, 200, &v, keep),
+        Outcome::Metrics(text) => {
+            http::write_response(w, 200, crate::metrics::CONTENT_TYPE, text.as_bytes(), keep)?;
+            Ok(true)
+        }
         Outcome::Created(v) => json(w, 201, &v, keep),
         Outcome::Vm(v) => json(w, 200, &v, keep),
         Outcome::Exit(x) => json(w, 200, &x, keep),

@@ -18,6 +18,7 @@ mod daemon;
 mod forward;
 mod fsutil;
 mod images;
+mod metrics;
 mod netlink;
 mod pidns;
 mod procfs;

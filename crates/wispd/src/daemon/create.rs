@@ -435,6 +435,9 @@ impl Daemon {
         let Reply { ok: true, boot_us, received_ns, entered_ns, preloaded: held, .. } = reply else {
             return Err(ActionError::StartRefused(reply.error.unwrap_or_else(|| "start failed".into())));
         };
+        // A boot, on the daemon's own clock: the request's arrival to the
+        // VMM process's answer that the guest has run (`scrape.rs`).
+        self.boot_seconds.observe(arrived.elapsed());
         undo.commit();
         // The VMM process's clock readings are its word: shown, never used.
         let boot_trace = received_ns.zip(entered_ns).map(|(received_ns, entered_ns)| BootTrace {

@@ -97,6 +97,17 @@ impl Group {
     }
 }
 
+/// A group as the metrics show it.
+pub(super) struct Census {
+    pub id: String,
+    pub pid: u32,
+    pub start: Option<u64>,
+    pub recycle: bool,
+    /// Places taken (VMs, endpoints, creates in progress) and places in all.
+    pub members: usize,
+    pub hosts: u32,
+}
+
 /// The groups, by id, and the thread that makes their next VMs' slots.
 #[derive(Default)]
 pub struct Groups {
@@ -130,6 +141,13 @@ impl Groups {
     /// thread answering on its session).
     pub fn spares(&self) -> u32 {
         self.by_id.lock().unwrap().values().filter(|g| !g.closed && g.next.is_some()).count() as u32
+    }
+
+    /// Each group as the metrics show it (`scrape.rs`).
+    pub(super) fn census(&self) -> Vec<Census> {
+        let by_id = self.by_id.lock().unwrap();
+        let seen = by_id.values().map(|g| Census { id: g.id.clone(), pid: g.pid, start: g.start, recycle: g.recycle, members: g.members, hosts: g.hosts });
+        seen.collect()
     }
 
     /// Give the groups the VM network (once): slots get taps made ahead.

@@ -21,7 +21,7 @@
 //! daemon's own state), `adopt` (VMs left by a previous daemon), `quota`
 //! (what the daemon admits, what each family may use; the families'
 //! control groups are `crate::cgroup`), `error` (the typed errors of
-//! actions).
+//! actions), `scrape` (`GET /metrics`).
 
 use std::fs;
 use std::io;
@@ -57,6 +57,7 @@ mod record;
 mod jit;
 mod recyclers;
 mod remove;
+mod scrape;
 mod snapshot;
 mod table;
 mod template;
@@ -110,6 +111,8 @@ pub enum Outcome {
     Version(Version),
     /// Every VM.
     Vms(Vec<VmInfo>),
+    /// The metrics, in Prometheus' text format (`scrape.rs`).
+    Metrics(String),
     /// A VM just created.
     Created(VmInfo),
     /// A VM just created whose VMM process now answers the client (on
@@ -205,6 +208,8 @@ pub struct Daemon {
     /// Just-in-time services (`jit.rs`).
     jits: jit::Jits,
     links: links::Links,
+    /// Boot latencies (`scrape.rs`: what they measure).
+    boot_seconds: crate::metrics::Histogram,
     /// The daemon itself, for work it starts on threads of their own (a
     /// group made ahead, `group.rs`).
     me: std::sync::OnceLock<std::sync::Weak<Daemon>>,
@@ -254,6 +259,7 @@ impl Daemon {
             recyclers: recyclers::Recyclers::default(),
             jits: jit::Jits::default(),
             links: links::Links::default(),
+            boot_seconds: crate::metrics::Histogram::new(&scrape::BOOT_BUCKETS),
             me: std::sync::OnceLock::new(),
         });
         d.groups.set_net(d.net.clone());
@@ -269,6 +275,7 @@ impl Daemon {
                 Outcome::Version(Version { version: env!("CARGO_PKG_VERSION").into(), abi: wisp_abi::ABI_VERSION })
             }
             Action::ListVms => Outcome::Vms(self.vms.lock().list()),
+            Action::Metrics => Outcome::Metrics(self.metrics()),
             Action::CreateVm { vm, attach, wait_line } => {
                 let vols = guestdata::volumes(&vm, client)?;
                 let restore = match (&vm.restore, &vm.from) {

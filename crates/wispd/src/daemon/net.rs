@@ -23,6 +23,12 @@ use wisp_vmm_process::proto::NetSpec;
 
 use crate::netlink::{if_index, Netlink};
 
+/// The name of the tap of the VM (or pooled shell) `id`, in the daemon's
+/// network namespace.
+pub fn tap_name(id: &str) -> String {
+    format!("wt{}", &id[..id.len().min(12)])
+}
+
 /// Why a VM could not get its NIC.
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
@@ -131,7 +137,7 @@ impl VmNet {
             None => (2..=hosts).find(|h| !st.used.contains(h)).ok_or(NetError::SubnetFull)?,
         };
         let ip = (base + host).to_be_bytes();
-        let tap_name = format!("wt{}", &id[..id.len().min(12)]);
+        let tap_name = tap_name(id);
         let bridge = st.bridge;
         let nl = st.nl.as_mut().expect("opened above");
         let made = self.ahead.made.lock().unwrap().remove(id);
@@ -163,7 +169,7 @@ impl VmNet {
     /// without one makes its own.
     pub fn prepare(&self, id: &str) {
         let Some(bridge) = *self.ahead.bridge.lock().unwrap() else { return };
-        let name = format!("wt{}", &id[..id.len().min(12)]);
+        let name = tap_name(id);
         let mut nl = self.ahead.nl.lock().unwrap();
         if nl.is_none() {
             *nl = Netlink::open().ok();

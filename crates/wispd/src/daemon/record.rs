@@ -155,6 +155,12 @@ impl Records {
         rewrite(&self.path(id), &serde_json::to_vec(&r).map_err(io::Error::other)?)
     }
 
+    /// The process behind each of `ids`, as known (one lock for all).
+    pub fn procs_of<'a>(&self, ids: impl IntoIterator<Item = &'a str>) -> Vec<Option<Proc>> {
+        let procs = self.procs.lock().unwrap();
+        ids.into_iter().map(|id| procs.get(id).copied()).collect()
+    }
+
     /// Drop `id`'s record.
     pub fn forget(&self, id: &str) {
         let mut procs = self.procs.lock().unwrap();

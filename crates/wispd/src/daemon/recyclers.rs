@@ -45,6 +45,13 @@ struct Recycler {
     path: PathBuf,
 }
 
+impl Recyclers {
+    /// How many endpoints there are.
+    pub fn count(&self) -> usize {
+        self.by_id.lock().unwrap().len()
+    }
+}
+
 impl Daemon {
     fn recyclers_dir(&self) -> PathBuf {
         self.cfg.state_dir.join("recyclers")

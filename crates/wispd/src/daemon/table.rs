@@ -119,6 +119,11 @@ impl Table {
         v
     }
 
+    /// Every VM the API shows (not the hidden ones), in no order.
+    pub fn shown(&self) -> impl Iterator<Item = &Entry> {
+        self.by_id.values().filter(|e| !e.hidden)
+    }
+
     /// Hold `name` for a VM being created.
     pub fn reserve_name(&mut self, name: &str) -> Result<(), ActionError> {
         if self.names.contains_key(name) {
