@@ -26,6 +26,11 @@ impl Vm {
         let user = &self.user;
         let [a0, a1, a2, a3] = c.a;
         let nowait = c.flags & flags::NOWAIT != 0;
+        if !nowait {
+            // A call that may block watches no device descriptor (a NIC
+            // whose I/O thread left its tap to idle parks: awake again).
+            self.devices.park_unwatched();
+        }
         let control = self.control.clone();
         let interrupted = || {
             control.halted() != Halt::None
