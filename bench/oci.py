@@ -111,6 +111,13 @@ def main():
         if not shutil.which(tool):
             raise SystemExit("%s missing: scripts/install-deps.sh installs it" % tool)
     build_image()
+    try:
+        measure(args)
+    finally:
+        subprocess.run(["podman", "rmi", "-f", IMAGE], capture_output=True)
+
+
+def measure(args):
     runtimes = {"wisp-oci": os.path.abspath(args.runtime), "runc": shutil.which("runc")}
     if shutil.which("crun"):
         runtimes["crun"] = shutil.which("crun")
@@ -136,8 +143,14 @@ def main():
                 log("%s (%s): skipped: %s" % (p, label, e))
         live = [p for p in runtimes if p not in skipped]
         for i in range(args.runs):
-            for p in live:
-                times[p].append(once(argv(runtimes[p], network)))
+            for p in list(live):
+                try:
+                    times[p].append(once(argv(runtimes[p], network)))
+                except common.Skip as e:
+                    # A peer that fails mid-run is dropped from the row, said.
+                    skipped[p] = "run %d: %s" % (i, e)
+                    live.remove(p)
+                    times[p] = []
         out = {"label": label, "peers": {}}
         for p in runtimes:
             if p in skipped:
@@ -149,16 +162,16 @@ def main():
             log("%-9s %-26s median %7.1f ms (min %.1f, p90 %.1f)" % (p, label, out["peers"][p]["median_ms"], s[0], out["peers"][p]["p90_ms"]))
         doc["rows"][row] = out
     med = lambda r, p: doc["rows"][r]["peers"].get(p, {}).get("median_ms")  # noqa: E731
+    ratio = lambda r, peer: round(med(r, "wisp-oci") / med(r, peer), 3) if med(r, "wisp-oci") and med(r, peer) else None  # noqa: E731
     ratios = {
-        "podman_run_vs_runc": round(med("default", "wisp-oci") / med("default", "runc"), 3),
-        "podman_run_vs_runc_network_none": round(med("none", "wisp-oci") / med("none", "runc"), 3),
+        "podman_run_vs_runc": ratio("default", "runc"),
+        "podman_run_vs_runc_network_none": ratio("none", "runc"),
     }
-    if med("default", "crun"):
-        ratios["podman_run_vs_crun"] = round(med("default", "wisp-oci") / med("default", "crun"), 3)
+    if ratio("default", "crun"):
+        ratios["podman_run_vs_crun"] = ratio("default", "crun")
     doc["ratios"] = ratios
     doc["targets"] = {"podman_run_vs_runc": "<= 1.0"}
     common.write_result(doc, args, plot, __file__)
-    subprocess.run(["podman", "rmi", "-f", IMAGE], capture_output=True)
 
 
 if __name__ == "__main__":
