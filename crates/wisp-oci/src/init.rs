@@ -113,16 +113,11 @@ pub fn run(plan: &Plan, groups: &[crate::cgroup::Group], fifo: &Path, ready: Own
 /// Everything before the guest runs (`name`, `image`: the plan's image).
 fn prepare(plan: &Plan, name: &str, image: &OwnedFd) -> Result<wisp_vmm::Vm, String> {
     join(&plan.netns)?;
-    // Read whole into this process (not mapped from the engine's root
-    // filesystem, which is the engine's to unmount).
-    let mut f = std::fs::File::from(image.try_clone().map_err(|e| format!("image {name}: {e}"))?);
-    let len = f.metadata().map_err(|e| format!("image {name}: {e}"))?.len();
-    if len > wisp_vmm::image::MAX_IMAGE_FILE {
-        return Err(format!("image {name} is {len} bytes, more than the {} MiB an image may have", wisp_vmm::image::MAX_IMAGE_FILE >> 20));
-    }
-    let mut bytes = Vec::with_capacity(len as usize);
-    f.read_to_end(&mut bytes).map_err(|e| format!("image {name}: {e}"))?;
-    let img = Image::parse(name, bytes.into()).map_err(|e| format!("image {name}: {e}"))?;
+    // From the descriptor `create` opened: its whole pages mapped
+    // copy-on-write (containers of one image share them in the page
+    // cache), unless the image had to be relocated.
+    let fd = image.try_clone().map_err(|e| format!("image {name}: {e}"))?;
+    let img = Image::from_fd(name, fd).map_err(|e| format!("image {name}: {e}"))?;
     let wants_nic = img.manifest.devices().iter().any(|d| d.kind == DeviceKind::Net as u32);
     let net = match &plan.netns {
         Netns::Join(_) | Netns::New if wants_nic => crate::net::plumb()?,

@@ -252,7 +252,12 @@ impl Image {
         let mut bytes = vec![0u8; len as usize];
         f.read_exact_at(&mut bytes, 0).map_err(err)?;
         let mut img = Image::parse(name, bytes.into())?;
-        img.file = Some(Arc::new(OwnedFd::from(f)));
+        // Pages may be mapped from the file only if they are what it holds:
+        // a relocated PIE's are not (its pointers would be the unrelocated
+        // ones: the guest jumps to 0).
+        if img.relocated.is_none() {
+            img.file = Some(Arc::new(OwnedFd::from(f)));
+        }
         Ok(img)
     }
 
@@ -378,6 +383,19 @@ mod tests {
         // (as a VMM process reads the daemon's cached copy).
         let again = parse(img.bytes.to_vec()).unwrap();
         assert_eq!((again.relocated, again.entry, u64_at(&again.bytes, 0x900)), (None, img.entry, IMAGE_BASE + 0x850));
+    }
+
+    #[test]
+    fn a_pie_read_from_a_descriptor_is_not_mapped_from_it() {
+        let path = std::env::temp_dir().join(format!("wisp-pie-{}", std::process::id()));
+        std::fs::write(&path, tiny_pie()).unwrap();
+        let img = Image::from_fd("pie", std::fs::File::open(&path).unwrap().into()).unwrap();
+        assert_eq!(img.relocated, Some(1));
+        assert!(img.file.is_none(), "the relocated bytes differ from the file's");
+        std::fs::write(&path, &img.bytes[..]).unwrap();
+        let exec = Image::from_fd("exec", std::fs::File::open(&path).unwrap().into()).unwrap();
+        assert!(exec.file.is_some(), "an image as the file holds it is mapped from it");
+        let _ = std::fs::remove_file(path);
     }
 
     #[test]
