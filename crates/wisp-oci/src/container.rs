@@ -211,14 +211,32 @@ pub fn state(root: &Root, id: &str) -> Result<String, String> {
 
 pub fn kill(root: &Root, id: &str, signal: &str) -> Result<(), String> {
     let signo = parse_signal(signal)?;
-    let (dir, rec) = root.open(id)?;
-    if dir.status(&rec) == ContainerState::Stopped {
-        return Err(format!("container {id}: container not running"));
+    let (_, rec) = root.open(id)?;
+    let not_running = || format!("container {id}: container not running");
+    let pidfd = process(&rec).ok_or_else(not_running)?;
+    send(&pidfd, signo).map_err(|e| if e.raw_os_error() == Some(libc::ESRCH) { not_running() } else { format!("kill {}: {e}", rec.pid) })
+}
+
+/// A descriptor for the container's process — the one recorded (its start
+/// time checked once the descriptor holds it: a pid reused since cannot
+/// be signalled through it) — if it lives.
+fn process(rec: &Record) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, rec.pid, 0) };
+    if fd < 0 {
+        return None;
     }
-    // SAFETY: kill takes a pid and a signal number.
-    if unsafe { libc::kill(rec.pid, signo) } != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(if e.raw_os_error() == Some(libc::ESRCH) { format!("container {id}: container not running") } else { format!("kill {}: {e}", rec.pid) });
+    // SAFETY: the number was just returned by pidfd_open and is owned here.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    state::alive(rec.pid, rec.pid_start).then_some(fd)
+}
+
+fn send(pidfd: &OwnedFd, signo: i32) -> std::io::Result<()> {
+    // SAFETY: pidfd_send_signal takes a pidfd, a signal number, a null
+    // siginfo and flags.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), signo, std::ptr::null::<libc::siginfo_t>(), 0) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }
@@ -242,21 +260,22 @@ pub fn delete(root: &Root, id: &str, force: bool) -> Result<(), String> {
 }
 
 /// Kill the container's process and wait until it is gone (or a zombie
-/// for its engine to reap).
+/// for its engine to reap: its pidfd is readable from then on).
 fn end(rec: &Record) -> Result<(), String> {
-    // SAFETY: kill takes a pid and a signal number; the pid is checked
-    // alive with its recorded start time just before.
-    if state::alive(rec.pid, rec.pid_start) {
-        unsafe { libc::kill(rec.pid, libc::SIGKILL) };
+    let Some(pidfd) = process(rec) else { return Ok(()) };
+    match send(&pidfd, libc::SIGKILL) {
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(()),
+        Err(e) => return Err(format!("kill {}: {e}", rec.pid)),
+        Ok(()) => {}
     }
-    let deadline = Instant::now() + WAIT;
-    while state::alive(rec.pid, rec.pid_start) {
-        if Instant::now() >= deadline {
-            return Err(format!("container {}'s process {} did not die within {WAIT:?}", rec.id, rec.pid));
-        }
-        std::thread::sleep(Duration::from_millis(2));
+    let mut p = libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: poll reads and writes one pollfd, a live local.
+    let n = unsafe { libc::poll(&mut p, 1, WAIT.as_millis() as i32) };
+    if n == 1 {
+        Ok(())
+    } else {
+        Err(format!("container {}'s process {} did not die within {WAIT:?}", rec.id, rec.pid))
     }
-    Ok(())
 }
 
 /// A signal by number or name (`9`, `KILL`, `SIGKILL`).
