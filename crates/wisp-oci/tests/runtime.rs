@@ -64,6 +64,37 @@ fn state(root: &Path, id: &str) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
+/// A runtime root that, dropped (a test passed or failed), force-deletes
+/// whatever containers are left in it: no VM outlives its test.
+struct Root(PathBuf);
+
+impl Drop for Root {
+    fn drop(&mut self) {
+        for e in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
+            let _ = oci(&self.0, &["delete", "--force", &e.file_name().to_string_lossy()]);
+        }
+    }
+}
+
+impl std::ops::Deref for Root {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Root {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Root {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
 /// Become a subreaper (once): orphaned container processes are ours.
 fn subreaper() {
     // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer flag.
@@ -82,7 +113,7 @@ fn reap(pid: i32) -> i32 {
 fn the_lifecycle_goes_as_the_runtime_spec_says() {
     subreaper();
     let d = scratch("life");
-    let root = d.join("root");
+    let root = Root(d.join("root"));
     let b = bundle(&d.join("b"), Some(&std::fs::read(image_file("hostile")).unwrap()), &config(&["exit", "7"]));
     let console = d.join("console");
     let (o, pid) = create(&root, &b, "c1", &console);
@@ -112,7 +143,7 @@ fn the_lifecycle_goes_as_the_runtime_spec_says() {
 fn kill_ends_the_vm_as_a_signal_ends_a_process_and_delete_waits_for_it() {
     subreaper();
     let d = scratch("kill");
-    let root = d.join("root");
+    let root = Root(d.join("root"));
     let b = bundle(&d.join("b"), Some(&std::fs::read(image_file("sleeper")).unwrap()), &config(&["100", "1"]));
     let (o, pid) = create(&root, &b, "k1", &d.join("console"));
     assert!(o.status.success(), "{}", text(&o.stderr));
@@ -145,7 +176,7 @@ fn kill_ends_the_vm_as_a_signal_ends_a_process_and_delete_waits_for_it() {
 fn a_pods_sandbox_container_pauses_without_a_vm_until_it_is_stopped() {
     subreaper();
     let d = scratch("sandbox");
-    let root = d.join("root");
+    let root = Root(d.join("root"));
     // The pause image is no wisp image: the CRI's annotation says what it is.
     let cfg = r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"process":{"cwd":"/","user":{"uid":0,"gid":0},"args":["/pause"]},
         "annotations":{"io.kubernetes.cri.container-type":"sandbox"}}"#;
@@ -164,7 +195,7 @@ fn a_pods_sandbox_container_pauses_without_a_vm_until_it_is_stopped() {
 #[test]
 fn malformed_bundles_and_wrong_calls_are_refused_with_what_is_wrong_and_leave_nothing() {
     let d = scratch("bad");
-    let root = d.join("root");
+    let root = Root(d.join("root"));
     let hello = std::fs::read(image_file("hello")).unwrap();
     let good = config(&[]);
     let cases: Vec<(&str, Option<&[u8]>, String, &str)> = vec![
