@@ -56,5 +56,5 @@ pub use kvm_ioctls::Kvm;
 pub use shell::{check_mem_size, open_kvm, sync_regs_supported, Shell, DEFAULT_MEM};
 pub use state::{VcpuState, VmState};
 pub use signal::kick_signal;
-pub use sys::{replace_fd, set_thread_hook, stderr_line, ThreadRole};
+pub use sys::{close_all_but, replace_fd, set_thread_hook, stderr_line, ThreadRole};
 pub use vm::{Console, Restoring, ReuseStop, StdinFeed, Vm, FEATURES, REUSE_COPY_ALL_PAGES};

@@ -112,7 +112,7 @@ pub fn replace_fd(slot: &OwnedFd, new: BorrowedFd<'_>) -> io::Result<()> {
 /// Every descriptor closed must belong to nothing this process will use or
 /// drop again: objects of the parent's other threads (which do not exist
 /// here) or forgotten ones. Whatever the caller still owns must be in `keep`.
-pub(crate) unsafe fn close_all_but(keep: &[i32]) {
+pub unsafe fn close_all_but(keep: &[i32]) {
     let mut keep: Vec<u32> = keep.iter().filter(|&&fd| fd > 2).map(|&fd| fd as u32).collect();
     keep.sort_unstable();
     keep.dedup();
