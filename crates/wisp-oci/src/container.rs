@@ -68,31 +68,36 @@ pub fn create(
             None => Vec::new(),
         };
         let cgroups: Vec<_> = groups.iter().map(|g| g.dir.clone()).collect();
-        let child = spawn(&plan, &groups, &fifo, console).inspect_err(|_| {
-            let _ = crate::cgroup::remove(&cgroups);
-        })?;
-        // From here a failure ends the child (it also ends by itself if this
-        // process dies before it says go: its read of `go` sees the end).
-        let recorded = (|| {
+        let launched = (|| {
+            let child = spawn(&plan, &groups, &fifo, console)?;
+            // From here a failure ends the child (it also ends by itself if
+            // this process dies before it says go: its read of `go` sees the
+            // end).
             let pid = child.pid;
             log.debug(&format!("container {id}: process {pid} ready"));
-            let pid_start = state::start_time(pid).ok_or_else(|| format!("the container's process {pid} ended at once"))?;
-            let created = crate::log::rfc3339(std::time::SystemTime::now());
-            let rec = Record { id: id.into(), bundle: plan.bundle.clone(), pid, pid_start, created, annotations: plan.annotations.clone(), engine_pid, engine_start, cgroups: cgroups.clone() };
-            dir.save(&rec)?;
-            if let Some(p) = pid_file {
-                write_pid_file(p, pid)?;
+            let recorded = (|| {
+                let pid_start = state::start_time(pid).ok_or_else(|| format!("the container's process {pid} ended at once"))?;
+                let created = crate::log::rfc3339(std::time::SystemTime::now());
+                let rec = Record { id: id.into(), bundle: plan.bundle.clone(), pid, pid_start, created, annotations: plan.annotations.clone(), engine_pid, engine_start, cgroups: cgroups.clone() };
+                dir.save(&rec)?;
+                match pid_file {
+                    Some(p) => write_pid_file(p, pid),
+                    None => Ok(()),
+                }
+            })();
+            match recorded {
+                Ok(()) => child.go(),
+                Err(e) => {
+                    child.end();
+                    Err(e)
+                }
             }
-            Ok(())
         })();
-        match recorded {
-            Ok(()) => child.go(),
-            Err(e) => {
-                child.end();
-                let _ = crate::cgroup::remove(&cgroups);
-                Err(e)
-            }
+        // No process is in the groups now unless the container was made.
+        if launched.is_err() {
+            let _ = crate::cgroup::remove(&cgroups);
         }
+        launched
     })();
     if made.is_err() {
         let _ = dir.remove();

@@ -30,36 +30,16 @@ pub fn run(plan: &Plan, groups: &[crate::cgroup::Group], fifo: &Path, ready: Own
     let mut keep = vec![ready.as_raw_fd(), go.as_raw_fd()];
     keep.extend(console.as_ref().map(|c| c.as_raw_fd()));
     keep.extend(plan.image.as_ref().map(|(_, fd)| fd.as_raw_fd()));
-    close_others(&keep);
+    // SAFETY: this process has one thread; what it owns is in `keep`, and
+    // everything else was the engine's, never used here.
+    unsafe { wisp_vmm::close_all_but(&keep) };
     let ready = std::fs::File::from(ready);
-    // Into the container's groups before anything is allocated (guest RAM
-    // is charged where it is first touched).
-    if let Err(e) = crate::cgroup::join(groups, &plan.limits) {
-        tell(&ready, &e);
-        return 1;
-    }
-    // A session of its own: the engine's terminal signals are not its.
-    // SAFETY: setsid takes no arguments.
-    unsafe { libc::setsid() };
-    if let Some(tty) = console {
-        if let Err(e) = crate::console::take(tty) {
+    let vm = match make(plan, groups, console) {
+        Ok(vm) => vm,
+        Err(e) => {
             tell(&ready, &e);
             return 1;
         }
-    }
-    let vm = match plan.image.as_ref().map(|(name, fd)| prepare(plan, name, fd)) {
-        Some(Err(e)) => {
-            tell(&ready, &e);
-            return 1;
-        }
-        Some(Ok(vm)) => Some(vm),
-        None => match join(&plan.netns) {
-            Ok(()) => None,
-            Err(e) => {
-                tell(&ready, &e);
-                return 1;
-            }
-        },
     };
     tell(&ready, "ready");
     drop(ready);
@@ -110,9 +90,23 @@ pub fn run(plan: &Plan, groups: &[crate::cgroup::Group], fifo: &Path, ready: Own
     exit.code as i32
 }
 
-/// Everything before the guest runs (`name`, `image`: the plan's image).
-fn prepare(plan: &Plan, name: &str, image: &OwnedFd) -> Result<wisp_vmm::Vm, String> {
+/// Everything before `ready`: the container's groups (before anything is
+/// allocated: guest RAM is charged where it is first touched), a session
+/// of its own (the engine's terminal signals are not its), the terminal,
+/// the network namespace, and the VM (none for a pod's sandbox).
+fn make(plan: &Plan, groups: &[crate::cgroup::Group], console: Option<OwnedFd>) -> Result<Option<wisp_vmm::Vm>, String> {
+    crate::cgroup::join(groups, &plan.limits)?;
+    // SAFETY: setsid takes no arguments.
+    unsafe { libc::setsid() };
+    if let Some(tty) = console {
+        crate::console::take(tty)?;
+    }
     join(&plan.netns)?;
+    plan.image.as_ref().map(|(name, fd)| prepare(plan, name, fd)).transpose()
+}
+
+/// The VM (`name`, `image`: the plan's image), in the namespace joined.
+fn prepare(plan: &Plan, name: &str, image: &OwnedFd) -> Result<wisp_vmm::Vm, String> {
     // From the descriptor `create` opened: its whole pages mapped
     // copy-on-write (containers of one image share them in the page
     // cache), unless the image had to be relocated.
@@ -124,25 +118,10 @@ fn prepare(plan: &Plan, name: &str, image: &OwnedFd) -> Result<wisp_vmm::Vm, Str
         _ => None,
     };
     let data = if plan.env.is_empty() { None } else { Some(DataDevice::new(&plan.env, &[]).map_err(|e| format!("process.env: {e}"))?) };
-    let shell = boot::prepare(plan.mem.unwrap_or(DEFAULT_MEM)).map_err(|e| e.to_string())?;
+    let shell = boot::prepare(plan.limits.memory.unwrap_or(DEFAULT_MEM)).map_err(|e| e.to_string())?;
     let family = boot::direct_family(wisp_abi::family::limits::MAX_MEMBERS as u32);
     let boot = Boot { image: &img, args: &plan.args, net: net.into_iter().collect(), data, disks: vec![], libraries: vec![], family };
     boot::load(shell, boot).map_err(|e| e.to_string())
-}
-
-/// Close every descriptor from 3 up but those in `keep`.
-fn close_others(keep: &[i32]) {
-    let mut keep: Vec<u32> = keep.iter().map(|&k| k as u32).filter(|&k| k >= 3).collect();
-    keep.sort_unstable();
-    let mut from = 3u32;
-    for k in keep.into_iter().chain([u32::MAX]) {
-        if k > from {
-            // SAFETY: close_range closes descriptors [from, k-1], none of
-            // which this process uses (the kept ones are outside it).
-            unsafe { libc::syscall(libc::SYS_close_range, from, k - 1, 0) };
-        }
-        from = k.saturating_add(1);
-    }
 }
 
 fn sigset(signals: &[i32]) -> libc::sigset_t {

@@ -54,11 +54,8 @@ pub fn plumb() -> Result<Option<NetConfig>, String> {
         return Err(format!("this network namespace's interface {} is already another wisp VM's (one per namespace)", up.name));
     }
     let tap = wisp_vmm::tap::open_tap(TAP).map_err(|e| format!("tap {TAP}: {e}"))?;
-    let name = up.name.clone();
-    let what = |step: &'static str| {
-        let name = name.clone();
-        move |e: std::io::Error| format!("{step} ({name} and {TAP}): {e}")
-    };
+    let name = up.name.as_str();
+    let what = |step: &'static str| move |e: std::io::Error| format!("{step} ({name} and {TAP}): {e}");
     let tap_index = nl.index_of(TAP).map_err(what("tap"))?;
     nl.set_up(tap_index).map_err(what("tap up"))?;
     // An earlier VM's redirect on the interface (a container restarted in
