@@ -162,18 +162,12 @@ fn check_id(id: &str) -> Result<(), String> {
     }
 }
 
-/// Process `pid`'s start time, if it lives (a zombie does not).
+/// Process `pid`'s start time, if it lives (a zombie does not): its
+/// `/proc/PID/stat` read by `procfs-core`.
 pub fn start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name is in parentheses and may hold anything: fields
-    // are counted after its last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // Field 3 (state) is rest's first; field 22 (starttime) its 20th.
-    if matches!(fields.first(), Some(&"Z") | Some(&"X")) {
-        return None;
-    }
-    fields.get(19)?.parse().ok()
+    use procfs_core::FromRead;
+    let stat = procfs_core::process::Stat::from_file(format!("/proc/{pid}/stat")).ok()?;
+    (!matches!(stat.state, 'Z' | 'X')).then_some(stat.starttime)
 }
 
 /// Whether `pid` is still the process recorded (same start time).
