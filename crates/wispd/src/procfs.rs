@@ -5,11 +5,7 @@ use std::fs;
 
 /// The start time of process `pid` (clock ticks after boot), if it lives.
 pub fn proc_start(pid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses: fields after it.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    // Field 22 overall; the state (field 3) is the first after the name.
-    rest.split_whitespace().nth(19)?.parse().ok()
+    usage(pid).map(|u| u.start)
 }
 
 /// What a process has used, from one read of `/proc/<pid>/stat`.
