@@ -45,8 +45,6 @@ pub struct Plan {
     pub args: Vec<String>,
     /// `NAME=VALUE` each.
     pub env: Vec<String>,
-    /// Guest RAM in bytes (none: the monitor's default).
-    pub mem: Option<u64>,
     pub netns: Netns,
     /// process.terminal: the engine gave a console socket for a terminal.
     pub terminal: bool,
@@ -84,14 +82,13 @@ pub fn read(dir: &Path) -> Result<Plan, String> {
         args.remove(0);
     }
     let env = process.and_then(|p| p.env().clone()).unwrap_or_default();
-    for e in &env {
-        if !e.contains('=') || e.starts_with('=') || e.contains('\0') {
-            return Err(format!("process.env: {e:?} is not NAME=VALUE"));
-        }
-    }
+    // The monitor's own rules (entries, size), checked before any process
+    // is made; the container's process encodes it again for its VM.
+    wisp_vmm::DataDevice::new(&env, &[]).map_err(|e| format!("process.env: {e}"))?;
     let terminal = process.and_then(|p| p.terminal()).unwrap_or(false);
     let linux = spec.linux().as_ref();
-    let limit = linux.and_then(|l| l.resources().as_ref()).and_then(|r| r.memory().as_ref()).and_then(|m| m.limit());
+    let resources = linux.and_then(|l| l.resources().as_ref());
+    let limit = resources.and_then(|r| r.memory().as_ref()).and_then(|m| m.limit());
     let mem = match limit {
         // -1 (and 0) mean no limit.
         Some(b) if b > 0 => {
@@ -99,7 +96,6 @@ pub fn read(dir: &Path) -> Result<Plan, String> {
         }
         _ => None,
     };
-    let resources = linux.and_then(|l| l.resources().as_ref());
     let cpu = resources.and_then(|r| r.cpu().as_ref());
     let limits = crate::cgroup::Limits {
         cpu_quota: cpu.and_then(|c| c.quota()),
@@ -117,7 +113,7 @@ pub fn read(dir: &Path) -> Result<Plan, String> {
             None => Netns::New,
         },
     };
-    Ok(Plan { bundle, image, args, env, mem, netns, terminal, annotations, cgroups_path, limits })
+    Ok(Plan { bundle, image, args, env, netns, terminal, annotations, cgroups_path, limits })
 }
 
 /// Open the file at absolute path `inside` of `rootfs`, resolved as if
@@ -170,7 +166,7 @@ mod tests {
         assert_eq!(p.image.unwrap().0, "/wisp/image");
         assert_eq!(p.args, ["a", "b"]);
         assert_eq!(p.env, ["A=1", "PATH=/bin"]);
-        assert_eq!(p.mem, Some(32 << 20));
+        assert_eq!(p.limits.memory, Some(32 << 20));
         assert_eq!(p.netns, Netns::Join("/run/netns/x".into()));
         let _ = std::fs::remove_dir_all(d);
     }
@@ -184,7 +180,7 @@ mod tests {
             ("noimage", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"annotations":{"org.wisp.image":"/other"}}"#, "no wisp image at /other"),
             ("dotdot", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"annotations":{"org.wisp.image":"/../config.json"}}"#, "without '..'"),
             ("dir", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"annotations":{"org.wisp.image":"/wisp"}}"#, "not a regular file"),
-            ("env", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"process":{"cwd":"/","user":{"uid":0,"gid":0},"env":["NOEQ"]}}"#, "NAME=VALUE"),
+            ("env", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"process":{"cwd":"/","user":{"uid":0,"gid":0},"env":["NOEQ"]}}"#, "'NOEQ' is not KEY=VALUE"),
             ("mem", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"linux":{"resources":{"memory":{"limit":4096}}}}"#, "memory too small"),
         ];
         for (tag, config, want) in cases {
@@ -219,7 +215,7 @@ mod tests {
     fn namespaces_and_arguments() {
         let d = bundle("ns", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"process":{"cwd":"/","user":{"uid":0,"gid":0},"args":["6380"]},"linux":{"namespaces":[{"type":"network"}]}}"#);
         let p = read(&d).unwrap();
-        assert_eq!((p.netns, p.args, p.mem), (Netns::New, vec!["6380".to_string()], None));
+        assert_eq!((p.netns, p.args, p.limits.memory), (Netns::New, vec!["6380".to_string()], None));
         let _ = std::fs::remove_dir_all(d);
         let d = bundle("host", r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"process":{"cwd":"/","user":{"uid":0,"gid":0},"args":["image","x"]}}"#);
         let p = read(&d).unwrap();

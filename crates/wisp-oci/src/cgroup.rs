@@ -28,7 +28,8 @@ pub struct Limits {
     pub cpu_period: Option<u64>,
     pub cpu_shares: Option<u64>,
     pub pids: Option<i64>,
-    /// Guest RAM, bytes (the memory limit is this plus the headroom).
+    /// Guest RAM, bytes (none: the monitor's default; the memory limit is
+    /// this plus the headroom).
     pub memory: Option<u64>,
 }
 
