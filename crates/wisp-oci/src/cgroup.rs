@@ -169,7 +169,8 @@ fn put(file: &Path, value: &str) -> Result<(), String> {
     std::fs::write(file, value).map_err(|e| format!("{} <- {value}: {e}", file.display()))
 }
 
-/// Remove the groups (their process is gone); the deepest first. A group
+/// Remove the container's own groups (their process is gone; the engine's
+/// parent groups stay, as runc leaves them). A group
 /// already gone is fine; one still holding a process is left (said).
 pub fn remove(dirs: &[PathBuf]) -> Result<(), String> {
     let mut errs = Vec::new();
